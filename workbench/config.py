@@ -1,0 +1,566 @@
+"""Pydantic models for the recipe and every process's config; tomlkit reading and writing.
+
+One loader for every TOML file of the project. Bad input raises `ConfigError`, whose
+message names the file, the key and, where the source gives it, the line, and says what to
+do. Nothing here touches a process: the supervisor, trainer and orchestrators import it.
+
+- `Recipe`: what a user writes (`recipes/*.toml`): experiment, model, inference, trainer,
+  `[defaults]` for every run's orchestrator and `[[runs]]` overriding them.
+- `OrchestratorConfig`: one run's `control/orch.toml`. Every field has a default, so an
+  empty file is a valid run that takes all defaults.
+- `TrainerConfig`, `InferenceConfig`: what the supervisor hands the trainer and vLLM.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import tomlkit
+import tomlkit.exceptions
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from workbench import layout
+
+# ------------------------------------------------------------------------- errors
+
+
+class ConfigProblem(BaseModel):
+    """One thing wrong with a config file."""
+
+    key: str
+    message: str
+    line: int | None = None
+
+    def render(self, path: Path | str | None) -> str:
+        where = str(path) if path else "<config>"
+        if self.line is not None:
+            where += f", line {self.line}"
+        key = f" [{self.key}]" if self.key else ""
+        return f"{where}:{key} {self.message}"
+
+
+class ConfigError(ValueError):
+    """A config file (or text) is invalid; `str()` lists every problem, one per line."""
+
+    def __init__(self, path: Path | str | None, problems: list[ConfigProblem]):
+        self.path = path
+        self.problems = problems
+        super().__init__("\n".join(p.render(path) for p in problems))
+
+
+# ------------------------------------------------------------------------- models
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors: a typo must not silently fall back to a default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(StrictModel):
+    rank: int = Field(8, ge=1, description="LoRA rank r")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha; the update is scaled by alpha / rank")
+
+
+class RunLoraConfig(StrictModel):
+    """A run may ask for a smaller rank than the trainer's slots; None takes the trainer's."""
+
+    rank: int | None = Field(None, ge=1)
+    alpha: float | None = Field(None, gt=0)
+
+
+class SamplingConfig(StrictModel):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(64, ge=1, description="completion length limit")
+
+
+class OptimizerConfig(StrictModel):
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    max_norm: float = Field(1.0, gt=0, description="per-run gradient clipping norm")
+
+
+class SchedulerConfig(StrictModel):
+    kind: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+
+class LossConfig(StrictModel):
+    """Importance-ratio policy loss with token masking and a small KL-style penalty."""
+
+    mask_ratio_low: float = Field(0.125, gt=0, description="mask tokens whose ratio fell below")
+    mask_ratio_high: float = Field(8.0, gt=1, description="mask tokens whose ratio rose above")
+    kl_coef: float = Field(1e-3, ge=0)
+
+
+class OrchestratorConfig(StrictModel):
+    """One run's `control/orch.toml`. Every field has a default: an empty file is valid."""
+
+    env: str = Field("reverse_text", description="environment name (workbench.envs)")
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    max_steps: int = Field(30, ge=1)
+    batch_size: int = Field(64, ge=1, description="samples (completions) per training step")
+    rollouts_per_prompt: int = Field(8, ge=1)
+    lr: float = Field(3e-4, gt=0)
+    async_level: int = Field(1, ge=0, description="steps the orchestrator may run ahead")
+    seed: int = 0
+    checkpoint_interval: int = Field(10, ge=0, description="0 keeps only the final checkpoint")
+    lora: RunLoraConfig = Field(default_factory=RunLoraConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    optim: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_groups(self) -> OrchestratorConfig:
+        if self.batch_size % self.rollouts_per_prompt:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of rollouts_per_prompt "
+                f"({self.rollouts_per_prompt}): a step trains whole groups of one prompt"
+            )
+        return self
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.batch_size // self.rollouts_per_prompt
+
+
+class ExperimentSection(StrictModel):
+    name: str = "experiment"
+    output_dir: Path | None = Field(None, description="default: outputs/<name>")
+
+
+class ModelSection(StrictModel):
+    base: str = Field(description="builtin:tiny-reverse, a local directory or a hub id")
+
+
+class InferenceSection(StrictModel):
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    max_loras: int = Field(4, ge=1, description="adapters vLLM keeps loaded at once")
+    max_lora_rank: int | None = Field(None, ge=1, description="default: the trainer's rank")
+    max_model_len: int = Field(512, ge=16)
+    gpus: list[int] = Field(default_factory=list)
+    gpu_memory_utilization: float = Field(0.45, gt=0, le=1)
+    dtype: str = "auto"
+    startup_timeout_s: float = Field(600.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class TrainerSection(StrictModel):
+    max_concurrent_runs: int = Field(4, ge=1, description="adapter slots in the trainer")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    target_modules: list[str] = Field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+    gpus: list[int] = Field(default_factory=list)
+    nproc_per_node: int = Field(1, ge=1, description="trainer ranks (data parallel)")
+    seq_len: int = Field(512, ge=16, description="tokens per packed micro-batch row")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    poll_interval_s: float = Field(0.2, gt=0)
+
+
+class RunSpec(BaseModel):
+    """One `[[runs]]` table: an id and any orchestrator keys that override `[defaults]`."""
+
+    id: str
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        return normalize_run_id(self.id)
+
+
+class Recipe(StrictModel):
+    experiment: ExperimentSection = Field(default_factory=ExperimentSection)
+    model: ModelSection
+    inference: InferenceSection = Field(default_factory=InferenceSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    defaults: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    runs: list[RunSpec] = Field(default_factory=list)
+
+    @property
+    def output_dir(self) -> Path:
+        return self.experiment.output_dir or Path("outputs") / self.experiment.name
+
+    def run_configs(self) -> dict[str, OrchestratorConfig]:
+        """Each run's orchestrator config: `[defaults]` deep-merged with its overrides."""
+        base = self.defaults.model_dump(mode="json")
+        return {
+            spec.run_id: OrchestratorConfig.model_validate(deep_merge(base, spec.overrides))
+            for spec in self.runs
+        }
+
+    def trainer_config(self) -> TrainerConfig:
+        return TrainerConfig(output_dir=self.output_dir, model=self.model, trainer=self.trainer)
+
+    def inference_config(self) -> InferenceConfig:
+        return InferenceConfig(
+            output_dir=self.output_dir,
+            model=self.model,
+            inference=self.inference,
+            max_lora_rank=self.inference.max_lora_rank or self.trainer.lora.rank,
+        )
+
+
+class TrainerConfig(StrictModel):
+    """What `torchrun -m workbench.trainer.rl --config` reads (written by the supervisor)."""
+
+    output_dir: Path
+    model: ModelSection
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+
+
+class InferenceConfig(StrictModel):
+    output_dir: Path
+    model: ModelSection
+    inference: InferenceSection = Field(default_factory=InferenceSection)
+    max_lora_rank: int = Field(8, ge=1)
+
+
+# ------------------------------------------------------------------------- run ids
+
+
+def normalize_run_id(raw: str) -> str:
+    """`lr1e-3` -> `run_lr1e-3`; an id that already starts with `run_` is kept."""
+    return raw if raw.startswith(layout.RUN_PREFIX) else layout.RUN_PREFIX + raw
+
+
+def check_run_id(raw: str) -> str | None:
+    """None if `raw` is a usable run id, else what is wrong with it."""
+    if not raw:
+        return "run id is empty"
+    if not layout.RUN_ID_PATTERN.match(raw):
+        bad = sorted({c for c in raw if not re.match(r"[A-Za-z0-9_-]", c)})
+        return (
+            f"run id {raw!r} may contain only letters, digits, '_' and '-' "
+            f"(found {' '.join(repr(c) for c in bad)})"
+        )
+    return None
+
+
+# ------------------------------------------------------------------------- TOML I/O
+
+
+def parse_toml(text: str, path: Path | str | None = None) -> tomlkit.TOMLDocument:
+    try:
+        return tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as err:
+        message = str(err).split(" at line ")[0]
+        raise ConfigError(
+            path, [ConfigProblem(key="", message=f"not valid TOML: {message}", line=err.line)]
+        ) from None
+
+
+def read_toml(path: Path) -> tuple[tomlkit.TOMLDocument, str]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            path, [ConfigProblem(key="", message="file not found; check the path")]
+        ) from None
+    except (IsADirectoryError, UnicodeDecodeError) as err:
+        raise ConfigError(path, [ConfigProblem(key="", message=f"cannot read: {err}")]) from None
+    return parse_toml(text, path), text
+
+
+def write_toml(path: Path, document: tomlkit.TOMLDocument | dict[str, Any]) -> None:
+    """Atomically write a tomlkit document (comments kept) or a plain mapping."""
+    layout.atomic_write_text(Path(path), tomlkit.dumps(document))
+
+
+def model_to_toml(model: BaseModel, header: str | None = None) -> str:
+    """Render a config model as TOML; None values are left out (TOML has no null)."""
+    document = tomlkit.document()
+    if header:
+        for line in header.splitlines():
+            document.add(tomlkit.comment(line))
+        document.add(tomlkit.nl())
+    for key, value in _drop_none(model.model_dump(mode="json")).items():
+        document[key] = value
+    return tomlkit.dumps(document)
+
+
+def load_orchestrator_config(path: Path) -> OrchestratorConfig:
+    document, text = read_toml(path)
+    return validate_model(OrchestratorConfig, document.unwrap(), path, text)
+
+
+def load_recipe(path: Path) -> Recipe:
+    document, text = read_toml(path)
+    return recipe_from_document(document, path, text)
+
+
+def load_trainer_config(path: Path) -> TrainerConfig:
+    document, text = read_toml(path)
+    return validate_model(TrainerConfig, document.unwrap(), path, text)
+
+
+def load_inference_config(path: Path) -> InferenceConfig:
+    document, text = read_toml(path)
+    return validate_model(InferenceConfig, document.unwrap(), path, text)
+
+
+def recipe_from_document(
+    document: tomlkit.TOMLDocument, path: Path | str | None, text: str | None = None
+) -> Recipe:
+    """Validate a parsed recipe; every problem of every run is reported at once."""
+    text = text if text is not None else tomlkit.dumps(document)
+    raw = document.unwrap()
+    problems: list[ConfigProblem] = []
+    runs_raw = raw.pop("runs", [])
+    if not isinstance(runs_raw, list) or not all(isinstance(r, dict) for r in runs_raw):
+        problems.append(
+            _problem(("runs",), "must be an array of tables: write each run as [[runs]]", text)
+        )
+        runs_raw = []
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as err:
+        problems.extend(_problems_from_validation(err, Recipe, text))
+        recipe = None
+
+    specs: list[RunSpec] = []
+    seen: dict[str, int] = {}
+    defaults = raw.get("defaults", {}) if isinstance(raw.get("defaults", {}), dict) else {}
+    for i, table in enumerate(runs_raw):
+        table = dict(table)
+        run_id = table.pop("id", None)
+        if not isinstance(run_id, str):
+            message = (
+                'missing: every [[runs]] needs id = "..."'
+                if run_id is None
+                else (f"must be a string, got {type(run_id).__name__}")
+            )
+            problems.append(_problem(("runs", i, "id"), message, text))
+            continue
+        bad_id = check_run_id(run_id)
+        if bad_id:
+            problems.append(_problem(("runs", i, "id"), bad_id, text))
+            continue
+        full_id = normalize_run_id(run_id)
+        if full_id in seen:
+            problems.append(
+                _problem(
+                    ("runs", i, "id"),
+                    f"duplicate run id {full_id!r} (also used by run number {seen[full_id] + 1}); "
+                    "give every run its own id",
+                    text,
+                )
+            )
+            continue
+        seen[full_id] = i
+        try:
+            OrchestratorConfig.model_validate(deep_merge(defaults, table))
+        except ValidationError as err:
+            for item in err.errors():
+                inner = tuple(item["loc"])
+                message = _explain(item, OrchestratorConfig, inner)
+                # A key the run sets is the run's fault, and so is a rule across keys
+                # (empty loc) once the run overrides anything; otherwise [defaults] is.
+                if (inner and inner[0] in table) or (not inner and table):
+                    problems.append(_problem(("runs", i, *inner), message, text))
+                elif recipe is not None:  # else recipe-level validation reported it
+                    problems.append(_problem(("defaults", *inner), message, text))
+        specs.append(RunSpec(id=run_id, overrides=table))
+
+    if problems:
+        raise ConfigError(path, _dedupe(problems))
+    assert recipe is not None
+    recipe.runs = specs
+    return recipe
+
+
+def validate_model(
+    model_cls: type[BaseModel], data: dict[str, Any], path: Path | str | None, text: str
+) -> Any:
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(path, _problems_from_validation(err, model_cls, text)) from None
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `base` with `override` applied; nested tables merge key by key."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def parse_assignment(assignment: str) -> tuple[str, Any]:
+    """`lr=1e-3` or `sampling.temperature=0.7` -> (dotted key, TOML-typed value).
+
+    Values are parsed as TOML, so `1e-3` is a float and `true` a bool; anything that is
+    not valid TOML is taken as a plain string (`env=reverse_text`).
+    """
+    key, sep, value = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(f"expected KEY=VALUE, got {assignment!r}")
+    try:
+        parsed = tomlkit.parse(f"v = {value.strip()}")["v"]
+        return key, parsed.unwrap() if hasattr(parsed, "unwrap") else parsed
+    except tomlkit.exceptions.ParseError:
+        return key, value.strip()
+
+
+def nest_dotted(key: str, value: Any) -> dict[str, Any]:
+    """`("sampling.temperature", 0.7)` -> `{"sampling": {"temperature": 0.7}}`."""
+    result: dict[str, Any] = {}
+    node = result
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return result
+
+
+# ------------------------------------------------------------------------- error plumbing
+
+
+def _problems_from_validation(
+    err: ValidationError, model_cls: type[BaseModel], text: str, prefix: tuple = ()
+) -> list[ConfigProblem]:
+    problems = []
+    for item in err.errors():
+        loc = tuple(prefix) + tuple(item["loc"])
+        problems.append(_problem(loc, _explain(item, model_cls, loc), text))
+    return problems
+
+
+def _explain(item: dict[str, Any], model_cls: type[BaseModel], loc: tuple) -> str:
+    kind = item["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(model_cls, loc[:-1])
+        hint = ""
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        if close:
+            hint = f"; did you mean {close[0]!r}?"
+        return f"unknown key{hint} (allowed here: {', '.join(allowed)})"
+    if kind == "missing":
+        if loc == ("model", "base") or loc == ("model",):
+            return 'missing base model: add [model] with base = "builtin:tiny-reverse" (or a path)'
+        return "required key is missing"
+    got = item.get("input")
+    shown = repr(got) if not isinstance(got, dict) else "a table"
+    message = item["msg"]
+    if message.startswith("Value error, "):
+        return message.removeprefix("Value error, ")
+    return f"{message} (got {shown})"
+
+
+def _allowed_keys(model_cls: type[BaseModel], loc: tuple) -> list[str]:
+    current: Any = model_cls
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        current = field.annotation if field is not None else None
+        if current is not None and not (
+            isinstance(current, type) and issubclass(current, BaseModel)
+        ):
+            current = None
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return sorted(current.model_fields)
+    return []
+
+
+def _problem(loc: tuple, message: str, text: str | None) -> ConfigProblem:
+    return ConfigProblem(key=_render_loc(loc), message=message, line=_line_of(loc, text))
+
+
+def _render_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _dedupe(problems: list[ConfigProblem]) -> list[ConfigProblem]:
+    seen = set()
+    unique = []
+    for problem in problems:
+        marker = (problem.key, problem.message)
+        if marker not in seen:
+            seen.add(marker)
+            unique.append(problem)
+    return unique
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+_TABLE = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
+_ARRAY_TABLE = re.compile(r"^\s*\[\[\s*([^\[\]]+?)\s*\]\]\s*(#.*)?$")
+_KEY = re.compile(
+    r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*="""
+)
+
+
+def _split_key(dotted: str) -> tuple[str, ...]:
+    return tuple(part.strip().strip("\"'") for part in dotted.split("."))
+
+
+def _key_lines(text: str) -> dict[tuple, int]:
+    """Map every table header and key of a TOML text to its 1-based line.
+
+    tomlkit keeps no line numbers for parsed keys, so this small scanner recovers them:
+    `[a.b]` -> ("a", "b"), the n-th `[[runs]]` -> ("runs", n), `x = 1` under it ->
+    ("runs", n, "x"). Good enough to point a user at the right line.
+    """
+    lines: dict[tuple, int] = {}
+    table: tuple = ()
+    array_counts: dict[tuple, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if match := _ARRAY_TABLE.match(line):
+            name = _split_key(match.group(1))
+            index = array_counts.get(name, -1) + 1
+            array_counts[name] = index
+            table = (*name, index)
+            lines.setdefault(table, number)
+        elif match := _TABLE.match(line):
+            table = _split_key(match.group(1))
+            lines.setdefault(table, number)
+        elif match := _KEY.match(line):
+            lines.setdefault((*table, *_split_key(match.group(1))), number)
+    return lines
+
+
+def _line_of(loc: tuple, text: str | None) -> int | None:
+    if not text:
+        return None
+    lines = _key_lines(text)
+    # Pydantic locations may go deeper than the source (inline tables, list items):
+    # fall back to the longest prefix that the file spells out.
+    for end in range(len(loc), 0, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None

@@ -1,0 +1,231 @@
+"""Every path of the experiment directory, the one atomic-write helper, and STABLE markers.
+
+The experiment directory is the contract between the supervisor, the trainer, the
+orchestrators and the TUI (SPEC section 3). Nobody builds these paths by hand: they
+come from here, so a rename is a one-line change.
+
+    {experiment}/
+      recipe.toml
+      supervisor/               state.json, control socket, pid file
+      logs/                     inference.log, trainer.log, supervisor.log
+      trainer/runs.json         the trainer's view: which run holds which slot, progress
+      run_<id>/
+        control/orch.toml, config_validation_error.txt, evicted.txt, finished.txt
+        checkpoints/step_N/     rollouts/step_N/     broadcast/step_N/
+        logs/orchestrator.log
+        metrics.jsonl
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+RUN_PREFIX = "run_"
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
+STABLE = "STABLE"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+# ---------------------------------------------------------------- experiment level
+
+
+def recipe_path(experiment: Path) -> Path:
+    return experiment / "recipe.toml"
+
+
+def supervisor_dir(experiment: Path) -> Path:
+    return experiment / "supervisor"
+
+
+def logs_dir(experiment: Path) -> Path:
+    return experiment / "logs"
+
+
+def process_log_path(experiment: Path, name: str) -> Path:
+    """Log file of a supervised process (`inference`, `trainer`, `supervisor`)."""
+    return logs_dir(experiment) / f"{name}.log"
+
+
+def trainer_state_path(experiment: Path) -> Path:
+    """Written by the trainer's master rank after every synchronisation: slots and progress."""
+    return experiment / "trainer" / "runs.json"
+
+
+def run_dir(experiment: Path, run_id: str) -> Path:
+    return experiment / run_id
+
+
+def is_run_dir_name(name: str) -> bool:
+    return name.startswith(RUN_PREFIX) and len(name) > len(RUN_PREFIX)
+
+
+def list_run_dirs(experiment: Path) -> list[Path]:
+    """Every `run_*` directory of an experiment, sorted by name; other entries are ignored."""
+    if not experiment.is_dir():
+        return []
+    return sorted(p for p in experiment.iterdir() if p.is_dir() and is_run_dir_name(p.name))
+
+
+# ---------------------------------------------------------------- run level
+
+
+def control_dir(run: Path) -> Path:
+    return run / "control"
+
+
+def orch_config_path(run: Path) -> Path:
+    return control_dir(run) / "orch.toml"
+
+
+def validation_error_path(run: Path) -> Path:
+    return control_dir(run) / "config_validation_error.txt"
+
+
+def evicted_path(run: Path) -> Path:
+    return control_dir(run) / "evicted.txt"
+
+
+def finished_path(run: Path) -> Path:
+    return control_dir(run) / "finished.txt"
+
+
+def checkpoints_dir(run: Path) -> Path:
+    return run / "checkpoints"
+
+
+def rollouts_dir(run: Path) -> Path:
+    return run / "rollouts"
+
+
+def broadcasts_dir(run: Path) -> Path:
+    return run / "broadcast"
+
+
+def step_dir(parent: Path, step: int) -> Path:
+    return parent / f"step_{step}"
+
+
+def checkpoint_dir(run: Path, step: int) -> Path:
+    return step_dir(checkpoints_dir(run), step)
+
+
+def rollout_dir(run: Path, step: int) -> Path:
+    return step_dir(rollouts_dir(run), step)
+
+
+def broadcast_dir(run: Path, step: int) -> Path:
+    return step_dir(broadcasts_dir(run), step)
+
+
+def run_logs_dir(run: Path) -> Path:
+    return run / "logs"
+
+
+def orchestrator_log_path(run: Path) -> Path:
+    return run_logs_dir(run) / "orchestrator.log"
+
+
+def metrics_path(run: Path) -> Path:
+    return run / "metrics.jsonl"
+
+
+# ---------------------------------------------------------------- step directories
+
+
+def list_step_dirs(parent: Path) -> list[tuple[int, Path]]:
+    """`(N, path)` for every `step_N` directory under `parent`, in step order."""
+    if not parent.is_dir():
+        return []
+    steps = []
+    for entry in parent.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and entry.is_dir():
+            steps.append((int(match.group(1)), entry))
+    return sorted(steps)
+
+
+def latest_stable_step(parent: Path) -> int | None:
+    """The highest N whose `step_N` directory carries a STABLE marker, or None."""
+    stable = [step for step, path in list_step_dirs(parent) if is_stable(path)]
+    return stable[-1] if stable else None
+
+
+def is_stable(directory: Path) -> bool:
+    return (directory / STABLE).is_file()
+
+
+def mark_stable(directory: Path) -> None:
+    """Write the STABLE marker last, once every other file of `directory` is durable."""
+    atomic_write_text(directory / STABLE, "")
+    _fsync_dir(directory)
+
+
+# ---------------------------------------------------------------- atomic writes
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` so that a reader sees either the old file or the whole new one.
+
+    Temp file in the same directory (same filesystem, so the rename is atomic), fsync,
+    rename, fsync of the directory so the rename itself survives a crash.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def staged_directory(final: Path) -> Iterator[Path]:
+    """Build a directory under a temporary name and move it into place whole.
+
+    Yields the staging directory; on a clean exit its files are fsynced, STABLE is written
+    last, and it is renamed to `final`. On an exception the staging directory is removed and
+    `final` is untouched, so readers never see a half-written step. An existing `final` is
+    replaced (a re-written step after a crash).
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        yield staging
+        for entry in staging.iterdir():
+            if entry.is_file():
+                with open(entry, "rb") as handle:
+                    os.fsync(handle.fileno())
+        mark_stable(staging)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,110 @@
+"""What state each run of an experiment is in, read from the experiment directory alone.
+
+The CLI's `status` and the TUI's runs table both come from here, so they always agree.
+Precedence: evicted > rejected > finished > active > waiting.
+
+- evicted:  `control/evicted.txt` exists (reason from it)
+- rejected: `control/config_validation_error.txt` exists (reason from it)
+- finished: `control/finished.txt` exists
+- active:   the trainer (alive) holds a slot for it (`trainer/runs.json`)
+- waiting:  anything else: no trainer yet, all slots used, or no `orch.toml` yet
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from workbench import control, layout
+from workbench.config import OrchestratorConfig
+
+STATUSES = ("waiting", "active", "rejected", "evicted", "finished")
+
+
+@dataclass
+class RunStatus:
+    id: str
+    status: str
+    step: int
+    reason: str | None = None
+    max_steps: int | None = None
+    slot: int | None = None
+    total_tokens: int = 0
+    total_samples: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_trainer_state(experiment: Path) -> dict[str, Any] | None:
+    """The trainer's published state, or None if there is none or its trainer is gone."""
+    try:
+        state = json.loads(layout.trainer_state_path(experiment).read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    pid = state.get("pid")
+    if isinstance(pid, int) and not _alive(pid):
+        return None
+    return state
+
+
+def run_statuses(experiment: Path) -> list[RunStatus]:
+    trainer = read_trainer_state(experiment) or {}
+    slots = {run_id: int(idx) for idx, run_id in trainer.get("slots", {}).items()}
+    progress = trainer.get("progress", {})
+    return [_run_status(run, slots, progress) for run in layout.list_run_dirs(experiment)]
+
+
+def _run_status(run: Path, slots: dict[str, int], progress: dict[str, Any]) -> RunStatus:
+    run_id = run.name
+    trained = progress.get(run_id, {})
+    broadcast_step = layout.latest_stable_step(layout.broadcasts_dir(run)) or 0
+    status = RunStatus(
+        id=run_id,
+        status="waiting",
+        step=max(int(trained.get("step", 0)), broadcast_step),
+        max_steps=_max_steps(run),
+        slot=slots.get(run_id),
+        total_tokens=int(trained.get("total_tokens", 0)),
+        total_samples=int(trained.get("total_samples", 0)),
+    )
+    eviction = control.read_eviction(run)
+    rejection = control.read_validation_error(run)
+    if eviction is not None:
+        status.status, status.reason, status.slot = "evicted", eviction.reason, None
+    elif rejection is not None:
+        status.status, status.reason, status.slot = "rejected", rejection, None
+    elif control.is_finished(run):
+        status.status = "finished"
+    elif run_id in slots:
+        status.status = "active"
+    elif not layout.orch_config_path(run).is_file():
+        status.reason = "no control/orch.toml yet"
+    return status
+
+
+def _max_steps(run: Path) -> int | None:
+    # Read leniently: a broken orch.toml is reported as a rejection, not a crash here.
+    with contextlib.suppress(Exception):
+        document = tomlkit.parse(layout.orch_config_path(run).read_text(encoding="utf-8"))
+        value = document.get("max_steps")
+        if value is None:
+            return OrchestratorConfig.model_fields["max_steps"].default
+        return int(value)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
