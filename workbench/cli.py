@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from workbench import control
@@ -40,7 +41,7 @@ EXIT_BAD_INPUT = 2
 
 
 def _fail(message: str, code: int = EXIT_FAILED) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -145,12 +146,12 @@ def evict(
     existing = control.read_eviction(ref.path)
     if existing is not None:
         console.print(
-            f"{ref.run_id} is already evicted ({existing.evicted_at}): {existing.reason}",
+            escape(f"{ref.run_id} is already evicted ({existing.evicted_at}): {existing.reason}"),
             highlight=False,
         )
         return
     control.write_eviction(ref.path, reason, by="user")
-    console.print(f"evicted {ref.run_id} ({ref.path}): {reason}", highlight=False)
+    console.print(escape(f"evicted {ref.run_id} ({ref.path}): {reason}"), highlight=False)
 
 
 def _read_text(path: Path) -> str:

@@ -39,7 +39,7 @@ class ConfigProblem(BaseModel):
         where = str(path) if path else "<config>"
         if self.line is not None:
             where += f", line {self.line}"
-        key = f" [{self.key}]" if self.key else ""
+        key = f" {self.key}:" if self.key else ""
         return f"{where}:{key} {self.message}"
 
 

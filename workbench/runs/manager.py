@@ -107,7 +107,6 @@ class MultiRunManager:
         self._admissions: dict[int, _Admission] = {}
         self._synced: dict[int, _Admission] = {}
         self._next_uid = 0
-        self._dir_inodes: dict[str, int] = {}
         # orch.toml (mtime, size) of each rejected run, so an unchanged bad config is not
         # re-read on every scan but a fixed one is retried at once.
         self._rejected_signature: dict[str, tuple[int, int]] = {}
@@ -178,9 +177,7 @@ class MultiRunManager:
             if not layout.evicted_path(path).exists()
         }
         for idx, run_id in sorted(self.idx_2_id.items()):
-            path = present.get(run_id)
-            replaced = path is not None and _inode(path) != self._dir_inodes.get(run_id)
-            if path is None or replaced or idx in self._failed_creation:
+            if run_id not in present or idx in self._failed_creation:
                 self._forget(idx, run_id)
 
         waiting = []
@@ -260,7 +257,6 @@ class MultiRunManager:
     def _admit(self, idx: int, run_id: str, path: Path, config: OrchestratorConfig) -> None:
         self._create_run_data(idx, run_id, self._next_uid, config)
         self._next_uid += 1
-        self._dir_inodes[run_id] = _inode(path)
         logger.info("run %s discovered: slot %d", run_id, idx)
         for hook in self._discovered_hooks:
             try:
@@ -288,7 +284,6 @@ class MultiRunManager:
             for hook in self._forgotten_hooks:
                 _call_logged(hook, idx, run_id)
         self._delete_run_data(idx)
-        self._dir_inodes.pop(run_id, None)
 
     # ------------------------------------------------------------------ eviction
 
@@ -397,14 +392,13 @@ class MultiRunManager:
         self.ready_to_update[idx] = False
 
     def _delete_run_data(self, idx: int) -> None:
-        admission = self._admissions.pop(idx, None)
+        self._admissions.pop(idx, None)
         run_id = self.idx_2_id.pop(idx, None)
         if run_id is not None and self.id_2_idx.get(run_id) == idx:
             del self.id_2_idx[run_id]
         self.progress.pop(idx, None)
         self.config.pop(idx, None)
         self.ready_to_update[idx] = False
-        del admission
 
     def publish_state(self) -> None:
         """Master: write `trainer/runs.json` (slots, progress, waiting runs) for the CLI and TUI."""
@@ -483,13 +477,6 @@ def get_multi_run_manager() -> MultiRunManager:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _inode(path: Path) -> int:
-    try:
-        return path.stat().st_ino
-    except FileNotFoundError:
-        return -1
 
 
 def _hook_name(hook: Callable[..., Any]) -> str:

@@ -1,0 +1,27 @@
+# Developer tasks. `just --list` shows them.
+
+# Install into ./.venv (CPU build of vLLM here, CUDA vLLM where nvidia-smi works).
+install:
+    bash scripts/install.sh
+
+# The whole test suite (what CI runs).
+test *ARGS:
+    .venv/bin/pytest {{ARGS}}
+
+# Lint and format check.
+lint:
+    .venv/bin/ruff check .
+    .venv/bin/ruff format --check .
+
+# Format the code.
+fmt:
+    .venv/bin/ruff format .
+    .venv/bin/ruff check --fix .
+
+# Every benchmark; results as JSON under benchmarks/results/.
+bench:
+    .venv/bin/workbench bench all
+
+# Start the reverse_text recipe.
+up:
+    .venv/bin/workbench up recipes/reverse_text.toml
