@@ -11,7 +11,7 @@ come from here, so a rename is a one-line change.
       trainer/runs.json         the trainer's view: which run holds which slot, progress
       run_<id>/
         control/orch.toml, config_validation_error.txt, evicted.txt, finished.txt
-        checkpoints/step_N/     rollouts/step_N/     broadcast/step_N/
+        checkpoints/step_N/{trainer,orchestrator}/   rollouts/step_N/   broadcast/step_N/
         logs/orchestrator.log
         metrics.jsonl
 """
@@ -113,6 +113,18 @@ def step_dir(parent: Path, step: int) -> Path:
 
 def checkpoint_dir(run: Path, step: int) -> Path:
     return step_dir(checkpoints_dir(run), step)
+
+
+def checkpoint_part_dir(run: Path, step: int, part: str) -> Path:
+    """`checkpoints/step_N/<part>/`: `trainer` and `orchestrator` each write their own part,
+    each with its own STABLE marker, so neither waits for the other."""
+    return checkpoint_dir(run, step) / part
+
+
+def latest_checkpoint_step(run: Path, part: str) -> int | None:
+    """The newest step whose `<part>` checkpoint is STABLE, or None."""
+    stable = [step for step, path in list_step_dirs(checkpoints_dir(run)) if is_stable(path / part)]
+    return stable[-1] if stable else None
 
 
 def rollout_dir(run: Path, step: int) -> Path:

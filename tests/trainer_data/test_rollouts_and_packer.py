@@ -1,0 +1,128 @@
+"""Rollout batches on disk, and how the packer turns them into micro-batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.helpers import make_run
+from workbench import control, layout
+from workbench.rollouts import InvalidRollouts, RolloutBatch, Sample, read_rollouts, write_rollouts
+from workbench.runs import MultiRunManager
+from workbench.trainer.packer import Packer, distribute, pack_batches
+
+
+def sample(prompt: int, completion: int, advantage: float = 0.5, first_token: int = 3) -> Sample:
+    return Sample(
+        prompt_ids=list(range(first_token, first_token + prompt)),
+        completion_ids=list(range(first_token + prompt, first_token + prompt + completion)),
+        completion_logprobs=[-0.1 * (i + 1) for i in range(completion)],
+        advantage=advantage,
+        reward=advantage + 0.5,
+    )
+
+
+def test_rollout_batch_round_trips_through_disk(tmp_path: Path):
+    batch = RolloutBatch(
+        "run_a", step=4, policy_version=3, samples=[sample(3, 2), sample(2, 4, -0.5)]
+    )
+    path = write_rollouts(tmp_path / "run_a", batch)
+    assert path == layout.rollout_dir(tmp_path / "run_a", 4) and layout.is_stable(path)
+    read = read_rollouts(path, vocab_size=64, max_sample_tokens=16)
+    assert (read.run_id, read.step, read.policy_version) == ("run_a", 4, 3)
+    for got, sent in zip(read.samples(), batch.samples, strict=True):
+        assert (got.prompt_ids, got.completion_ids) == (sent.prompt_ids, sent.completion_ids)
+        assert (got.advantage, got.reward) == pytest.approx((sent.advantage, sent.reward))
+    assert read.samples()[1].completion_logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4])
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda t: t.update(prompt_lengths=torch.tensor([0, 2])), "sample 0 has 0 prompt tokens"),
+        (
+            lambda t: t.update(prompt_lengths=torch.tensor([3, 6])),
+            "sample 1 has 6 prompt tokens of 6",
+        ),
+        (lambda t: t.update(advantages=torch.tensor([0.0])), "advantages has shape (1,)"),
+        (lambda t: t.update(input_ids=t["input_ids"][:-1]), "add up to 11 tokens"),
+        (lambda t: t["input_ids"].__setitem__(7, 999), "sample 1 has token id 999"),
+        (lambda t: t["inference_logprobs"].__setitem__(4, float("nan")), "sample 0 has log-probs"),
+    ],
+)
+def test_damaged_batches_are_rejected_naming_the_sample(tmp_path: Path, damage, expected):
+    path = write_rollouts(tmp_path, RolloutBatch("run_a", 0, 0, [sample(3, 2), sample(2, 4)]))
+    tensors = load_file(str(path / "batch.safetensors"))
+    damage(tensors)
+    save_file(tensors, str(path / "batch.safetensors"))
+    with pytest.raises(InvalidRollouts, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        read_rollouts(path, vocab_size=64)
+
+
+def test_sample_longer_than_seq_len_is_rejected_with_what_to_change(tmp_path: Path):
+    path = write_rollouts(tmp_path, RolloutBatch("run_a", 0, 0, [sample(3, 2), sample(10, 10)]))
+    with pytest.raises(InvalidRollouts, match=r"sample 1 has 20 tokens, longer than .* seq_len 16"):
+        read_rollouts(path, max_sample_tokens=16)
+
+
+def test_empty_batch_is_rejected(tmp_path: Path):
+    path = write_rollouts(tmp_path, RolloutBatch("run_a", 0, 0, []))
+    with pytest.raises(InvalidRollouts, match="empty"):
+        read_rollouts(path)
+
+
+def test_packed_rows_keep_each_runs_tokens_contiguous_and_count_them(tmp_path: Path):
+    batches = {}
+    for idx, sizes in {0: [(3, 2), (2, 2)], 2: [(4, 3)], 1: [(2, 1)]}.items():
+        path = write_rollouts(
+            tmp_path / f"r{idx}", RolloutBatch(f"r{idx}", 0, 0, [sample(*s) for s in sizes])
+        )
+        batches[idx] = read_rollouts(path)
+    rows = pack_batches(batches, seq_len=10, max_runs=4)
+    # slot order 0, 0, 1, 2 with lengths 5, 4, 3, 7: rows [5+4], [3+7]
+    assert [row.lora_num_tokens.tolist() for row in rows] == [[9, 0, 0, 0], [0, 3, 7, 0]]
+    assert all(row.num_tokens <= 10 for row in rows)
+    assert rows[0].run_loss_tokens.tolist() == [4, 1, 3, 0]
+    first = rows[0]
+    assert first.position_ids.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
+    # sample 1 of run 0: prompt [3, 4], completion [5, 6]; position t predicts token t+1
+    assert first.target_ids[5:9].tolist() == [4, 5, 6, 0]
+    assert first.loss_mask[5:9].tolist() == [False, True, True, False]
+    assert first.inference_logprobs[5:9].tolist() == pytest.approx([0.0, -0.1, -0.2, 0.0])
+    assert int(first.loss_mask.sum()) == 4
+
+
+def test_rows_are_shared_out_so_ranks_get_similar_token_counts():
+    class Row:
+        def __init__(self, n):
+            self.num_tokens = n
+
+    shares = distribute([Row(n) for n in (10, 9, 8, 7)], world_size=2)
+    assert sorted(sum(r.num_tokens for r in share) for share in shares) == [17, 17]
+
+
+def test_packer_takes_each_runs_next_batch_updates_progress_and_evicts_bad_runs(experiment: Path):
+    manager = MultiRunManager(experiment, max_runs=3)
+    good, bad, idle = (make_run(experiment, name) for name in ("run_good", "run_bad", "run_idle"))
+    manager.discover_runs()
+    manager.synchronize_state()
+    write_rollouts(good, RolloutBatch("run_good", 0, 0, [sample(3, 2), sample(3, 3)]))
+    bad_step = write_rollouts(bad, RolloutBatch("run_bad", 0, 0, [sample(3, 2)]))
+    (bad_step / "batch.json").write_text("{broken")
+    # a step the trainer is not at yet is not taken
+    write_rollouts(idle, RolloutBatch("run_idle", 1, 0, [sample(3, 2)]))
+
+    packer = Packer(manager, seq_len=32, vocab_size=64)
+    batches = packer.collect()
+    good_idx = manager.id_2_idx["run_good"]
+    assert list(batches) == [good_idx]
+    assert manager.ready_to_update_idxs == [good_idx]
+    progress = manager.progress[good_idx]
+    assert (progress.step, progress.total_samples, progress.total_tokens) == (1, 2, 11)
+    eviction = control.read_eviction(bad)
+    assert eviction is not None and "batch.json is not valid JSON" in eviction.reason
+    assert control.read_eviction(idle) is None and control.read_eviction(good) is None
+    assert packer.collect() == {}, "a ready run is not collected twice before it trains"

@@ -1,0 +1,136 @@
+"""Per-run trainer checkpoints: write at the run's interval and on shutdown; resume on return.
+
+`run_<id>/checkpoints/step_N/trainer/` holds everything needed to continue that run exactly:
+
+    adapter.safetensors   the run's slot parameters (full slot rank, as trained)
+    optimizer.pt          the run's AdamW state
+    scheduler.pt          the run's LR scheduler state
+    progress.json         step, total_tokens, total_samples
+    STABLE                written last
+
+The directory is staged and renamed whole, so a SIGTERM or a full disk mid-write leaves the
+previous checkpoint as the latest. Only the master rank writes; every rank restores (the
+files are on a shared filesystem), so all ranks resume in the same state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from workbench import layout
+from workbench.runs import MultiRunManager, Progress
+
+logger = logging.getLogger(__name__)
+PART = "trainer"
+
+
+class PerRunState(Protocol):
+    def state_dict_for_run(self, idx: int) -> dict[str, Any]: ...
+
+    def load_state_dict_for_run(self, idx: int, state: dict[str, Any]) -> None: ...
+
+
+class RunCheckpointer:
+    def __init__(
+        self,
+        manager: MultiRunManager,
+        optimizer: PerRunState,
+        scheduler: PerRunState,
+        *,
+        keep: int = 3,
+    ):
+        self.manager = manager
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.keep = keep
+        self.last_saved_step: dict[int, int] = {}
+
+    def due(self, idx: int) -> bool:
+        """True when the run's step hits its interval or its last step."""
+        config = self.manager.config[idx]
+        step = self.manager.progress[idx].step
+        if step == 0 or self.last_saved_step.get(idx) == step:
+            return False
+        interval = config.checkpoint_interval
+        return step >= config.max_steps or (interval > 0 and step % interval == 0)
+
+    def save(self, idx: int) -> Path | None:
+        """Master only: write the run's checkpoint at its current step."""
+        manager = self.manager
+        run = manager.get_run_dir(idx)
+        if not run.is_dir():
+            return None  # the run directory was deleted: nothing to keep it for
+        progress = manager.progress[idx]
+        final = layout.checkpoint_part_dir(run, progress.step, PART)
+        params = {
+            name: param.detach().to("cpu").contiguous()
+            for name, param in manager.get_named_parameters_for_run(idx)
+        }
+        with layout.staged_directory(final) as staging:
+            save_file(params, str(staging / "adapter.safetensors"))
+            torch.save(self.optimizer.state_dict_for_run(idx), staging / "optimizer.pt")
+            torch.save(self.scheduler.state_dict_for_run(idx), staging / "scheduler.pt")
+            (staging / "progress.json").write_text(json.dumps(asdict(progress)))
+        self.last_saved_step[idx] = progress.step
+        self._prune(run)
+        logger.info("checkpoint of %s at step %d: %s", manager.idx_2_id[idx], progress.step, final)
+        return final
+
+    def restore(self, idx: int) -> int | None:
+        """Load the run's latest STABLE checkpoint into its slot; returns its step or None."""
+        manager = self.manager
+        run = manager.get_run_dir(idx)
+        step = layout.latest_checkpoint_step(run, PART)
+        if step is None:
+            return None
+        directory = layout.checkpoint_part_dir(run, step, PART)
+        saved = load_file(str(directory / "adapter.safetensors"))
+        params = dict(manager.get_named_parameters_for_run(idx))
+        if set(saved) != set(params):
+            raise ValueError(
+                f"{directory}: checkpoint parameters do not match this trainer's adapter "
+                f"(different target modules or model?); missing {sorted(set(params) - set(saved))[:3]}, "
+                f"unexpected {sorted(set(saved) - set(params))[:3]}"
+            )
+        with torch.no_grad():
+            for name, param in params.items():
+                if saved[name].shape != param.shape:
+                    raise ValueError(
+                        f"{directory}: {name} has shape {tuple(saved[name].shape)} in the "
+                        f"checkpoint but {tuple(param.shape)} here (was the LoRA rank changed?)"
+                    )
+                param.copy_(saved[name].to(param.device, param.dtype))
+        self.optimizer.load_state_dict_for_run(
+            idx, torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True)
+        )
+        self.scheduler.load_state_dict_for_run(
+            idx, torch.load(directory / "scheduler.pt", map_location="cpu", weights_only=True)
+        )
+        manager.progress[idx] = Progress(**json.loads((directory / "progress.json").read_text()))
+        self.last_saved_step[idx] = step
+        logger.info("run %s resumed from %s", manager.idx_2_id[idx], directory)
+        return step
+
+    def forget(self, idx: int) -> None:
+        self.last_saved_step.pop(idx, None)
+
+    def _prune(self, run: Path) -> None:
+        steps = [
+            step
+            for step, path in layout.list_step_dirs(layout.checkpoints_dir(run))
+            if layout.is_stable(path / PART)
+        ]
+        for step in steps[: -self.keep] if self.keep > 0 else []:
+            part = layout.checkpoint_part_dir(run, step, PART)
+            shutil.rmtree(part, ignore_errors=True)
+            step_dir = layout.checkpoint_dir(run, step)
+            if step_dir.is_dir() and not any(step_dir.iterdir()):
+                step_dir.rmdir()

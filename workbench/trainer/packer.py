@@ -1,0 +1,181 @@
+"""The packer (master rank): rollout batches in, packed micro-batches out.
+
+Each trainer step takes, for every active run whose next `rollouts/step_N` is STABLE, that
+whole batch; validates it (an invalid batch evicts only its run, with the reason); updates
+the run's progress and marks it ready; then packs all samples into micro-batches of at most
+`seq_len` tokens with each run's tokens contiguous, in slot order, so `MultiLoRALinear` can
+route them by per-run token counts (`lora_num_tokens`).
+
+Targets are aligned here once: position t of a micro-batch predicts token t+1 of the same
+sample, so `target_ids`, `loss_mask`, `inference_logprobs` and `advantages` are all indexed
+by the predicting position. The last position of every sample predicts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from workbench import layout
+from workbench.rollouts import InvalidRollouts, TensorBatch, read_rollouts
+from workbench.runs import MultiRunManager
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MicroBatch:
+    """One packed row: runs' samples back to back, each run's tokens contiguous."""
+
+    input_ids: torch.Tensor  # int64 [T]
+    position_ids: torch.Tensor  # int64 [T], restarting at 0 for every sample
+    target_ids: torch.Tensor  # int64 [T], the next token of the same sample (0 where none)
+    loss_mask: torch.Tensor  # bool [T], True where the target is a completion token
+    inference_logprobs: torch.Tensor  # float32 [T], sampler's log-prob of the target
+    advantages: torch.Tensor  # float32 [T]
+    lora_num_tokens: torch.Tensor  # int64 [max_runs], tokens of each run in this row
+    run_loss_tokens: torch.Tensor  # int64 [max_runs], loss tokens of each run in the WHOLE step
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+@dataclass
+class _PackedSample:
+    idx: int
+    input_ids: torch.Tensor
+    prompt_length: int
+    inference_logprobs: torch.Tensor
+    advantage: float
+
+
+class Packer:
+    def __init__(self, manager: MultiRunManager, seq_len: int, vocab_size: int | None = None):
+        self.manager = manager
+        self.seq_len = seq_len
+        self.vocab_size = vocab_size
+
+    def collect(self) -> dict[int, TensorBatch]:
+        """Read each active run's next batch if it is ready; mark those runs ready.
+
+        A run's next batch is `rollouts/step_{progress.step}`. Invalid batches evict their
+        run (the reason names the sample and what is wrong) and are skipped.
+        """
+        manager = self.manager
+        batches: dict[int, TensorBatch] = {}
+        for idx in manager.used_idxs:
+            if manager.ready_to_update[idx]:
+                continue
+            run = manager.get_run_dir(idx)
+            step = manager.progress[idx].step
+            step_dir = layout.rollout_dir(run, step)
+            if not layout.is_stable(step_dir):
+                continue
+            try:
+                batch = read_rollouts(
+                    step_dir, vocab_size=self.vocab_size, max_sample_tokens=self.seq_len
+                )
+            except InvalidRollouts as err:
+                manager.evict_run(idx, f"invalid rollout batch: {err}")
+                continue
+            batches[idx] = batch
+            progress = manager.progress[idx]
+            progress.step += 1
+            progress.total_tokens += batch.num_tokens
+            progress.total_samples += batch.num_samples
+            manager.ready_to_update[idx] = True
+        return batches
+
+    def pack(self, batches: dict[int, TensorBatch], world_size: int = 1) -> list[list[MicroBatch]]:
+        """Pack every batch into micro-batches and share them out: one list per rank."""
+        return distribute(pack_batches(batches, self.seq_len, self.manager.max_runs), world_size)
+
+
+def pack_batches(batches: dict[int, TensorBatch], seq_len: int, max_runs: int) -> list[MicroBatch]:
+    """Greedy packing in slot order: a row is closed when the next sample does not fit.
+
+    Slot order keeps each run's tokens contiguous inside a row, which is what per-run token
+    counts need. Samples are never split across rows: attention must see a whole sample.
+    """
+    samples = [s for idx in sorted(batches) for s in _split_samples(idx, batches[idx])]
+    run_loss_tokens = torch.zeros(max_runs, dtype=torch.int64)
+    for sample in samples:
+        run_loss_tokens[sample.idx] += sample.input_ids.numel() - sample.prompt_length
+    rows: list[list[_PackedSample]] = []
+    current: list[_PackedSample] = []
+    used = 0
+    for sample in samples:
+        length = sample.input_ids.numel()
+        if current and used + length > seq_len:
+            rows.append(current)
+            current, used = [], 0
+        current.append(sample)
+        used += length
+    if current:
+        rows.append(current)
+    return [_build_row(row, max_runs, run_loss_tokens) for row in rows]
+
+
+def distribute(rows: list[MicroBatch], world_size: int) -> list[list[MicroBatch]]:
+    """Give each rank a share with about the same number of tokens (largest rows first)."""
+    shares: list[list[MicroBatch]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    for row in sorted(rows, key=lambda r: -r.num_tokens):
+        rank = loads.index(min(loads))
+        shares[rank].append(row)
+        loads[rank] += row.num_tokens
+    return shares
+
+
+def _split_samples(idx: int, batch: TensorBatch) -> list[_PackedSample]:
+    out = []
+    start = 0
+    for length, prompt, advantage in zip(
+        batch.sample_lengths.tolist(),
+        batch.prompt_lengths.tolist(),
+        batch.advantages.tolist(),
+        strict=True,
+    ):
+        out.append(
+            _PackedSample(
+                idx=idx,
+                input_ids=batch.input_ids[start : start + length],
+                prompt_length=prompt,
+                inference_logprobs=batch.inference_logprobs[start : start + length],
+                advantage=advantage,
+            )
+        )
+        start += length
+    return out
+
+
+def _build_row(
+    row: list[_PackedSample], max_runs: int, run_loss_tokens: torch.Tensor
+) -> MicroBatch:
+    input_ids, positions, targets, mask, logprobs, advantages = [], [], [], [], [], []
+    counts = torch.zeros(max_runs, dtype=torch.int64)
+    for sample in row:
+        length = sample.input_ids.numel()
+        counts[sample.idx] += length
+        input_ids.append(sample.input_ids)
+        positions.append(torch.arange(length, dtype=torch.int64))
+        # position t predicts token t + 1; the last position predicts nothing
+        targets.append(torch.cat([sample.input_ids[1:], torch.zeros(1, dtype=torch.int64)]))
+        is_target_completion = torch.arange(1, length + 1) >= sample.prompt_length
+        is_target_completion[-1] = False
+        mask.append(is_target_completion)
+        logprobs.append(torch.cat([sample.inference_logprobs[1:], torch.zeros(1)]))
+        advantages.append(torch.full((length,), sample.advantage, dtype=torch.float32))
+    return MicroBatch(
+        input_ids=torch.cat(input_ids),
+        position_ids=torch.cat(positions),
+        target_ids=torch.cat(targets),
+        loss_mask=torch.cat(mask),
+        inference_logprobs=torch.cat(logprobs).float(),
+        advantages=torch.cat(advantages),
+        lora_num_tokens=counts,
+        run_loss_tokens=run_loss_tokens.clone(),
+    )
