@@ -1,0 +1,58 @@
+"""`python -m workbench.inference --config PATH`: start vLLM for an experiment.
+
+Checks what can be checked before vLLM's slow start (vLLM installed, port free, model
+directory), then replaces this process with vLLM's server so signals from the supervisor
+reach it directly. The port comes from the config; the API key from the experiment's
+`supervisor/endpoint.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from workbench.config import ConfigError, load_inference_config
+from workbench.inference.endpoint import read_endpoint
+from workbench.inference.server import (
+    InferenceSetupError,
+    build_vllm_command,
+    check_model_dir,
+    check_port_free,
+    check_vllm_installed,
+    server_environment,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workbench.inference", description=__doc__)
+    parser.add_argument("--config", type=Path, required=True, help="an InferenceConfig TOML")
+    args = parser.parse_args(argv)
+    try:
+        config = load_inference_config(args.config)
+        endpoint = read_endpoint(config.output_dir)
+        if endpoint is None:
+            raise InferenceSetupError(
+                f"{config.output_dir}/supervisor/endpoint.json is missing; it holds the API key "
+                "(start inference through `workbench up`)"
+            )
+        if config.inference.port == 0:
+            raise InferenceSetupError(f"{args.config}: [inference] port must be set (not 0) here")
+        check_vllm_installed()
+        check_port_free(config.inference.host, config.inference.port)
+        from workbench.models.resolve import resolve_model
+
+        model = resolve_model(config.model.base)
+        check_model_dir(model)
+    except (ConfigError, InferenceSetupError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    command = build_vllm_command(config, model, config.inference.port)
+    print("starting:", " ".join(command), file=sys.stderr, flush=True)
+    os.execve(sys.executable, command, server_environment(endpoint.api_key))
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

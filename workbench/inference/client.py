@@ -1,0 +1,168 @@
+"""Talking to the inference server: chat completions with token ids and log-probs, and
+runtime adapter loading.
+
+Adapter versions are loaded under one name per version (`run_abc@step3`), never reloaded
+in place under a fixed name. Two vLLM pitfalls make in-place reloads wrong or slow: a
+same-name reload may keep serving the old weights or re-read the adapter from disk on
+later requests, and prefix-cache blocks computed with the old weights stay keyed to the
+old name's adapter id. A fresh name gets a fresh adapter id, so neither can happen; the
+previous version is unloaded once the new one is in.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from workbench.inference.endpoint import Endpoint
+
+logger = logging.getLogger(__name__)
+
+
+class InferenceError(RuntimeError):
+    """The inference server refused a request; the message carries its answer."""
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass
+class ChatResult:
+    prompt_token_ids: list[int]
+    completions: list[Completion] = field(default_factory=list)
+
+
+def adapter_name(run_id: str, step: int) -> str:
+    return f"{run_id}@step{step}"
+
+
+class InferenceClient:
+    """Synchronous client (each orchestrator sends one batched request at a time)."""
+
+    def __init__(self, endpoint: Endpoint, timeout_s: float = 600.0):
+        self.endpoint = endpoint
+        self._http = httpx.Client(
+            headers={"Authorization": f"Bearer {endpoint.api_key}"},
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        model: str,
+        n: int,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> ChatResult:
+        """`n` completions of one conversation with the token ids and their log-probs."""
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "n": n,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "logprobs": True,
+            "return_token_ids": True,
+        }
+        if seed is not None:
+            body["seed"] = seed
+        data = self._post("/v1/chat/completions", body)
+        result = ChatResult(prompt_token_ids=list(data.get("prompt_token_ids") or []))
+        for choice in sorted(data["choices"], key=lambda c: c["index"]):
+            content = (choice.get("logprobs") or {}).get("content") or []
+            result.completions.append(
+                Completion(
+                    text=choice["message"].get("content") or "",
+                    token_ids=list(choice.get("token_ids") or []),
+                    logprobs=[float(item["logprob"]) for item in content],
+                    finish_reason=choice.get("finish_reason"),
+                )
+            )
+        return result
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+
+    def unload_adapter(self, name: str) -> None:
+        self._post("/v1/unload_lora_adapter", {"lora_name": name})
+
+    def served_models(self) -> list[str]:
+        response = self._http.get(f"{self.endpoint.base_url}/models")
+        response.raise_for_status()
+        return [model["id"] for model in response.json()["data"]]
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = self.endpoint.server_url + path
+        response = self._http.post(url, json=body)
+        if response.status_code != 200:
+            raise InferenceError(
+                f"POST {path} answered {response.status_code}: {response.text[:500]}"
+            )
+        try:
+            return response.json()
+        except ValueError:
+            return {}
+
+
+class AdapterVersions:
+    """The adapter versions one run has loaded; serves the newest, unloads the older."""
+
+    def __init__(self, client: InferenceClient, run_id: str):
+        self.client = client
+        self.run_id = run_id
+        self.current_step: int | None = None
+
+    @property
+    def current_name(self) -> str | None:
+        return None if self.current_step is None else adapter_name(self.run_id, self.current_step)
+
+    def model_for_requests(self) -> str:
+        """The model name to generate with: the newest adapter, or the base before any."""
+        return self.current_name or self.client.endpoint.model
+
+    def load(self, step: int, path: Path) -> str:
+        """Load `broadcast/step_N` as a new version, then unload the previous one."""
+        name = adapter_name(self.run_id, step)
+        previous = self.current_name
+        self.client.load_adapter(name, path)
+        self.current_step = step
+        if previous is not None and previous != name:
+            try:
+                self.client.unload_adapter(previous)
+            except InferenceError as err:  # an old version left loaded only costs memory
+                logger.warning("could not unload %s: %s", previous, err)
+        return name
+
+    def unload_all(self) -> None:
+        if self.current_name is not None:
+            try:
+                self.client.unload_adapter(self.current_name)
+            except (InferenceError, httpx.HTTPError) as err:
+                logger.warning("could not unload %s: %s", self.current_name, err)
+            self.current_step = None

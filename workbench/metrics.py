@@ -1,0 +1,45 @@
+"""Appending to and reading a run's `metrics.jsonl` (format in docs/contracts.md).
+
+The trainer and the orchestrator both append to the same file. Each record is one line
+written with a single `write` on a file opened with O_APPEND, so lines from two writers
+never interleave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench import layout
+
+
+def append_metrics(run: Path, source: str, step: int, **values: Any) -> dict[str, Any]:
+    record = {"source": source, "step": step, "time": round(time.time(), 3), **values}
+    line = (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8")
+    path = layout.metrics_path(run)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return record
+
+
+def read_metrics(run: Path, source: str | None = None) -> list[dict[str, Any]]:
+    """Every record (optionally of one source); a torn or foreign line is skipped."""
+    records = []
+    try:
+        with open(layout.metrics_path(run), encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and (source is None or record.get("source") == source):
+                    records.append(record)
+    except FileNotFoundError:
+        pass
+    return records

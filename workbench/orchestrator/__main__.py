@@ -1,0 +1,103 @@
+"""`python -m workbench.orchestrator --run-dir DIR`: one run's orchestrator process.
+
+Exit status: 0 the run finished its steps (or SIGTERM), 2 its config is invalid,
+3 it was evicted (the reason is printed), 1 anything else. The supervisor restarts it
+only on 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from workbench import control, layout
+from workbench.config import ConfigError, load_orchestrator_config
+from workbench.inference.client import AdapterVersions, InferenceClient
+from workbench.inference.endpoint import read_endpoint
+from workbench.inference.readiness import is_healthy
+from workbench.orchestrator.loop import Orchestrator, RunEvicted
+
+logger = logging.getLogger("workbench.orchestrator")
+EXIT_BAD_CONFIG = 2
+EXIT_EVICTED = 3
+
+
+class Stopped(Exception):
+    pass
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped()
+
+
+def wait_until(condition, run: Path, what: str, poll_s: float) -> None:
+    """Poll until `condition()`; logs once what it waits for; stops if the run is evicted."""
+    logged = False
+    while not condition():
+        eviction = control.read_eviction(run)
+        if eviction is not None:
+            raise RunEvicted(eviction.reason)
+        if not logged:
+            logger.info("waiting for %s", what)
+            logged = True
+        time.sleep(poll_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workbench.orchestrator", description=__doc__)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--poll-s", type=float, default=0.2)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    run: Path = args.run_dir
+    experiment = run.parent
+    try:
+        wait_until(layout.orch_config_path(run).is_file, run, "control/orch.toml", args.poll_s)
+        # The trainer may reject a config our own validation accepts (its hooks): write
+        # nothing for a rejected run; go on once the config is fixed and accepted.
+        wait_until(
+            lambda: control.read_validation_error(run) is None,
+            run,
+            "the trainer to accept the config (see control/config_validation_error.txt)",
+            args.poll_s,
+        )
+        config = load_orchestrator_config(layout.orch_config_path(run))
+        wait_until(
+            lambda: read_endpoint(experiment) is not None,
+            run,
+            "supervisor/endpoint.json",
+            args.poll_s,
+        )
+        endpoint = read_endpoint(experiment)
+        wait_until(
+            lambda: is_healthy(endpoint.server_url), run, f"inference at {endpoint.server_url}", 1.0
+        )
+        with InferenceClient(endpoint) as client:
+            adapters = AdapterVersions(client, run.name)
+            try:
+                Orchestrator(run, config, client, adapters, poll_s=args.poll_s).run_until_done()
+            finally:
+                adapters.unload_all()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except RunEvicted as err:
+        print(f"{run.name} evicted: {err}", file=sys.stderr)
+        return EXIT_EVICTED
+    except (Stopped, KeyboardInterrupt):
+        logger.info("stopped by signal; state is checkpointed after every step")
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""One run's orchestrator loop: prompts -> completions -> rewards -> advantages -> batch.
+
+Each iteration:
+1. stop if the run is evicted (`control/evicted.txt`), with its reason;
+2. load the newest STABLE `broadcast/step_N` into vLLM under a fresh name, and wait while
+   this step would be more than `async_level` steps ahead of the loaded adapter;
+3. take the next prompts of the environment's stream and ask for `rollouts_per_prompt`
+   completions of each (token ids and log-probs) with the run's adapter;
+4. score them, compute GRPO advantages; a batch without learning signal is dropped and
+   retried with new prompts, and three in a row evict the run;
+5. write `rollouts/step_N` atomically, append a metrics line, checkpoint its state.
+At `max_steps` it waits for the trainer's last adapter, marks the run finished and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from workbench import control, layout
+from workbench.config import OrchestratorConfig
+from workbench.envs import get_environment
+from workbench.envs.base import Prompt
+from workbench.inference.client import AdapterVersions, ChatResult
+from workbench.metrics import append_metrics
+from workbench.orchestrator.advantages import (
+    group_advantages,
+    has_learning_signal,
+    steps_ahead_allowed,
+)
+from workbench.orchestrator.state import OrchestratorState, load_state, save_state
+from workbench.rollouts import RolloutBatch, Sample, write_rollouts
+
+logger = logging.getLogger(__name__)
+
+MAX_EMPTY_BATCH_ATTEMPTS = 3
+
+
+class RunEvicted(RuntimeError):
+    """The run was evicted; the message is the reason."""
+
+
+class ChatClient(Protocol):
+    """What the loop needs from the inference server (`InferenceClient` is the real one)."""
+
+    def chat(self, messages, *, model, n, max_tokens, temperature, top_p, seed) -> ChatResult: ...
+
+    def load_adapter(self, name: str, path: Path) -> None: ...
+
+    def unload_adapter(self, name: str) -> None: ...
+
+
+@dataclass
+class StepResult:
+    step: int
+    written: bool
+    reward_mean: float
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        run: Path,
+        config: OrchestratorConfig,
+        client: ChatClient,
+        adapters: AdapterVersions,
+        *,
+        poll_s: float = 0.2,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.run = run
+        self.run_id = run.name
+        self.config = config
+        self.client = client
+        self.adapters = adapters
+        self.poll_s = poll_s
+        self.sleep = sleep
+        self.env = get_environment(config.env, **config.env_args)
+        self.dataset = self.env.dataset(seed=config.seed, split="train")
+        self.state = self._resume()
+        self.rng = self.state.rng(config.seed)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _resume(self) -> OrchestratorState:
+        state = load_state(self.run) or OrchestratorState()
+        trained = layout.latest_stable_step(layout.broadcasts_dir(self.run)) or 0
+        if trained > state.step:
+            # The trainer is ahead of our checkpoint (it was lost): never regenerate a step
+            # the trainer has already trained.
+            skipped = trained - state.step
+            state.data_position += skipped * self.config.prompts_per_step
+            state.step = trained
+        if state.step:
+            logger.info(
+                "%s resumes at step %d (data position %d)",
+                self.run_id,
+                state.step,
+                state.data_position,
+            )
+        return state
+
+    def run_until_done(self) -> None:
+        """Loop until `max_steps` (then mark the run finished) or eviction (raises RunEvicted)."""
+        while self.state.step < self.config.max_steps:
+            self.step_once()
+        self._wait_for_final_adapter()
+        control.mark_finished(self.run, self.config.max_steps)
+        logger.info("%s finished %d steps", self.run_id, self.config.max_steps)
+
+    def check_evicted(self) -> None:
+        eviction = control.read_eviction(self.run)
+        if eviction is not None:
+            raise RunEvicted(eviction.reason)
+
+    # ------------------------------------------------------------------ one step
+
+    def step_once(self) -> StepResult:
+        self.check_evicted()
+        step = self.state.step
+        wait_s = self._wait_for_policy(step)
+        prompts = self.dataset.take(self.state.data_position, self.config.prompts_per_step)
+        self.state.data_position += len(prompts)
+        started = time.monotonic()
+        model = self.adapters.model_for_requests()
+        results = self._generate(prompts, model)
+        generation_s = time.monotonic() - started
+
+        samples, rewards, lengths, truncated = [], [], [], 0
+        for prompt, result in zip(prompts, results, strict=True):
+            group_rewards = [self.env.reward(prompt, c.text) for c in result.completions]
+            rewards.extend(group_rewards)
+            for completion, reward in zip(result.completions, group_rewards, strict=True):
+                n = min(len(completion.token_ids), len(completion.logprobs))
+                lengths.append(n)
+                truncated += completion.truncated
+                samples.append(
+                    Sample(
+                        prompt_ids=list(result.prompt_token_ids),
+                        completion_ids=completion.token_ids[:n],
+                        completion_logprobs=completion.logprobs[:n],
+                        advantage=0.0,
+                        reward=reward,
+                    )
+                )
+        advantages = group_advantages(rewards, self.config.rollouts_per_prompt)
+        for sample, advantage in zip(samples, advantages, strict=True):
+            sample.advantage = advantage
+
+        written = has_learning_signal(advantages)
+        if written:
+            self.state.empty_batches = 0
+            batch = RolloutBatch(self.run_id, step, self._policy_version(), samples)
+            write_rollouts(self.run, batch)
+            self.state.step += 1
+        else:
+            self.state.empty_batches += 1
+            logger.warning(
+                "%s step %d: every completion of every prompt scored alike (no learning "
+                "signal); retrying with new prompts (%d/%d)",
+                self.run_id,
+                step,
+                self.state.empty_batches,
+                MAX_EMPTY_BATCH_ATTEMPTS,
+            )
+        reward_mean = statistics.fmean(rewards)
+        append_metrics(
+            self.run,
+            "orchestrator",
+            step,
+            reward_mean=reward_mean,
+            reward_std=statistics.pstdev(rewards),
+            reward_min=min(rewards),
+            reward_max=max(rewards),
+            completion_len_mean=statistics.fmean(lengths),
+            truncated_frac=truncated / len(lengths),
+            generation_s=round(generation_s, 3),
+            wait_s=round(wait_s, 3),
+            policy_version=self._policy_version(),
+            written=written,
+        )
+        self.state.remember_rng(self.rng)
+        save_state(self.run, self.state)
+        if self.state.empty_batches >= MAX_EMPTY_BATCH_ATTEMPTS:
+            reason = (
+                f"no learning signal: all advantages were zero in {MAX_EMPTY_BATCH_ATTEMPTS} "
+                f"consecutive batches at step {step} (every completion of a prompt got the same "
+                "reward); raise sampling.temperature or change the environment's difficulty"
+            )
+            control.write_eviction(self.run, reason, by="orchestrator")
+            raise RunEvicted(reason)
+        return StepResult(step=step, written=written, reward_mean=reward_mean)
+
+    def _generate(self, prompts: list[Prompt], model: str) -> list[ChatResult]:
+        sampling = self.config.sampling
+        seeds = [self.rng.randrange(2**31) for _ in prompts]
+
+        def one(args: tuple[Prompt, int]) -> ChatResult:
+            prompt, seed = args
+            return self.client.chat(
+                prompt.messages,
+                model=model,
+                n=self.config.rollouts_per_prompt,
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=seed,
+            )
+
+        # One request per prompt, all in flight at once so vLLM batches them.
+        with ThreadPoolExecutor(max_workers=min(32, len(prompts))) as pool:
+            return list(pool.map(one, zip(prompts, seeds, strict=True)))
+
+    # ------------------------------------------------------------------ policy versions
+
+    def _policy_version(self) -> int:
+        return self.adapters.current_step or 0
+
+    def _load_newest_adapter(self) -> None:
+        newest = layout.latest_stable_step(layout.broadcasts_dir(self.run))
+        if newest is not None and newest > self._policy_version():
+            self.adapters.load(newest, layout.broadcast_dir(self.run, newest))
+            logger.info("%s loaded adapter step %d", self.run_id, newest)
+
+    def _wait_for_policy(self, step: int) -> float:
+        """Load the newest adapter; block while `step` would be too far ahead of it."""
+        started = time.monotonic()
+        self._load_newest_adapter()
+        while not steps_ahead_allowed(step, self._policy_version(), self.config.async_level):
+            self.check_evicted()
+            self.sleep(self.poll_s)
+            self._load_newest_adapter()
+        return time.monotonic() - started
+
+    def _wait_for_final_adapter(self) -> None:
+        final = layout.broadcast_dir(self.run, self.config.max_steps)
+        while not layout.is_stable(final):
+            self.check_evicted()
+            self.sleep(self.poll_s)
