@@ -1,0 +1,29 @@
+"""Pluggable environments: a seeded prompt dataset, a system prompt, an answer parser and a
+reward in [0, 1]. Built in: `reverse_text` (the default task) and `letter_count`.
+
+    env = get_environment("reverse_text", min_length=6, max_length=12)
+    prompts = env.sample_prompts(8, seed=0, start=position)   # resumable: position is an int
+    reward = env.reward(prompts[0], completion_text)
+"""
+
+from workbench.envs.base import (
+    EnvArgs,
+    Environment,
+    EnvironmentConfigError,
+    Prompt,
+    PromptDataset,
+    Task,
+)
+from workbench.envs.registry import environment_names, get_environment, register_environment
+
+__all__ = [
+    "EnvArgs",
+    "Environment",
+    "EnvironmentConfigError",
+    "Prompt",
+    "PromptDataset",
+    "Task",
+    "environment_names",
+    "get_environment",
+    "register_environment",
+]

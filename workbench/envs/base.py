@@ -1,0 +1,237 @@
+"""The environment interface: a seeded, indexable prompt dataset plus a reward function.
+
+An environment is a task: it makes prompts (a user question and the reference answer),
+optionally sets a system prompt, parses a model's completion into an answer and scores it in
+[0, 1]. Orchestrators use it for RL (sample, generate, reward); `workbench sft` uses its
+prompts and reference answers as (prompt, completion) training pairs.
+
+The dataset is infinite and indexable: prompt number `i` of a `(seed, split)` stream is a pure
+function of those three values and the environment's arguments. An orchestrator's "data
+position" is therefore one integer: checkpoint it, and resuming at that index replays exactly
+the prompts that would have come next. Different splits ("train", "eval") are independent
+streams, so held-out evaluation does not reuse the training stream.
+
+Nothing here imports torch: rewards are pure functions and tests need no model.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+Message = dict[str, str]
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+class EnvironmentConfigError(ValueError):
+    """An unknown environment name or invalid `env_args`; the message says what to change."""
+
+
+class EnvArgs(BaseModel):
+    """Arguments every environment takes (`env_args` in a run's config); subclasses add theirs.
+
+    Unknown keys are errors, so a typo in `env_args` does not silently fall back to a default.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    system_prompt: str | None = None
+    """Replaces the environment's default system prompt; "" removes it."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One task instance: what the model is asked, and what a perfect answer is.
+
+    JSON-serialisable (`to_json` / `from_json`) so an orchestrator can store it with its
+    rollouts; `reward` needs nothing but this record and the completion text.
+    """
+
+    env: str
+    split: str
+    seed: int
+    index: int
+    """Position in the (seed, split) stream: the data position an orchestrator checkpoints."""
+    question: str
+    """The user message."""
+    answer: str
+    """The reference answer; also the target completion when the environment feeds SFT."""
+    system_prompt: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    """Environment-specific facts the reward needs beyond `answer`."""
+
+    @property
+    def messages(self) -> list[Message]:
+        """The chat to send: the system prompt (if any) and the question."""
+        chat = [{"role": "user", "content": self.question}]
+        if self.system_prompt:
+            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        return chat
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Prompt:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Task:
+    """What `Environment.make_task` returns: the content of one prompt, before indexing."""
+
+    question: str
+    answer: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment(ABC):
+    """A task with a seeded prompt stream, an answer parser and a reward in [0, 1].
+
+    Subclasses set `name`, `Args` (a pydantic `EnvArgs` subclass) and `default_system_prompt`,
+    and implement `make_task`, `parse_answer` and `score`. Register one with
+    `workbench.envs.register_environment` or name it as `package.module:ClassName`.
+    """
+
+    name: ClassVar[str]
+    Args: ClassVar[type[EnvArgs]] = EnvArgs
+    default_system_prompt: ClassVar[str | None] = None
+
+    def __init__(self, args: EnvArgs | None = None) -> None:
+        self.args = args if args is not None else self.Args()
+
+    # ------------------------------------------------------------ what a task is
+
+    @abstractmethod
+    def make_task(self, rng: random.Random) -> Task:
+        """Draw one task; all randomness must come from `rng` (that is what makes it seeded)."""
+
+    @abstractmethod
+    def parse_answer(self, completion: str) -> str | None:
+        """The answer contained in a completion, or None if there is none."""
+
+    @abstractmethod
+    def score(self, parsed_answer: str | None, prompt: Prompt) -> float:
+        """How good a parsed answer is, in [0, 1]."""
+
+    # ------------------------------------------------------------ derived behaviour
+
+    @property
+    def system_prompt(self) -> str | None:
+        if self.args.system_prompt is not None:
+            return self.args.system_prompt or None
+        return self.default_system_prompt
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        """Score a completion of `prompt`: parse, score, clamp to [0, 1]."""
+        value = float(self.score(self.parse_answer(completion), prompt))
+        return min(1.0, max(0.0, value))
+
+    def prompt(self, index: int, *, seed: int = 0, split: str = "train") -> Prompt:
+        """Prompt number `index` of the `(seed, split)` stream; the same arguments give the same
+        prompt in any process."""
+        if index < 0:
+            raise IndexError(f"prompt index must be >= 0, got {index}")
+        # A string seed goes through SHA-512 in `random.Random`, so it is stable across
+        # processes and Python runs (unlike `hash()`), and each index gets its own stream:
+        # prompt i never depends on how many prompts were drawn before it.
+        rng = random.Random(f"{self.name}|{split}|{seed}|{index}")
+        task = self.make_task(rng)
+        return Prompt(
+            env=self.name,
+            split=split,
+            seed=seed,
+            index=index,
+            question=task.question,
+            answer=task.answer,
+            system_prompt=self.system_prompt,
+            info=dict(task.info),
+        )
+
+    def dataset(self, *, seed: int = 0, split: str = "train") -> PromptDataset:
+        """The infinite, indexable prompt stream for `(seed, split)`."""
+        return PromptDataset(self, seed=seed, split=split)
+
+    def sample_prompts(
+        self, n: int, *, seed: int = 0, start: int = 0, split: str = "train"
+    ) -> list[Prompt]:
+        """Prompts `start .. start + n - 1` of the `(seed, split)` stream."""
+        return self.dataset(seed=seed, split=split).take(start, n)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.args!r})"
+
+
+class PromptDataset:
+    """An infinite, indexable view of one environment's `(seed, split)` prompt stream.
+
+    `dataset[i]` is pure, so a consumer's place in the data is one integer it can checkpoint
+    and resume from (`take(position, n)`, `iter_from(position)`).
+    """
+
+    def __init__(self, env: Environment, *, seed: int = 0, split: str = "train") -> None:
+        self.env = env
+        self.seed = seed
+        self.split = split
+
+    def __getitem__(self, index: int) -> Prompt:
+        return self.env.prompt(index, seed=self.seed, split=self.split)
+
+    def take(self, start: int, count: int) -> list[Prompt]:
+        return [self[i] for i in range(start, start + count)]
+
+    def iter_from(self, position: int = 0) -> Iterator[Prompt]:
+        index = position
+        while True:
+            yield self[index]
+            index += 1
+
+
+# ---------------------------------------------------------------- helpers for environments
+
+
+def strip_reasoning(completion: str) -> str:
+    """Drop `<think>...</think>` blocks (reasoning models emit them before the answer)."""
+    return _THINK_BLOCK.sub("", completion)
+
+
+def extract_tagged(text: str, tag: str) -> str | None:
+    """The content of the last `<tag>...</tag>` in `text` (an unclosed final tag counts), or
+    None if the tag does not occur."""
+    opening = f"<{tag}>"
+    start = text.rfind(opening)
+    if start < 0:
+        return None
+    content = text[start + len(opening) :]
+    end = content.find(f"</{tag}>")
+    return content if end < 0 else content[:end]
+
+
+def similarity(answer: str | None, reference: str) -> float:
+    """`difflib.SequenceMatcher` ratio in [0, 1]; a missing answer scores 0."""
+    if not answer:
+        return 0.0
+    return difflib.SequenceMatcher(None, answer, reference).ratio()
+
+
+def random_text(rng: random.Random, alphabet: str, min_length: int, max_length: int) -> str:
+    """A random string over `alphabet` whose length is uniform in [min_length, max_length].
+
+    Whitespace never starts or ends the text, so stripping a completion cannot hurt it.
+    """
+    length = rng.randint(min_length, max_length)
+    chars = [rng.choice(alphabet) for _ in range(length)]
+    solid = [c for c in alphabet if not c.isspace()]
+    if solid:
+        for end in (0, -1):
+            if chars[end].isspace():
+                chars[end] = rng.choice(solid)
+    return "".join(chars)
