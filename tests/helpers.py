@@ -18,3 +18,46 @@ def make_run(experiment: Path, run_id: str, orch_toml: str = "") -> Path:
     control.mkdir(parents=True, exist_ok=True)
     (control / "orch.toml").write_text(orch_toml)
     return experiment / run_id
+
+
+def make_tiny_llama(directory: Path, seed: int = 0) -> Path:
+    """A randomly initialised Llama small enough for CPU tests (no download)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def random_batch(run_id: str, step: int, n: int, seed: int, vocab: int = 64):
+    """A rollout batch of `n` samples with varied lengths and advantages."""
+    import random
+
+    from workbench.rollouts import RolloutBatch, Sample
+
+    rng = random.Random(f"{run_id}-{step}-{seed}")
+    samples = []
+    for _ in range(n):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 6))]
+        completion = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 8))]
+        samples.append(
+            Sample(
+                prompt_ids=prompt,
+                completion_ids=completion,
+                completion_logprobs=[-rng.uniform(0.5, 4.0) for _ in completion],
+                advantage=rng.uniform(-1, 1),
+                reward=rng.random(),
+            )
+        )
+    return RolloutBatch(run_id, step, max(0, step - 1), samples)

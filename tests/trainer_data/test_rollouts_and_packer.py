@@ -88,10 +88,10 @@ def test_packed_rows_keep_each_runs_tokens_contiguous_and_count_them(tmp_path: P
     assert rows[0].run_loss_tokens.tolist() == [4, 1, 3, 0]
     first = rows[0]
     assert first.position_ids.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
-    # sample 1 of run 0: prompt [3, 4], completion [5, 6]; position t predicts token t+1
-    assert first.target_ids[5:9].tolist() == [4, 5, 6, 0]
-    assert first.loss_mask[5:9].tolist() == [False, True, True, False]
-    assert first.inference_logprobs[5:9].tolist() == pytest.approx([0.0, -0.1, -0.2, 0.0])
+    # sample 1 of run 0: prompt [3, 4], completion [5, 6]; fields align with input_ids
+    assert first.input_ids[5:9].tolist() == [3, 4, 5, 6]
+    assert first.loss_mask[5:9].tolist() == [False, False, True, True]
+    assert first.inference_logprobs[5:9].tolist() == pytest.approx([0.0, 0.0, -0.1, -0.2])
     assert int(first.loss_mask.sum()) == 4
 
 

@@ -171,10 +171,12 @@ class MultiRunManager:
             raise RuntimeError(
                 "discover_runs() runs on the master rank only; other ranks call synchronize_state()"
             )
+        # Evicted runs leave; so do finished ones (their orchestrator writes finished.txt
+        # after the trainer's last adapter), freeing the slot for a waiting run.
         present = {
             path.name: path
             for path in layout.list_run_dirs(self.output_dir)
-            if not layout.evicted_path(path).exists()
+            if not layout.evicted_path(path).exists() and not layout.finished_path(path).exists()
         }
         for idx, run_id in sorted(self.idx_2_id.items()):
             if run_id not in present or idx in self._failed_creation:

@@ -6,9 +6,10 @@ the run's progress and marks it ready; then packs all samples into micro-batches
 `seq_len` tokens with each run's tokens contiguous, in slot order, so `MultiLoRALinear` can
 route them by per-run token counts (`lora_num_tokens`).
 
-Targets are aligned here once: position t of a micro-batch predicts token t+1 of the same
-sample, so `target_ids`, `loss_mask`, `inference_logprobs` and `advantages` are all indexed
-by the predicting position. The last position of every sample predicts nothing.
+Every per-token field is aligned with `input_ids`: `loss_mask[t]` says token t is a
+completion token, `inference_logprobs[t]` is the sampler's log-prob of token t, as
+`compute_logprobs` gives the trainer's. The first token of a sample is always a prompt
+token, so the one log-prob that would be "predicted" across a sample boundary never counts.
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ class MicroBatch:
 
     input_ids: torch.Tensor  # int64 [T]
     position_ids: torch.Tensor  # int64 [T], restarting at 0 for every sample
-    target_ids: torch.Tensor  # int64 [T], the next token of the same sample (0 where none)
-    loss_mask: torch.Tensor  # bool [T], True where the target is a completion token
-    inference_logprobs: torch.Tensor  # float32 [T], sampler's log-prob of the target
+    loss_mask: torch.Tensor  # bool [T], True on completion tokens
+    inference_logprobs: torch.Tensor  # float32 [T], the sampler's log-prob of each token
     advantages: torch.Tensor  # float32 [T]
     lora_num_tokens: torch.Tensor  # int64 [max_runs], tokens of each run in this row
     run_loss_tokens: torch.Tensor  # int64 [max_runs], loss tokens of each run in the WHOLE step
@@ -155,24 +155,19 @@ def _split_samples(idx: int, batch: TensorBatch) -> list[_PackedSample]:
 def _build_row(
     row: list[_PackedSample], max_runs: int, run_loss_tokens: torch.Tensor
 ) -> MicroBatch:
-    input_ids, positions, targets, mask, logprobs, advantages = [], [], [], [], [], []
+    input_ids, positions, mask, logprobs, advantages = [], [], [], [], []
     counts = torch.zeros(max_runs, dtype=torch.int64)
     for sample in row:
         length = sample.input_ids.numel()
         counts[sample.idx] += length
         input_ids.append(sample.input_ids)
         positions.append(torch.arange(length, dtype=torch.int64))
-        # position t predicts token t + 1; the last position predicts nothing
-        targets.append(torch.cat([sample.input_ids[1:], torch.zeros(1, dtype=torch.int64)]))
-        is_target_completion = torch.arange(1, length + 1) >= sample.prompt_length
-        is_target_completion[-1] = False
-        mask.append(is_target_completion)
-        logprobs.append(torch.cat([sample.inference_logprobs[1:], torch.zeros(1)]))
+        mask.append(torch.arange(length) >= sample.prompt_length)
+        logprobs.append(sample.inference_logprobs)
         advantages.append(torch.full((length,), sample.advantage, dtype=torch.float32))
     return MicroBatch(
         input_ids=torch.cat(input_ids),
         position_ids=torch.cat(positions),
-        target_ids=torch.cat(targets),
         loss_mask=torch.cat(mask),
         inference_logprobs=torch.cat(logprobs).float(),
         advantages=torch.cat(advantages),

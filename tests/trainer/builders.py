@@ -1,0 +1,98 @@
+"""Small builders for the trainer tests: a tiny Llama, a trainer over real run directories,
+and packed forward passes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+
+from tests.helpers import make_run
+from workbench import layout
+from workbench.runs import MultiRunManager
+from workbench.trainer.lora import LoRAPath, apply_lora_to_model, set_lora_num_tokens
+from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
+
+TINY_LLAMA = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 64,
+}
+
+
+def tiny_llama(seed: int = 0) -> transformers.LlamaForCausalLM:
+    """A random float32 Llama built from its config (nothing downloaded)."""
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA)).float()
+
+
+def write_runs(experiment: Path, runs: dict[str, str]) -> None:
+    """Run directories whose configs look written in dict order (the manager admits FIFO)."""
+    base_ns = 1_700_000_000_000_000_000
+    for i, (run_id, orch_toml) in enumerate(runs.items()):
+        run = make_run(experiment, run_id, orch_toml)
+        stamp = base_ns + i * 1_000_000_000
+        os.utime(layout.orch_config_path(run), ns=(stamp, stamp))
+
+
+@dataclass
+class TinyTrainer:
+    manager: MultiRunManager
+    model: transformers.LlamaForCausalLM
+    optimizer: MultiLoRAOptimizer
+    scheduler: MultiLoRAScheduler
+    lora_layers: list[str]
+
+    def refresh(self) -> None:
+        self.manager.discover_runs()
+        self.manager.synchronize_state()
+
+    def slot(self, run_id: str) -> int:
+        return self.manager.id_2_idx[run_id]
+
+
+def build_trainer(
+    experiment: Path,
+    runs: dict[str, str],
+    *,
+    max_runs: int | None = None,
+    rank: int = 8,
+    alpha: float = 16.0,
+    path: LoRAPath = "auto",
+    model_seed: int = 0,
+) -> TinyTrainer:
+    """The trainer's set-up order: manager, LoRA layers, optimizer, scheduler, then runs."""
+    experiment.mkdir(parents=True, exist_ok=True)
+    write_runs(experiment, runs)
+    manager = MultiRunManager(experiment, max_runs or max(1, len(runs)))
+    model = tiny_llama(model_seed)
+    layers = apply_lora_to_model(model, manager, rank, alpha, path=path)
+    optimizer = MultiLoRAOptimizer(manager)
+    scheduler = MultiLoRAScheduler(optimizer)
+    trainer = TinyTrainer(manager, model, optimizer, scheduler, layers)
+    trainer.refresh()
+    return trainer
+
+
+def packed_inputs(samples: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and position_ids [1, T] of samples packed in one row, positions restarting."""
+    input_ids = torch.cat(list(samples))[None]
+    position_ids = torch.cat([torch.arange(len(s)) for s in samples])[None]
+    return input_ids, position_ids
+
+
+def packed_logits(
+    model: torch.nn.Module, samples: Sequence[torch.Tensor], lora_num_tokens: Sequence[int]
+) -> torch.Tensor:
+    """Logits [1, T, V] of a packed row. `use_cache=False` matters: with a cache object
+    transformers 5.19 ignores the restarting position_ids and lets samples attend across."""
+    input_ids, position_ids = packed_inputs(samples)
+    set_lora_num_tokens(model, torch.tensor(list(lora_num_tokens)))
+    return model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits

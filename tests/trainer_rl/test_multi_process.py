@@ -1,0 +1,136 @@
+"""The trainer as real processes: two torchrun ranks, and a kill -9 in the middle of a run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers import free_port, make_run, random_batch
+from workbench import layout
+from workbench.config import ModelSection, TrainerConfig, TrainerSection, model_to_toml
+from workbench.rollouts import write_rollouts
+from workbench.trainer.rl import build_trainer, iterate, load_base_model
+
+WORKER = Path(__file__).with_name("step_worker.py")
+
+
+def experiment_with_batches(root: Path, steps: int, **orch) -> Path:
+    experiment = root
+    orch_toml = "".join(f"{key} = {value}\n" for key, value in orch.items())
+    for name, seed in (("run_a", 1), ("run_b", 2)):
+        run = make_run(experiment, name, orch_toml)
+        for step in range(steps):
+            write_rollouts(run, random_batch(name, step, 10, seed=seed))
+    return experiment
+
+
+def torchrun(nproc: int, *args: str) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+
+
+def test_two_ranks_train_the_same_adapters_as_one_rank_with_the_whole_batch(tmp_path, tiny_llama):
+    two = experiment_with_batches(tmp_path / "two", steps=1, lr=0.05)
+    one = experiment_with_batches(tmp_path / "one", steps=1, lr=0.05)
+    (tmp_path / "out2").mkdir()
+    (tmp_path / "out1").mkdir()
+    torchrun(2, str(WORKER), str(two), str(tiny_llama), str(tmp_path / "out2"))
+    torchrun(1, str(WORKER), str(one), str(tiny_llama), str(tmp_path / "out1"))
+    rank0 = load_file(str(tmp_path / "out2" / "rank0.safetensors"))
+    rank1 = load_file(str(tmp_path / "out2" / "rank1.safetensors"))
+    alone = load_file(str(tmp_path / "out1" / "rank0.safetensors"))
+    assert set(rank0) == set(alone) and any(k.startswith("run_b/") for k in alone)
+    for key in alone:
+        torch.testing.assert_close(rank0[key], rank1[key], rtol=0, atol=0)
+        torch.testing.assert_close(rank0[key], alone[key], rtol=1e-5, atol=1e-6)
+    changed = [k for k in alone if "lora_B" in k and alone[k].abs().max() > 0]
+    assert changed, "B starts at zero: a trained adapter must have moved it"
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not layout.is_stable(path):
+        assert process.poll() is None, f"trainer exited with {process.returncode}"
+        assert time.monotonic() < deadline, f"timed out waiting for {path}"
+        time.sleep(0.1)
+
+
+def test_killed_trainer_resumes_each_run_from_its_checkpoint_with_identical_state(
+    tmp_path, tiny_llama
+):
+    experiment = experiment_with_batches(tmp_path / "exp", steps=2, lr=0.05, checkpoint_interval=1)
+    config = TrainerConfig(
+        output_dir=experiment,
+        model=ModelSection(base=str(tiny_llama)),
+        trainer=TrainerSection(max_concurrent_runs=2, seq_len=32, poll_interval_s=0.05),
+    )
+    config_path = tmp_path / "trainer.toml"
+    config_path.write_text(model_to_toml(config))
+    command = [sys.executable, "-m", "workbench.trainer.rl", "--config", str(config_path)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    log = open(tmp_path / "trainer.log", "w")  # noqa: SIM115 - closed at the end of the test
+    first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    for run in ("run_a", "run_b"):
+        wait_for(layout.checkpoint_part_dir(experiment / run, 2, "trainer"), first)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+
+    for name, seed in (("run_a", 1), ("run_b", 2)):
+        write_rollouts(experiment / name, random_batch(name, 2, 10, seed=seed))
+    second = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    for run in ("run_a", "run_b"):
+        wait_for(layout.checkpoint_part_dir(experiment / run, 3, "trainer"), second)
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=60) == 0
+    log.close()
+    assert "resumes at step 2" in (tmp_path / "trainer.log").read_text()
+
+    # The same three batches without the kill, in this process.
+    reference = experiment_with_batches(tmp_path / "ref", steps=3, lr=0.05, checkpoint_interval=1)
+    ref_config = config.model_copy(update={"output_dir": reference})
+    trainer = build_trainer(
+        ref_config,
+        load_base_model(str(tiny_llama), torch.float32, torch.device("cpu")),
+        torch.device("cpu"),
+    )
+    assert [iterate(trainer) for _ in range(4)] == ["trained", "trained", "trained", "idle"]
+    for name in ("run_a", "run_b"):
+        idx = trainer.manager.id_2_idx[name]
+        assert trainer.manager.progress[idx].step == 3
+        resumed = load_file(
+            str(layout.checkpoint_part_dir(experiment / name, 3, "trainer") / "adapter.safetensors")
+        )
+        for key, param in trainer.manager.get_named_parameters_for_run(idx):
+            torch.testing.assert_close(resumed[key], param.detach(), rtol=1e-6, atol=1e-7)
+        saved_opt = torch.load(
+            layout.checkpoint_part_dir(experiment / name, 3, "trainer") / "optimizer.pt",
+            weights_only=True,
+        )
+        ref_opt = trainer.optimizer.state_dict_for_run(idx)
+        for key, state in ref_opt["state"].items():
+            torch.testing.assert_close(
+                saved_opt["state"][key]["exp_avg"], state["exp_avg"], rtol=1e-6, atol=1e-7
+            )

@@ -1,0 +1,104 @@
+"""The RL trainer in one process: batches in, adapters out, isolation of bad runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from tests.helpers import make_run, random_batch
+from workbench import control, layout
+from workbench.config import ModelSection, TrainerConfig, TrainerSection
+from workbench.metrics import read_metrics
+from workbench.rollouts import write_rollouts
+from workbench.trainer.lora import set_lora_num_tokens
+from workbench.trainer.rl import build_trainer, iterate, load_base_model
+
+
+def make_trainer(experiment: Path, model_dir: Path, **section):
+    config = TrainerConfig(
+        output_dir=experiment,
+        model=ModelSection(base=str(model_dir)),
+        trainer=TrainerSection(max_concurrent_runs=3, seq_len=64, **section),
+    )
+    model = load_base_model(str(model_dir), torch.float32, torch.device("cpu"))
+    return build_trainer(config, model, torch.device("cpu"))
+
+
+def test_a_step_broadcasts_each_runs_adapter_and_logs_its_metrics(experiment, tiny_llama):
+    runs = [make_run(experiment, name, "lr = 0.01\n") for name in ("run_a", "run_b")]
+    trainer = make_trainer(experiment, tiny_llama)
+    assert iterate(trainer) == "idle"
+    for run in runs:
+        write_rollouts(run, random_batch(run.name, 0, 6, seed=1))
+    assert iterate(trainer) == "trained"
+    for run in runs:
+        adapter = layout.broadcast_dir(run, 1)
+        assert layout.is_stable(adapter)
+        assert (adapter / "adapter_config.json").is_file()
+        line = read_metrics(run, "trainer")[-1]
+        assert line["step"] == 1 and line["loss"] == line["loss"] and line["grad_norm"] > 0
+    idx = trainer.manager.id_2_idx["run_a"]
+    assert trainer.manager.progress[idx].step == 1
+    assert iterate(trainer) == "idle", "no step_1 batch yet"
+
+
+def test_broadcast_adapter_loaded_with_peft_reproduces_the_trainers_outputs(experiment, tiny_llama):
+    run = make_run(experiment, "run_a", "lr = 0.05\n")
+    trainer = make_trainer(experiment, tiny_llama)
+    iterate(trainer)
+    write_rollouts(run, random_batch("run_a", 0, 8, seed=2))
+    assert iterate(trainer) == "trained"
+
+    input_ids = torch.tensor([[3, 17, 9, 42, 5, 33, 8]])
+    idx = trainer.manager.id_2_idx["run_a"]
+    counts = torch.zeros(trainer.manager.max_runs, dtype=torch.long)
+    counts[idx] = input_ids.numel()
+    set_lora_num_tokens(trainer.model, counts)
+    with torch.no_grad():
+        ours = trainer.model(input_ids=input_ids).logits
+        base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32)
+        plain = base(input_ids=input_ids).logits
+        peft_model = PeftModel.from_pretrained(base, str(layout.broadcast_dir(run, 1)))
+        theirs = peft_model(input_ids=input_ids).logits
+    assert not torch.allclose(ours, plain, atol=1e-4), "the adapter must have changed something"
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_rollout_file_evicts_only_its_run_with_a_readable_reason(experiment, tiny_llama):
+    good = make_run(experiment, "run_good")
+    bad = make_run(experiment, "run_bad")
+    trainer = make_trainer(experiment, tiny_llama)
+    iterate(trainer)
+    write_rollouts(good, random_batch("run_good", 0, 4, seed=3))
+    broken = random_batch("run_bad", 0, 4, seed=3)
+    broken.samples[2].completion_ids = [999]  # outside the vocabulary of 64
+    broken.samples[2].completion_logprobs = [-1.0]
+    write_rollouts(bad, broken)
+    assert iterate(trainer) == "trained"
+    assert layout.is_stable(layout.broadcast_dir(good, 1))
+    reason = control.read_eviction(bad).reason
+    assert "sample 2" in reason and "token id 999" in reason
+    iterate(trainer)
+    assert list(trainer.manager.id_2_idx) == ["run_good"]
+
+
+def test_packed_samples_do_not_attend_across_sample_boundaries(tiny_llama):
+    from workbench.trainer.rl import packed_attention_mask
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_llama), dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+    first, second = torch.tensor([3, 5, 7, 9]), torch.tensor([11, 13, 15])
+    packed = torch.cat([first, second])
+    positions = torch.tensor([0, 1, 2, 3, 0, 1, 2])
+    with torch.no_grad():
+        together = model(
+            input_ids=packed[None],
+            position_ids=positions[None],
+            attention_mask=packed_attention_mask(positions),
+        ).logits[0]
+        alone = [model(input_ids=ids[None]).logits[0] for ids in (first, second)]
+    torch.testing.assert_close(together, torch.cat(alone), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,364 @@
+"""`torchrun ... -m workbench.trainer.rl --config PATH`: the one trainer every run shares.
+
+Read top to bottom: `build_trainer` loads the frozen base model, wraps its linears in
+multi-adapter LoRA layers and wires the per-run optimizer, scheduler and checkpoints to the
+multi-run manager's hooks; `train_forever` is the loop; `train_step` is one update of every
+run with data.
+
+Data parallelism is done by hand rather than with DDP or FSDP2: the base model is frozen
+and replicated, and the only gradients are the adapters' (a few MB), so each rank runs its
+share of the packed micro-batches and the adapter gradients are summed with one
+all-reduce. Summing (not DDP's averaging) matters: each run's loss is already normalised
+by its own token count over the whole step, so the sum over ranks is exactly the gradient
+one rank would get from the whole batch. Works with gloo on CPU and nccl on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from workbench import layout
+from workbench.config import ConfigError, TrainerConfig, load_trainer_config
+from workbench.metrics import append_metrics
+from workbench.runs import MultiRunManager, setup_multi_run_manager
+from workbench.trainer.broadcast import prune_broadcasts, write_adapter
+from workbench.trainer.checkpoint import RunCheckpointer
+from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lora_num_tokens
+from workbench.trainer.loss import compute_logprobs, compute_rl_loss
+from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
+from workbench.trainer.packer import MicroBatch, Packer
+
+logger = logging.getLogger("workbench.trainer")
+KEEP_BROADCASTS = 3
+
+
+@dataclass
+class Trainer:
+    config: TrainerConfig
+    model: nn.Module
+    manager: MultiRunManager
+    optimizer: MultiLoRAOptimizer
+    scheduler: MultiLoRAScheduler
+    checkpointer: RunCheckpointer
+    packer: Packer
+    device: torch.device
+    base_model: str
+    stop_requested: bool = False
+    step_started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class StepStats:
+    """Per-run results of one update, for metrics lines."""
+
+    loss: dict[int, float]
+    grad_norm: dict[int, float]
+    lr: dict[int, float]
+
+
+# ---------------------------------------------------------------------- setup
+
+
+def pick_device() -> tuple[torch.device, str]:
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def load_base_model(base: str, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    from workbench.models.resolve import resolve_model
+
+    path = resolve_model(base, show_progress=_is_master())
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+    model.config.use_cache = False
+    return model.to(device).eval()  # eval: no dropout; the adapters still get gradients
+
+
+def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device) -> Trainer:
+    section = config.trainer
+    manager = setup_multi_run_manager(config.output_dir, section.max_concurrent_runs)
+    apply_lora_to_model(
+        model, manager, section.lora.rank, section.lora.alpha, section.target_modules
+    )
+    optimizer = MultiLoRAOptimizer(manager)
+    scheduler = MultiLoRAScheduler(optimizer)
+    checkpointer = RunCheckpointer(manager, optimizer, scheduler)
+    trainer = Trainer(
+        config=config,
+        model=model,
+        manager=manager,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        checkpointer=checkpointer,
+        packer=Packer(manager, section.seq_len, vocab_size=model.config.vocab_size),
+        device=device,
+        base_model=config.model.base,
+    )
+
+    def resume_run(idx: int, run_id: str) -> None:
+        # Runs after the optimizer and scheduler hooks (registered earlier), on every rank.
+        step = checkpointer.restore(idx)
+        if step is not None:
+            logger.info("run %s resumes at step %d", run_id, step)
+
+    def checkpoint_leaving_run(idx: int, run_id: str) -> None:
+        # Master only, before the run's data is dropped: an evicted or finished run keeps
+        # its latest progress for `workbench restart`.
+        if manager.progress[idx].step > checkpointer.last_saved_step.get(idx, 0):
+            checkpointer.save(idx)
+        checkpointer.forget(idx)
+
+    manager.register_creation_hook(resume_run)
+    manager.register_forgotten_hook(checkpoint_leaving_run)
+    return trainer
+
+
+# ---------------------------------------------------------------------- one update
+
+
+def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
+    """Forward/backward this rank's rows, sum adapter gradients over ranks, step ready runs."""
+    manager, model, device = trainer.manager, trainer.model, trainer.device
+    ready = manager.ready_to_update_idxs
+    loss_configs = [
+        manager.config[i].loss if i in manager.config else None for i in range(manager.max_runs)
+    ]
+    temperatures = torch.ones(manager.max_runs)
+    for idx in manager.used_idxs:
+        temperatures[idx] = manager.config[idx].sampling.temperature
+    run_loss = torch.zeros(manager.max_runs, dtype=torch.float64)
+
+    for row in rows:
+        set_lora_num_tokens(model, row.lora_num_tokens)
+        input_ids = row.input_ids.to(device)
+        logits = model(
+            input_ids=input_ids[None],
+            position_ids=row.position_ids.to(device)[None],
+            use_cache=False,
+        ).logits[0]
+        # vLLM reports log-probs after temperature scaling; divide the logits the same way,
+        # per run (runs may sample at different temperatures).
+        if bool((temperatures != 1).any()):
+            per_token = torch.repeat_interleave(temperatures, row.lora_num_tokens).to(device)
+            logits = logits / per_token[:, None].to(logits.dtype)
+        logprobs = compute_logprobs(logits, input_ids)
+        out = compute_rl_loss(
+            logprobs,
+            row.inference_logprobs.to(device),
+            row.advantages.to(device),
+            row.loss_mask.to(device),
+            row.lora_num_tokens,
+            loss_configs,
+            loss_tokens_per_run=row.run_loss_tokens,
+        )
+        out.loss.backward()
+        run_loss += out.run_loss.double().cpu()
+
+    all_reduce_adapter_grads(manager, ready, device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        totals = run_loss.to(device)
+        dist.all_reduce(totals)
+        run_loss = totals.cpu()
+    norms = trainer.optimizer.step()
+    trainer.scheduler.step()
+    trainer.optimizer.zero_grad()
+    return StepStats(
+        loss={idx: float(run_loss[idx]) for idx in ready},
+        grad_norm={idx: float(norms.get(idx, float("nan"))) for idx in ready},
+        lr={idx: trainer.optimizer.get_lr(idx) for idx in ready},
+    )
+
+
+def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """Block-diagonal causal mask [1, 1, T, T] (True = may attend) for a packed row.
+
+    Hugging Face's Llama does not split attention at sample boundaries from position_ids
+    alone under sdpa or eager attention (measured: a packed sample's logits differ from the
+    same sample alone), so each token may attend only to earlier tokens of its own sample.
+    """
+    sample_of_token = torch.cumsum((position_ids == 0).long(), 0)
+    same_sample = sample_of_token[:, None] == sample_of_token[None, :]
+    causal = torch.ones_like(same_sample).tril()
+    return (same_sample & causal)[None, None]
+
+
+def all_reduce_adapter_grads(
+    manager: MultiRunManager, ready: list[int], device: torch.device
+) -> None:
+    """Sum every ready run's adapter gradients over ranks in one flat all-reduce.
+
+    A rank whose rows held no tokens of a run has no gradient for it; it contributes zeros,
+    so every rank reduces the same tensors in the same order.
+    """
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    params = [param for idx in ready for _, param in manager.get_named_parameters_for_run(idx)]
+    if not params:
+        return
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+    flat = torch.cat([param.grad.reshape(-1) for param in params]).to(device)
+    dist.all_reduce(flat)
+    offset = 0
+    for param in params:
+        n = param.numel()
+        param.grad.copy_(flat[offset : offset + n].view_as(param.grad))
+        offset += n
+
+
+# ---------------------------------------------------------------------- after an update
+
+
+def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
+    """Master: broadcast each updated run's adapter, log its metrics, checkpoint if due."""
+    manager, section = trainer.manager, trainer.config.trainer
+    for idx in manager.ready_to_update_idxs:
+        run = manager.get_run_dir(idx)
+        if not run.is_dir():
+            continue  # deleted while it trained; the next discovery forgets it
+        progress = manager.progress[idx]
+        rank, alpha = resolve_run_lora(manager.config[idx], section.lora.rank, section.lora.alpha)
+        try:
+            write_adapter(
+                layout.broadcast_dir(run, progress.step),
+                manager.get_state_dict_for_run(idx),
+                rank=rank,
+                alpha=alpha,
+                target_modules=section.target_modules,
+                base_model=trainer.base_model,
+            )
+            prune_broadcasts(run, KEEP_BROADCASTS)
+            append_metrics(
+                run,
+                "trainer",
+                progress.step,
+                loss=stats.loss[idx],
+                grad_norm=stats.grad_norm[idx],
+                lr=stats.lr[idx],
+                tokens=progress.total_tokens,
+                samples=progress.total_samples,
+                step_s=round(step_s, 3),
+            )
+            if trainer.checkpointer.due(idx):
+                trainer.checkpointer.save(idx)
+        except OSError as err:
+            # Disk full or the directory vanished: this run cannot go on, the others can.
+            manager.evict_run(idx, f"the trainer could not write for this run: {err}")
+        logger.info(
+            "%s step %d loss %.4f grad_norm %.3f",
+            manager.idx_2_id[idx],
+            progress.step,
+            stats.loss[idx],
+            stats.grad_norm[idx],
+        )
+
+
+def checkpoint_all(trainer: Trainer) -> None:
+    for idx in trainer.manager.used_idxs:
+        if trainer.manager.progress[idx].step > trainer.checkpointer.last_saved_step.get(idx, 0):
+            trainer.checkpointer.save(idx)
+
+
+# ---------------------------------------------------------------------- the loop
+
+
+def train_forever(trainer: Trainer) -> None:
+    """Poll for runs and batches until SIGTERM; every rank runs this in lockstep."""
+    while (outcome := iterate(trainer)) != "stopped":
+        if outcome == "idle":
+            time.sleep(trainer.config.trainer.poll_interval_s)
+
+
+def iterate(trainer: Trainer) -> str:
+    """One pass: discover runs, collect ready batches, train them. Returns what happened:
+    "trained", "idle" (no run had a batch) or "stopped" (checkpoints written)."""
+    manager = trainer.manager
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if manager.is_master:
+        manager.discover_runs()
+    manager.synchronize_state()  # creation hooks: optimizers, schedules, resumes
+    shares: list[list[MicroBatch]] = [[] for _ in range(world)]
+    if manager.is_master:
+        shares = trainer.packer.pack(trainer.packer.collect(), world)
+    manager.synchronize_state()  # progress and ready flags of what was collected
+    payload = [{"stop": trainer.stop_requested, "shares": shares}]
+    if world > 1:
+        dist.broadcast_object_list(payload, src=0)
+    if payload[0]["stop"]:
+        if manager.is_master:
+            checkpoint_all(trainer)
+        logger.info("stopping: checkpoints written")
+        return "stopped"
+    if not manager.ready_to_update_idxs:
+        return "idle"
+    started = time.monotonic()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    stats = train_step(trainer, payload[0]["shares"][rank])
+    if manager.is_master:
+        publish_updates(trainer, stats, time.monotonic() - started)
+    for idx in manager.ready_to_update_idxs:
+        manager.ready_to_update[idx] = False
+    return "trained"
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def _is_master() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="torchrun -m workbench.trainer.rl", description=__doc__)
+    parser.add_argument("--config", type=Path, required=True, help="a TrainerConfig TOML")
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = load_trainer_config(args.config)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    device, backend = pick_device()
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        dist.init_process_group(backend)
+    torch.manual_seed(0)
+    dtype = getattr(torch, config.trainer.dtype)
+    trainer = build_trainer(config, load_base_model(config.model.base, dtype, device), device)
+
+    def request_stop(signum, frame):
+        logger.info("signal %d: finishing the current step, then checkpointing", signum)
+        trainer.stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        train_forever(trainer)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
