@@ -1,0 +1,90 @@
+"""Fixtures for the TUI tests: a synthetic experiment, an app on it, a way to wait."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from tests.tui.synthetic import FROZEN_NOW, build_experiment
+from workbench.tui.app import WorkbenchApp
+from workbench.tui.commands import NOT_RUNNING, CommandOutcome
+from workbench.tui.data import ExperimentReader
+
+# Fixed pid of the synthetic supervisor, running as far as the reader given to the app
+# knows: screenshots then never depend on the processes of the machine running the tests.
+SUPERVISOR_PID = 4100
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run `async def` tests in a fresh event loop (Pilot needs one); no plugin needed."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    arguments = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    asyncio.run(pyfuncitem.obj(**arguments))
+    return True
+
+
+class RecordingCommands:
+    """Stands in for the supervisor's control channel: records what the TUI sends."""
+
+    def __init__(self, running: bool = True) -> None:
+        self.running = running
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def is_running(self) -> bool:
+        return self.running
+
+    def send(self, cmd: str, **fields: Any) -> CommandOutcome:
+        if not self.running:
+            return CommandOutcome(False, NOT_RUNNING)
+        self.sent.append((cmd, fields))
+        return CommandOutcome(True, f"{cmd}: sent to the supervisor")
+
+
+@pytest.fixture
+def experiment(tmp_path: Path) -> Path:
+    return build_experiment(tmp_path, supervisor_pid=SUPERVISOR_PID)
+
+
+@pytest.fixture
+def commands() -> RecordingCommands:
+    return RecordingCommands()
+
+
+@pytest.fixture
+def make_app(commands: RecordingCommands) -> Callable[..., WorkbenchApp]:
+    def make(experiment: Path, **kwargs: Any) -> WorkbenchApp:
+        kwargs.setdefault("clock", lambda: FROZEN_NOW)
+        kwargs.setdefault("commands", commands)
+        kwargs.setdefault("poll_interval", 0.1)
+        kwargs.setdefault(
+            "reader", ExperimentReader(experiment, supervisor_pid=lambda _: SUPERVISOR_PID)
+        )
+        return WorkbenchApp(experiment, **kwargs)
+
+    return make
+
+
+async def wait_until(
+    pilot: Pilot, condition: Callable[[], bool], timeout: float = 10.0, what: str = ""
+) -> None:
+    """Let the app run until `condition()` holds; fail with `what` after `timeout` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        await pilot.pause(0.05)
+
+
+async def next_polls(pilot: Pilot, app: WorkbenchApp, count: int = 2) -> None:
+    """Wait for `count` more complete polls of the experiment directory."""
+    target = app.polls + count
+    await wait_until(pilot, lambda: app.polls >= target, what=f"{count} polls")

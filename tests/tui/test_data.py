@@ -1,0 +1,189 @@
+"""Reading the experiment directory: incremental, tolerant of absent and half-written files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.tui.conftest import SUPERVISOR_PID
+from tests.tui.synthetic import (
+    FROZEN_NOW,
+    append_metrics,
+    build_experiment,
+    make_run,
+    metrics_lines,
+)
+from workbench.tui.commands import SupervisorCommands
+from workbench.tui.data import ExperimentReader, MetricsReader, parse_time, process_log_path
+from workbench.tui.screens.add_run import parse_add_run
+from workbench.tui.tail import LogTail
+
+
+def test_metrics_are_read_incrementally_from_the_last_offset(tmp_path):
+    run = make_run(tmp_path, "run_a")
+    append_metrics(run, metrics_lines(1, 4, reward0=0.2, slope=0.1))
+    reader = MetricsReader(run / "metrics.jsonl")
+    assert reader.poll()
+    assert reader.rewards == pytest.approx([0.3, 0.4, 0.5])
+    assert reader.trainer_step == 3
+    assert reader.tokens == 3000
+    offset = reader.offset
+    assert offset == (run / "metrics.jsonl").stat().st_size
+
+    assert not reader.poll(), "nothing new: nothing parsed"
+    append_metrics(run, metrics_lines(4, 5, reward0=0.2, slope=0.1))
+    assert reader.poll()
+    assert reader.rewards == pytest.approx([0.3, 0.4, 0.5, 0.6])
+    assert reader.offset > offset
+
+
+def test_a_half_written_metrics_line_waits_for_its_newline(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    line = json.dumps({"source": "orchestrator", "step": 1, "time": 1.0, "reward_mean": 0.5})
+    path.write_text(line[:10])
+    reader = MetricsReader(path)
+    assert not reader.poll()
+    with open(path, "a") as handle:
+        handle.write(line[10:] + "\n" + "not json\n")
+    assert reader.poll()
+    assert list(reader.rewards) == [0.5]
+
+
+def test_a_replaced_metrics_file_is_read_from_its_start(tmp_path):
+    run = make_run(tmp_path, "run_a")
+    append_metrics(run, metrics_lines(1, 6, reward0=0.0, slope=0.1))
+    reader = MetricsReader(run / "metrics.jsonl")
+    reader.poll()
+    (run / "metrics.jsonl").unlink()
+    append_metrics(run, metrics_lines(1, 2, reward0=0.5, slope=0.0))
+    reader.poll()
+    assert list(reader.rewards) == [0.5]
+    assert reader.trainer_step == 1
+
+
+def test_a_missing_metrics_file_is_no_data(tmp_path):
+    reader = MetricsReader(tmp_path / "run_a" / "metrics.jsonl")
+    assert not reader.poll()
+    assert reader.last_time is None
+
+
+def test_snapshot_of_the_synthetic_experiment(tmp_path):
+    experiment = build_experiment(tmp_path, supervisor_pid=SUPERVISOR_PID)
+    snapshot = ExperimentReader(experiment, supervisor_pid=lambda _: SUPERVISOR_PID).poll()
+    assert snapshot.supervisor.running
+    fast = snapshot.run("run_lr1e-3")
+    assert (fast.status, fast.step, fast.max_steps, fast.tokens) == ("active", 12, 30, 12000)
+    assert fast.reward == pytest.approx(0.78)
+    assert fast.last_update == FROZEN_NOW - 7.5
+    assert snapshot.run("run_typo").status == "rejected"
+    assert "max_step" in snapshot.run("run_typo").reason
+    assert [p.name for p in snapshot.processes][:3] == ["supervisor", "inference", "trainer"]
+    orchestrator = snapshot.process("run_lr1e-3")
+    assert process_log_path(experiment, orchestrator) == (
+        experiment / "run_lr1e-3" / "logs" / "orchestrator.log"
+    )
+    assert process_log_path(experiment, snapshot.process("trainer")) == (
+        experiment / "logs" / "trainer.log"
+    )
+
+
+def test_unchanged_directory_gives_an_equal_snapshot(tmp_path):
+    # Equal snapshots are what lets the tables skip rows that did not change.
+    experiment = build_experiment(tmp_path)
+    reader = ExperimentReader(experiment)
+    assert reader.poll() == reader.poll()
+
+
+def test_a_dead_supervisor_is_shown_as_gone_without_pids(tmp_path):
+    experiment = build_experiment(tmp_path, supervisor_pid=SUPERVISOR_PID)
+    snapshot = ExperimentReader(experiment, supervisor_pid=lambda _: None).poll()
+    assert not snapshot.supervisor.running
+    assert snapshot.supervisor.status == "gone"
+    trainer = snapshot.process("trainer")
+    assert trainer.state == "running", "its last recorded state"
+    assert trainer.pid is None and trainer.started_at is None, "no pid of a process maybe gone"
+
+
+@pytest.mark.parametrize("content", [None, "", "{not json", "[1, 2]"])
+def test_absent_or_broken_state_json_means_no_supervisor(tmp_path, content):
+    experiment = build_experiment(tmp_path)
+    state = experiment / "supervisor" / "state.json"
+    state.unlink()
+    if content is not None:
+        state.write_text(content)
+    snapshot = ExperimentReader(experiment, supervisor_pid=lambda _: None).poll()
+    assert not snapshot.supervisor.running
+    assert snapshot.processes == ()
+    assert len(snapshot.runs) == 4
+
+
+def test_parse_time_reads_iso_and_unix_times():
+    assert parse_time("2026-01-01T00:00:00+00:00") == 1767225600.0
+    assert parse_time(12.5) == 12.5
+    assert parse_time("yesterday") is None
+    assert parse_time(None) is None
+
+
+# ---------------------------------------------------------------- log tail
+
+
+def test_log_tail_reads_only_the_end_of_a_big_file(tmp_path):
+    path = tmp_path / "big.log"
+    path.write_text("".join(f"line {i}\n" for i in range(100_000)))
+    tail = LogTail(path, initial_bytes=1000)
+    lines = tail.read_lines()
+    assert lines[-1] == "line 99999"
+    assert all(line.startswith("line ") for line in lines), "no partial first line"
+    assert tail.bytes_read <= 1000
+    assert tail.read_lines() == []
+
+
+def test_log_tail_follows_truncation_and_cleans_terminal_codes(tmp_path):
+    path = tmp_path / "x.log"
+    path.write_text("old 1\nold 2\n")
+    tail = LogTail(path)
+    assert tail.read_lines() == ["old 1", "old 2"]
+    path.write_text("\x1b[31mred\x1b[0m\r\nprogress 10%\rprogress 100%\n")
+    assert tail.read_lines() == ["red", "progress 100%"]
+    assert tail.restarts == 1
+
+
+# ---------------------------------------------------------------- add run dialog
+
+
+def test_add_run_input_is_parsed_like_the_cli():
+    request = parse_add_run(" lr1e-2 ", "lr=1e-2 sampling.temperature=0.5 env=reverse_text")
+    assert request.run_id == "run_lr1e-2"
+    assert request.overrides == {
+        "lr": 0.01,
+        "sampling": {"temperature": 0.5},
+        "env": "reverse_text",
+    }
+    with pytest.raises(ValueError, match="may contain only"):
+        parse_add_run("bad/id", "")
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_add_run("ok", "lr")
+
+
+# ---------------------------------------------------------------- commands
+
+
+def test_commands_without_a_supervisor_say_so(tmp_path):
+    outcome = SupervisorCommands(tmp_path).send("stop_all")
+    assert not outcome.ok
+    assert "supervisor" in outcome.message
+
+
+def test_snapshot_reading_is_cheap_enough_to_repeat(tmp_path):
+    # Not a timing test: polling twice reads no metrics bytes the second time.
+    experiment = build_experiment(tmp_path)
+    reader = ExperimentReader(experiment)
+    reader.poll()
+    offsets = {run_id: m.offset for run_id, m in reader._metrics.items()}
+    reader.poll()
+    assert offsets == {run_id: m.offset for run_id, m in reader._metrics.items()}
+    assert os.path.getsize(experiment / "run_lr1e-3" / "metrics.jsonl") == offsets["run_lr1e-3"]
+    assert isinstance(experiment, Path)

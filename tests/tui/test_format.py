@@ -1,0 +1,63 @@
+"""How values are written in cells: short, stable, and never wider than their column."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.tui.format import format_age, format_count, format_duration, sparkline
+from workbench.tui.widgets.curves import braille_plot, resample
+from workbench.tui.widgets.keyed_table import shorten_middle
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "-"),
+        (0, "0s"),
+        (42.9, "42s"),
+        (420, "7m"),
+        (11_100, "3h05m"),
+        (200_000, "2d07h"),
+        (5_000_000, "57d"),
+    ],
+)
+def test_durations_are_coarse_and_short(seconds, text):
+    assert format_duration(seconds) == text
+    assert len(format_duration(seconds)) <= 6
+
+
+def test_ages_count_back_from_the_clock():
+    assert format_age(100.0, now=107.5) == "7s ago"
+    assert format_age(None, now=1.0) == "-"
+
+
+@pytest.mark.parametrize(
+    ("count", "text"), [(0, "0"), (950, "950"), (12_300, "12.3k"), (4_560_000, "4.56M")]
+)
+def test_counts_are_abbreviated(count, text):
+    assert format_count(count) == text
+
+
+def test_sparkline_uses_fixed_bounds_so_rows_compare():
+    assert sparkline([0.0, 0.5, 1.0], 10, low=0.0, high=1.0) == "▁▅█"
+    assert sparkline([0.2] * 20, 10, low=0.0, high=1.0) == "▂" * 10, "the last `width` values"
+    assert sparkline([], 10) == ""
+    assert sparkline([3.0, 3.0], 5) == "▄▄", "a flat series without bounds sits mid-height"
+
+
+def test_braille_plot_draws_a_connected_line_within_its_box():
+    rows = braille_plot([0.0, 1.0, 0.0], width=10, height=3, low=0.0, high=1.0)
+    assert len(rows) == 3 and all(len(row) == 10 for row in rows)
+    assert all(0x2800 <= ord(ch) <= 0x28FF for row in rows for ch in row)
+    assert all(any(ch != "\u2800" for ch in row) for row in rows), "every row is crossed"
+    assert braille_plot([1.0], width=0, height=3, low=0, high=1) == []
+
+
+def test_resample_keeps_the_shape():
+    assert resample([0.0, 1.0], 3) == [0.0, 0.5, 1.0]
+    assert resample([1.0, 3.0, 5.0, 7.0], 2) == [2.0, 6.0]
+
+
+def test_long_names_are_shortened_in_the_middle():
+    assert shorten_middle("run_sweep_lr01_seed3", 14) == "run_sw…1_seed3"  # 14 cells
+    assert shorten_middle("run_a", 14) == "run_a"

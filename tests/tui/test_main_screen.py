@@ -1,0 +1,296 @@
+"""The main screen follows the experiment directory, and its keys do what the footer says."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.text import Text
+
+from tests.tui.conftest import SUPERVISOR_PID, RecordingCommands, next_polls, wait_until
+from tests.tui.synthetic import (
+    append_metrics,
+    make_run,
+    metrics_lines,
+    process,
+    write_supervisor_state,
+)
+from workbench import control
+from workbench.tui.app import WorkbenchApp
+from workbench.tui.data import ExperimentReader
+from workbench.tui.screens.add_run import AddRunScreen
+from workbench.tui.screens.confirm import ConfirmScreen
+from workbench.tui.screens.evict import EvictScreen
+from workbench.tui.screens.help import HelpScreen
+from workbench.tui.screens.run_detail import RunDetailScreen
+from workbench.tui.widgets.keyed_table import KeyedTable
+from workbench.tui.widgets.log_pane import LogPane
+from workbench.tui.widgets.processes_table import ProcessesTable
+from workbench.tui.widgets.runs_table import RunsTable
+
+
+def rows(app: WorkbenchApp, table_type: type[KeyedTable]) -> dict[str, dict[str, str]]:
+    """What a table shows: {row key: {column key: plain text}}."""
+    table = app.screen.query_one(table_type)
+    shown = {}
+    for row in table.ordered_rows:
+        cells = table.get_row(row.key)
+        shown[row.key.value] = {
+            column.key.value: cell.plain if isinstance(cell, Text) else str(cell)
+            for column, cell in zip(table.ordered_columns, cells, strict=True)
+        }
+    return shown
+
+
+async def test_tables_show_every_run_and_process_of_the_experiment(experiment, make_app):
+    app = make_app(experiment)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await next_polls(pilot, app)
+        runs = rows(app, RunsTable)
+        assert list(runs) == ["run_lr1e-3", "run_lr3e-4", "run_queued", "run_typo"]
+        assert runs["run_lr1e-3"]["status"] == "active"
+        assert runs["run_lr1e-3"]["step"] == "12/30"
+        assert runs["run_lr1e-3"]["reward"] == "0.780"
+        assert runs["run_lr1e-3"]["tokens"] == "12.0k"
+        assert runs["run_lr1e-3"]["updated"] == "7s ago"  # its last trainer line
+        assert runs["run_lr1e-3"]["trend"]  # a sparkline of the rewards so far
+        assert runs["run_queued"]["status"] == "waiting"
+        assert runs["run_typo"]["status"] == "rejected"
+        assert "unknown key" in app.snapshot.run("run_typo").reason
+
+        processes = rows(app, ProcessesTable)
+        assert list(processes) == ["supervisor", "inference", "trainer", "run_lr1e-3", "run_lr3e-4"]
+        assert processes["supervisor"]["pid"] == str(SUPERVISOR_PID)
+        assert processes["inference"] == {
+            "name": "inference",
+            "state": "ready",
+            "pid": "4101",
+            "restarts": "0",
+            "uptime": "2h59m",
+            "last_exit": "",
+        }
+        assert processes["trainer"]["restarts"] == "1"
+        assert processes["trainer"]["last_exit"] == "exit code 1"
+        assert processes["run_lr3e-4"]["uptime"] == "42s"
+
+
+async def test_tables_follow_changes_to_the_directory(experiment, make_app):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+
+        make_run(experiment, "run_new")
+        control.write_eviction(experiment / "run_lr3e-4", "reward stuck at 0.38", by="test")
+        append_metrics(experiment / "run_lr1e-3", metrics_lines(13, 15, reward0=0.3, slope=0.04))
+        await next_polls(pilot, app)
+
+        runs = rows(app, RunsTable)
+        assert "run_new" in runs and runs["run_new"]["status"] == "waiting"
+        assert runs["run_lr3e-4"]["status"] == "evicted"
+        assert app.snapshot.run("run_lr3e-4").reason == "reward stuck at 0.38"
+        assert runs["run_lr1e-3"]["step"] == "14/30"
+        assert runs["run_lr1e-3"]["reward"] == "0.860"
+
+        (experiment / "run_new" / "control" / "orch.toml").unlink()
+        (experiment / "run_new" / "control").rmdir()
+        (experiment / "run_new").rmdir()
+        await next_polls(pilot, app)
+        assert "run_new" not in rows(app, RunsTable)
+
+
+async def test_processes_table_follows_the_supervisor_state(experiment, make_app):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        write_supervisor_state(
+            experiment,
+            SUPERVISOR_PID,
+            {"inference": process("inference", "inference", "backoff", 4201, 5, restarts=2)},
+        )
+        await next_polls(pilot, app)
+        processes = rows(app, ProcessesTable)
+        assert list(processes) == ["supervisor", "inference"]
+        assert processes["inference"]["state"] == "backoff"
+        assert processes["inference"]["restarts"] == "2"
+        assert processes["inference"]["uptime"] == "-"
+
+
+async def test_without_a_supervisor_the_files_are_still_shown(experiment, make_app):
+    (experiment / "supervisor" / "state.json").unlink()
+    app = make_app(
+        experiment,
+        commands=RecordingCommands(running=False),
+        reader=ExperimentReader(experiment, supervisor_pid=lambda _: None),
+    )
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        assert len(rows(app, RunsTable)) == 4
+        assert rows(app, ProcessesTable) == {}
+        assert not app.snapshot.supervisor.running
+
+        await pilot.press("r")  # restart the selected run: nobody to ask
+        await wait_until(
+            pilot,
+            lambda: any("supervisor not running" in n.message for n in app._notifications),
+            what="a 'supervisor not running' notification",
+        )
+
+
+async def test_evict_key_asks_for_a_reason_and_writes_it(experiment, make_app, commands):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        await pilot.press("e")
+        assert isinstance(app.screen, EvictScreen)
+        assert app.screen.run_id == "run_lr1e-3"
+        await pilot.press(*"reward plateaued", "enter")
+
+        evicted = experiment / "run_lr1e-3" / "control" / "evicted.txt"
+        await wait_until(pilot, evicted.exists, what="evicted.txt")
+        eviction = control.read_eviction(experiment / "run_lr1e-3")
+        assert eviction.reason == "reward plateaued"
+        assert eviction.evicted_by == "tui"
+        await wait_until(pilot, lambda: commands.sent, what="the evict command")
+        assert commands.sent == [
+            ("evict", {"run_id": "run_lr1e-3", "reason": "reward plateaued", "by": "tui"})
+        ]
+        await next_polls(pilot, app)
+        assert rows(app, RunsTable)["run_lr1e-3"]["status"] == "evicted"
+
+
+async def test_cancelling_the_eviction_writes_nothing(experiment, make_app, commands):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        await pilot.press("down", "e")
+        assert isinstance(app.screen, EvictScreen)
+        assert app.screen.run_id == "run_lr3e-4"
+        await pilot.press(*"oops", "escape")
+        assert not isinstance(app.screen, EvictScreen)
+        await next_polls(pilot, app)
+        assert not (experiment / "run_lr3e-4" / "control" / "evicted.txt").exists()
+        assert commands.sent == []
+
+
+async def test_quit_leaves_the_supervisor_running(experiment, make_app):
+    # A stand-in supervisor: a long-lived process whose pid is in state.json.
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
+    )
+    try:
+        write_supervisor_state(experiment, stand_in.pid, {})
+        app = make_app(experiment)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await next_polls(pilot, app)
+            await pilot.press("q")
+        assert app.return_code == 0
+        assert stand_in.poll() is None, "quitting the TUI must not stop the supervisor"
+        os.kill(stand_in.pid, 0)
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
+async def test_restart_acts_on_the_selected_run_or_process(experiment, make_app, commands):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        await pilot.press("r")  # the runs table has focus: its first run
+        await wait_until(pilot, lambda: len(commands.sent) == 1)
+        assert commands.sent[-1] == ("restart_run", {"run_id": "run_lr1e-3"})
+
+        await pilot.press("tab", "down", "down", "down")  # processes: run_lr1e-3's orchestrator
+        await pilot.press("r")
+        await wait_until(pilot, lambda: len(commands.sent) == 2)
+        assert commands.sent[-1] == ("restart_process", {"name": "run_lr1e-3"})
+
+        await pilot.press("up", "r")  # the trainer: every run waits, so it asks first
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await wait_until(pilot, lambda: len(commands.sent) == 3)
+        assert commands.sent[-1] == ("restart_process", {"name": "trainer"})
+
+
+async def test_add_run_sends_the_id_and_overrides(experiment, make_app, commands):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        await pilot.press("a")
+        assert isinstance(app.screen, AddRunScreen)
+        await pilot.press(*"bad id", "enter", "enter")
+        assert isinstance(app.screen, AddRunScreen), "an invalid id keeps the dialog open"
+        app.screen.query_one("#add-run-id").value = "lr3e-3"
+        app.screen.query_one("#add-run-overrides").value = "lr=3e-3 sampling.temperature=0.7"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: commands.sent, what="the add_run command")
+        assert commands.sent == [
+            (
+                "add_run",
+                {
+                    "run_id": "run_lr3e-3",
+                    "overrides": {"lr": 3e-3, "sampling": {"temperature": 0.7}},
+                },
+            )
+        ]
+
+
+async def test_stop_all_asks_first(experiment, make_app, commands):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        await pilot.press("S")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await next_polls(pilot, app)
+        assert commands.sent == []
+        await pilot.press("S", "y")
+        await wait_until(pilot, lambda: commands.sent, what="the stop_all command")
+        assert commands.sent == [("stop_all", {})]
+        assert not isinstance(app.screen, ConfirmScreen)
+
+
+async def test_enter_opens_the_run_detail_with_reason_curves_and_config(experiment, make_app):
+    control.write_eviction(experiment / "run_lr1e-3", "learning rate too high", by="test")
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        await pilot.press("enter")
+        assert isinstance(app.screen, RunDetailScreen)
+        screen = app.screen
+        await wait_until(pilot, lambda: screen.query_one("#reward-chart").values)
+        assert len(screen.query_one("#reward-chart").values) == 12
+        assert len(screen.query_one("#loss-chart").values) == 12
+        assert "learning rate too high" in str(screen.query_one("#detail-reason").content)
+        assert "lr = 1e-3" in screen.query_one("#detail-config").content.code
+        await pilot.press("escape")
+        assert not isinstance(app.screen, RunDetailScreen)
+
+
+async def test_follow_key_switches_the_log_to_the_selected_process(experiment, make_app):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        pane = app.screen.query_one(LogPane)
+        assert pane.target.path == experiment / "run_lr1e-3" / "logs" / "orchestrator.log"
+        await pilot.press("tab", "down", "down", "f")  # processes: the trainer
+        assert pane.target.path == experiment / "logs" / "trainer.log"
+        await wait_until(pilot, lambda: "trainer up" in pane.log.lines, what="trainer.log lines")
+
+
+async def test_help_lists_the_keys_and_closes(experiment, make_app):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+def test_the_tui_package_exposes_only_run_tui():
+    import workbench.tui
+
+    assert workbench.tui.__all__ == ["run_tui"]
+    assert callable(workbench.tui.run_tui)
+    assert Path(workbench.tui.__file__).parent.joinpath("workbench.tcss").is_file()

@@ -1,0 +1,237 @@
+"""The workbench TUI: a client of the experiment directory and of the supervisor.
+
+Data flow:
+- a timer starts a thread worker every `poll_interval` seconds; it reads the experiment
+  directory (`data.ExperimentReader`, incremental) into an immutable snapshot and hands it
+  to the app, which sets its reactive `snapshot`; the screens watch it and update only the
+  cells that changed. At most one poll runs at a time, so a slow disk delays, never piles up.
+- the log pane tails its file in its own worker (`widgets.log_pane`).
+- screens post requests (`messages`); the app runs the dialog, writes `evicted.txt`, and
+  sends commands to the supervisor in thread workers, reporting outcomes as notifications.
+
+Quitting exits the TUI only: the supervisor and its children live in their own session
+and are never signalled from here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.reactive import var
+
+from workbench import control, layout
+from workbench.tui.commands import CommandOutcome, CommandSender, SupervisorCommands
+from workbench.tui.data import SUPERVISOR_PROCESS, ExperimentReader, ExperimentSnapshot
+from workbench.tui.messages import AddRun, EvictRun, RestartProcess, RestartRun, ShowRun, StopAll
+from workbench.tui.screens.add_run import AddRunRequest, AddRunScreen
+from workbench.tui.screens.confirm import ConfirmScreen
+from workbench.tui.screens.evict import EvictScreen
+from workbench.tui.screens.help import HelpScreen
+from workbench.tui.screens.main import WIDE_LAYOUT_COLUMNS, MainScreen
+from workbench.tui.screens.run_detail import RunDetailScreen
+from workbench.tui.widgets.log_pane import LOG_MAX_LINES
+
+# Processes whose restart interrupts every run: asked for confirmation first.
+SHARED_PROCESSES = frozenset({"inference", "trainer"})
+
+
+class WorkbenchApp(App[None]):
+    """The TUI of one experiment directory.
+
+    `clock` gives "now" for ages and uptimes (tests freeze it); `commands` is the link to
+    the supervisor (tests record what would be sent); `reader` turns the directory into
+    snapshots.
+    """
+
+    CSS_PATH = "workbench.tcss"
+    TITLE = "workbench"
+    ENABLE_COMMAND_PALETTE = False
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [
+        (0, "-narrow"),
+        (WIDE_LAYOUT_COLUMNS, "-wide"),
+    ]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
+        Binding("ctrl+r", "poll_now", "refresh", show=False),
+    ]
+
+    # Set on every poll, even when equal to the last one: ages and uptimes move on.
+    snapshot: var[ExperimentSnapshot | None] = var(None, always_update=True)
+
+    def __init__(
+        self,
+        experiment: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        commands: CommandSender | None = None,
+        reader: ExperimentReader | None = None,
+        poll_interval: float = 1.0,
+        log_max_lines: int = LOG_MAX_LINES,
+    ) -> None:
+        super().__init__()
+        self.experiment = Path(experiment)
+        self.clock = clock
+        self.commands: CommandSender = commands or SupervisorCommands(self.experiment)
+        self.poll_interval = poll_interval
+        self.log_max_lines = log_max_lines
+        self._reader = reader or ExperimentReader(self.experiment)
+        self._polling = False
+        self.polls = 0  # completed polls; tests wait on it
+
+    def on_mount(self) -> None:
+        self.push_screen(MainScreen(self.experiment, self.clock, self.log_max_lines))
+        self.action_poll_now()
+        self.set_interval(self.poll_interval, self.action_poll_now)
+
+    # ------------------------------------------------------------ polling
+
+    def action_poll_now(self) -> None:
+        if self._polling:
+            return
+        self._polling = True
+        self._poll()
+
+    @work(thread=True, group="poll", exit_on_error=False)
+    def _poll(self) -> None:
+        try:
+            snapshot = self._reader.poll()
+        except Exception as err:  # a broken file must not take the TUI down: say so, go on
+            self.call_from_thread(self._poll_failed, err)
+            return
+        self.call_from_thread(self._poll_done, snapshot)
+
+    def _poll_done(self, snapshot: ExperimentSnapshot) -> None:
+        self._polling = False
+        self.polls += 1
+        self.snapshot = snapshot
+
+    def _poll_failed(self, err: Exception) -> None:
+        self._polling = False
+        self.polls += 1
+        self.notify(f"reading {self.experiment} failed: {err}", severity="error", timeout=5)
+
+    # ------------------------------------------------------------ screens
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    @on(ShowRun)
+    def _show_run(self, message: ShowRun) -> None:
+        self.push_screen(RunDetailScreen(message.run_id, self.experiment, self.clock))
+
+    # ------------------------------------------------------------ eviction
+
+    @on(EvictRun)
+    def _evict_requested(self, message: EvictRun) -> None:
+        run_id = message.run_id
+        run = self.snapshot.run(run_id) if self.snapshot else None
+        if run is not None and run.status == "evicted":
+            self.notify(f"{run_id} is already evicted: {run.reason}", severity="warning")
+            return
+
+        def confirmed(reason: str | None) -> None:
+            if reason is not None:
+                self._evict(run_id, reason)
+
+        self.push_screen(EvictScreen(run_id), confirmed)
+
+    @work(thread=True, group="commands")
+    def _evict(self, run_id: str, reason: str) -> None:
+        run = layout.run_dir(self.experiment, run_id)
+        if not run.is_dir():  # writing would recreate a deleted run's directory
+            self.call_from_thread(self._report, CommandOutcome(False, f"{run_id} is gone"))
+            return
+        try:
+            control.write_eviction(run, reason, by="tui")
+        except OSError as err:
+            outcome = CommandOutcome(False, f"could not evict {run_id}: {err}")
+            self.call_from_thread(self._report, outcome)
+            return
+        # The file is the eviction; telling a running supervisor only makes it act sooner.
+        if self.commands.is_running():
+            self.commands.send("evict", run_id=run_id, reason=reason, by="tui")
+        self.call_from_thread(self._report, CommandOutcome(True, f"evicted {run_id}: {reason}"))
+        self.call_from_thread(self.action_poll_now)
+
+    # ------------------------------------------------------------ restart, add, stop
+
+    @on(RestartRun)
+    def _restart_run(self, message: RestartRun) -> None:
+        self._send("restart_run", run_id=message.run_id)
+
+    @on(RestartProcess)
+    def _restart_process(self, message: RestartProcess) -> None:
+        name = message.name
+        if name == SUPERVISOR_PROCESS:
+            self.notify(
+                "the supervisor is not restarted from the TUI: `workbench down`, then `up`",
+                severity="warning",
+            )
+            return
+        if name not in SHARED_PROCESSES:
+            self._send("restart_process", name=name)
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self._send("restart_process", name=name)
+
+        self.push_screen(
+            ConfirmScreen(
+                f"Restart {name}?",
+                f"Every run waits while {name} restarts; runs resume from their last checkpoint.",
+                "Restart",
+            ),
+            confirmed,
+        )
+
+    @on(AddRun)
+    def _add_run(self) -> None:
+        def entered(request: AddRunRequest | None) -> None:
+            if request is None:
+                return
+            if layout.run_dir(self.experiment, request.run_id).exists():
+                self.notify(f"{request.run_id} already exists", severity="error")
+                return
+            self._send("add_run", run_id=request.run_id, overrides=request.overrides)
+
+        self.push_screen(AddRunScreen(), entered)
+
+    @on(StopAll)
+    def _stop_all(self) -> None:
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self._send("stop_all")
+
+        self.push_screen(
+            ConfirmScreen(
+                "Stop everything?",
+                "The supervisor stops every orchestrator, the trainer and inference "
+                "(checkpoints are written first). The TUI stays open.",
+                "Stop all",
+            ),
+            confirmed,
+        )
+
+    @work(thread=True, group="commands")
+    def _send(self, cmd: str, **fields: object) -> None:
+        # Thread: the control socket may be slow to answer; the UI must not wait on it.
+        outcome = self.commands.send(cmd, **fields)
+        self.call_from_thread(self._report, outcome)
+        self.call_from_thread(self.action_poll_now)
+
+    def _report(self, outcome: CommandOutcome) -> None:
+        self.notify(outcome.message, severity="information" if outcome.ok else "error")
+
+
+def run_tui(experiment: Path) -> None:
+    """Open the TUI on `experiment`; returns when the user quits (training keeps running)."""
+    WorkbenchApp(experiment).run()

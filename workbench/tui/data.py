@@ -1,0 +1,398 @@
+"""The experiment directory, read into plain dataclasses for the TUI.
+
+One `ExperimentReader.poll()` turns the files of an experiment into an immutable
+`ExperimentSnapshot`; widgets only ever see snapshots, never files. Reads are cheap enough
+to repeat every second:
+
+- run states come from `workbench.status.run_statuses`, so the TUI and `workbench status`
+  always agree;
+- each run's `metrics.jsonl` is read incrementally from the byte offset reached last time
+  (a file that shrinks or is replaced is read again from the start), never whole;
+- processes come from `supervisor/state.json`, which may be absent (no supervisor yet),
+  or stale (the supervisor died): both are shown, not raised.
+
+The snapshot's dataclasses are frozen and compare by value, so the widgets can skip
+rows that did not change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench import layout
+from workbench.status import run_statuses
+from workbench.tui.tail import AppendedLines
+
+# Points of reward and loss history kept per run: enough for a chart as wide as a large
+# terminal (two braille dots per cell) without growing for ever on a long run.
+HISTORY_POINTS = 1000
+# One poll reads at most this much of a metrics file, so a huge backlog is spread over a
+# few polls instead of stalling one.
+METRICS_READ_LIMIT = 4 * 1024 * 1024
+
+SUPERVISOR_PROCESS = "supervisor"
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One row of the runs table: the run's status plus what its metrics say."""
+
+    id: str
+    status: str
+    step: int
+    max_steps: int | None = None
+    reason: str | None = None
+    slot: int | None = None
+    tokens: int = 0
+    reward: float | None = None
+    rewards: tuple[float, ...] = ()
+    losses: tuple[float, ...] = ()
+    last_update: float | None = None
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """One row of the processes table, from `supervisor/state.json`."""
+
+    name: str
+    kind: str
+    state: str
+    pid: int | None = None
+    restarts: int = 0
+    started_at: float | None = None
+    run_id: str | None = None
+    last_exit: str | None = None
+
+
+@dataclass(frozen=True)
+class SupervisorView:
+    """Whether a supervisor is there to take commands, and what it last said about itself."""
+
+    running: bool
+    status: str
+    pid: int | None = None
+    started_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentSnapshot:
+    experiment: Path
+    supervisor: SupervisorView
+    runs: tuple[RunView, ...] = ()
+    processes: tuple[ProcessView, ...] = ()
+
+    def run(self, run_id: str) -> RunView | None:
+        return next((run for run in self.runs if run.id == run_id), None)
+
+    def process(self, name: str) -> ProcessView | None:
+        return next((proc for proc in self.processes if proc.name == name), None)
+
+
+# ---------------------------------------------------------------- metrics.jsonl
+
+
+class MetricsReader:
+    """Follows one run's `metrics.jsonl`, remembering how far it has read.
+
+    Orchestrator lines give the reward, trainer lines the loss, tokens and trained step.
+    A line still being written (no newline yet) is kept back until it is complete; a file
+    that is replaced is read again from its start.
+    """
+
+    def __init__(self, path: Path, history: int = HISTORY_POINTS) -> None:
+        self.path = path
+        self._history = history
+        self._lines = AppendedLines(path, read_limit=METRICS_READ_LIMIT)
+        self.version = 0  # bumped whenever what the reader holds changed
+        self._clear()
+
+    def _clear(self) -> None:
+        self.rewards: deque[float] = deque(maxlen=self._history)
+        self.losses: deque[float] = deque(maxlen=self._history)
+        self.trainer_step = 0
+        self.tokens = 0
+        self.last_time: float | None = None
+
+    @property
+    def offset(self) -> int:
+        return self._lines.offset or 0
+
+    def poll(self) -> bool:
+        """Read what was appended since the last call; True if anything new was parsed."""
+        restarts = self._lines.restarts
+        raw_lines = self._lines.read()
+        if self._lines.restarts != restarts:
+            self._clear()
+            self.version += 1
+        parsed = False
+        for raw in raw_lines:
+            parsed |= self._consume(raw)
+        if parsed:
+            self.version += 1
+        return parsed
+
+    def _consume(self, raw: bytes) -> bool:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return False  # a corrupt line is skipped, not fatal: the next one may be fine
+        if not isinstance(record, dict):
+            return False
+        source = record.get("source")
+        step = _as_int(record.get("step"))
+        if source == "orchestrator":
+            reward = _as_float(record.get("reward_mean"))
+            if reward is not None:
+                self.rewards.append(reward)
+        elif source == "trainer":
+            loss = _as_float(record.get("loss"))
+            if loss is not None:
+                self.losses.append(loss)
+            if step is not None:
+                self.trainer_step = max(self.trainer_step, step)
+            self.tokens += _as_int(record.get("tokens")) or 0
+        when = _as_float(record.get("time"))
+        if when is not None:
+            self.last_time = when if self.last_time is None else max(self.last_time, when)
+        return True
+
+
+# ---------------------------------------------------------------- supervisor/state.json
+
+
+def supervisor_state_path(experiment: Path) -> Path:
+    return layout.supervisor_dir(experiment) / "state.json"
+
+
+def read_supervisor_state(experiment: Path) -> dict[str, Any] | None:
+    """The supervisor's last published state, or None when there is none (yet)."""
+    try:
+        state = json.loads(supervisor_state_path(experiment).read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError, ValueError, UnicodeDecodeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def live_supervisor_pid(experiment: Path) -> int | None:
+    """The pid of the experiment's running supervisor, or None: decided as `workbench status`
+    decides it (the supervisor's pid file, checked alive and still a supervisor)."""
+    try:
+        from workbench.supervisor.client import running_supervisor_pid
+    except ImportError:  # a tree without the supervisor: trust state.json's pid if alive
+        state = read_supervisor_state(experiment) or {}
+        pid = _as_int(state.get("pid"))
+        return pid if pid is not None and pid_alive(pid) else None
+    return running_supervisor_pid(experiment)
+
+
+def supervisor_view(state: dict[str, Any] | None, live_pid: int | None) -> SupervisorView:
+    """What the top bar says: running (with state.json's status), stopped, gone or absent."""
+    recorded = str(state.get("status") or "unknown") if state else None
+    started_at = parse_time(state.get("started_at")) if state else None
+    if live_pid is not None:
+        return SupervisorView(
+            running=True, status=recorded or "starting", pid=live_pid, started_at=started_at
+        )
+    if state is None:
+        return SupervisorView(running=False, status="absent")
+    # state.json outlives a killed supervisor: "gone" unless it recorded a clean stop.
+    status = "stopped" if recorded == "stopped" else "gone"
+    return SupervisorView(
+        running=False, status=status, pid=_as_int(state.get("pid")), started_at=started_at
+    )
+
+
+def process_views(
+    state: dict[str, Any] | None, supervisor: SupervisorView
+) -> tuple[ProcessView, ...]:
+    """The supervisor itself first (its log is followable too), then its children.
+
+    Without a live supervisor, pids and uptimes are left out, as `workbench status` does:
+    they describe processes that may be long gone.
+    """
+    if state is None:
+        return ()
+    views = [
+        ProcessView(
+            name=SUPERVISOR_PROCESS,
+            kind=SUPERVISOR_PROCESS,
+            state=supervisor.status,
+            pid=supervisor.pid,
+            started_at=supervisor.started_at,
+        )
+    ]
+    processes = state.get("processes")
+    if isinstance(processes, dict):
+        for name, entry in processes.items():
+            if isinstance(entry, dict):
+                view = _process_view(str(name), entry)
+                if not supervisor.running:
+                    view = dataclasses.replace(view, pid=None, started_at=None)
+                views.append(view)
+    return tuple(views)
+
+
+def _process_view(name: str, entry: dict[str, Any]) -> ProcessView:
+    exits = entry.get("exits")
+    last_exit = None
+    if isinstance(exits, list) and exits and isinstance(exits[-1], dict):
+        last = exits[-1]
+        # Worded as `workbench status` words it.
+        if last.get("error"):
+            last_exit = str(last["error"])
+        elif last.get("signal") is not None:
+            last_exit = f"signal {last['signal']}"
+        elif last.get("code") is not None:
+            last_exit = f"exit code {last['code']}"
+    return ProcessView(
+        name=name,
+        kind=str(entry.get("kind") or ""),
+        state=str(entry.get("state") or "unknown"),
+        pid=_as_int(entry.get("pid")),
+        restarts=_as_int(entry.get("restarts")) or 0,
+        started_at=parse_time(entry.get("started_at")),
+        run_id=entry.get("run_id") if isinstance(entry.get("run_id"), str) else None,
+        last_exit=last_exit,
+    )
+
+
+def process_log_path(experiment: Path, process: ProcessView) -> Path:
+    """Where a process writes its output (docs/contracts.md, "Process names")."""
+    if process.run_id or layout.is_run_dir_name(process.name):
+        return layout.orchestrator_log_path(
+            layout.run_dir(experiment, process.run_id or process.name)
+        )
+    return layout.process_log_path(experiment, process.name)
+
+
+def run_log_path(experiment: Path, run_id: str) -> Path:
+    return layout.orchestrator_log_path(layout.run_dir(experiment, run_id))
+
+
+# ---------------------------------------------------------------- the whole experiment
+
+
+class ExperimentReader:
+    """Polls one experiment directory; keeps per-run metrics readers between polls.
+
+    `supervisor_pid` says which supervisor runs for the experiment, if any (tests give a
+    fixed answer, so that a screenshot does not depend on the processes of the machine).
+    """
+
+    def __init__(
+        self,
+        experiment: Path,
+        history: int = HISTORY_POINTS,
+        supervisor_pid: Callable[[Path], int | None] = live_supervisor_pid,
+    ) -> None:
+        self.experiment = experiment
+        self._history = history
+        self._supervisor_pid = supervisor_pid
+        self._metrics: dict[str, MetricsReader] = {}
+        self._histories: dict[str, tuple[int, tuple[float, ...], tuple[float, ...]]] = {}
+
+    def poll(self) -> ExperimentSnapshot:
+        statuses = run_statuses(self.experiment)
+        seen = {status.id for status in statuses}
+        for gone in set(self._metrics) - seen:
+            del self._metrics[gone]
+            self._histories.pop(gone, None)
+        runs = []
+        for status in statuses:
+            metrics = self._metrics.get(status.id)
+            if metrics is None:
+                metrics = MetricsReader(
+                    layout.metrics_path(layout.run_dir(self.experiment, status.id)),
+                    history=self._history,
+                )
+                self._metrics[status.id] = metrics
+            metrics.poll()
+            rewards, losses = self._history_of(status.id, metrics)
+            runs.append(
+                RunView(
+                    id=status.id,
+                    status=status.status,
+                    # metrics.jsonl gets the trainer's line as soon as a step is done;
+                    # runs.json only at the next synchronisation: show whichever is ahead.
+                    step=max(status.step, metrics.trainer_step),
+                    max_steps=status.max_steps,
+                    reason=status.reason,
+                    slot=status.slot,
+                    tokens=max(status.total_tokens, metrics.tokens),
+                    reward=rewards[-1] if rewards else None,
+                    rewards=rewards,
+                    losses=losses,
+                    last_update=metrics.last_time,
+                )
+            )
+        state = read_supervisor_state(self.experiment)
+        supervisor = supervisor_view(state, self._supervisor_pid(self.experiment))
+        return ExperimentSnapshot(
+            experiment=self.experiment,
+            supervisor=supervisor,
+            runs=tuple(runs),
+            processes=process_views(state, supervisor),
+        )
+
+    def _history_of(
+        self, run_id: str, metrics: MetricsReader
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        # Copy the deques into tuples only when they changed: snapshots then share them.
+        cached = self._histories.get(run_id)
+        if cached is None or cached[0] != metrics.version:
+            cached = (metrics.version, tuple(metrics.rewards), tuple(metrics.losses))
+            self._histories[run_id] = cached
+        return cached[1], cached[2]
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by someone else
+    except OverflowError:
+        return False
+    return True
+
+
+def parse_time(value: Any) -> float | None:
+    """Unix seconds from an ISO-8601 string or a number; None for anything else."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            # A naive time is local time, as `datetime.now().isoformat()` writes it.
+            return dt.datetime.fromisoformat(value).timestamp()
+    return None
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    return None

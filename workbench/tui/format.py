@@ -1,0 +1,73 @@
+"""How numbers, ages and series are written in the TUI's cells: pure functions.
+
+Ages are coarse on purpose ("42s", "7m", "3h05m"): a cell whose text does not change is
+not redrawn, so an idle screen costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def format_duration(seconds: float | None) -> str:
+    """`None` -> "-"; 42 -> "42s"; 420 -> "7m"; 11100 -> "3h05m"; 200000 -> "2d07h";
+    from ten days on, days only ("12d"): never more than 6 characters."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    days = seconds // 86400
+    return f"{days}d" if days >= 10 else f"{days}d{seconds % 86400 // 3600:02d}h"
+
+
+def format_age(since: float | None, now: float) -> str:
+    """How long ago `since` (unix seconds) was: "12s ago", or "-" when never."""
+    if since is None:
+        return "-"
+    return f"{format_duration(now - since)} ago"
+
+
+def format_count(value: int) -> str:
+    """Token counts: 950 -> "950", 12_300 -> "12.3k", 4_560_000 -> "4.56M"."""
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= limit:
+            scaled = value / limit
+            digits = 2 if scaled < 10 else 1 if scaled < 100 else 0
+            return f"{scaled:.{digits}f}{suffix}"
+    return str(value)
+
+
+def format_steps(step: int, max_steps: int | None) -> str:
+    return f"{step}/{max_steps}" if max_steps else str(step)
+
+
+def format_reward(reward: float | None) -> str:
+    return "-" if reward is None else f"{reward:.3f}"
+
+
+def sparkline(
+    values: Sequence[float], width: int, low: float | None = None, high: float | None = None
+) -> str:
+    """The last `width` values as block characters, scaled between `low` and `high`.
+
+    Rewards live in [0, 1]: pass those bounds so the same height means the same reward in
+    every row. Without bounds the series' own range is used.
+    """
+    points = [v for v in values[-width:] if not math.isnan(v)] if width > 0 else []
+    if not points:
+        return ""
+    low = min(points) if low is None else low
+    high = max(points) if high is None else high
+    span = high - low
+    top = len(SPARK_BLOCKS) - 1
+    if span <= 0:
+        return SPARK_BLOCKS[top // 2] * len(points)
+    return "".join(SPARK_BLOCKS[min(top, max(0, round((v - low) / span * top)))] for v in points)

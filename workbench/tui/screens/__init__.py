@@ -1,0 +1,1 @@
+"""Screens of the TUI: the main screen, a run's detail, and the dialogs."""

@@ -1,0 +1,51 @@
+"""The help screen: every key, what it does, and what quitting does (and does not) do."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS: tuple[tuple[str, str], ...] = (
+    ("tab / shift+tab", "move between the runs table, the processes table and the log"),
+    ("up / down", "select a row, or scroll the log"),
+    ("enter", "runs: open the run's detail; processes: follow its log"),
+    ("f", "follow the selected run's or process's log"),
+    ("e", "evict the selected run (asks for a reason)"),
+    ("r", "restart the selected run (or process, with confirmation)"),
+    ("a", "add a run (id and key=value overrides)"),
+    ("S", "stop everything: every process, gracefully (with confirmation)"),
+    ("/", "search the log; n / N: next / previous match; esc: close"),
+    ("end / G", "jump to the end of the log and follow it again"),
+    ("y", "copy the visible log lines to the clipboard"),
+    ("ctrl+r", "re-read the experiment directory now"),
+    ("?", "this help"),
+    ("q", "quit the TUI: training keeps running; `workbench attach` reopens it"),
+)
+
+
+def help_table() -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    for key, what in KEYS:
+        table.add_row(key, what)
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "dismiss", "close")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog help"):
+            yield Static(Text("Keys", style="bold"), classes="dialog-title")
+            yield Static(help_table())
+            yield Static(
+                Text("The logs on disk survive the TUI: `workbench logs NAME -f`.", style="dim")
+            )

@@ -1,0 +1,213 @@
+"""The main screen: runs and processes on top, the followed log below, keys in the footer.
+
+At 120 columns and more the two tables sit side by side; below that they stack, capped in
+height so the log keeps most of the screen, and the processes' "last exit" column is
+hidden: 80x24 over SSH stays readable.
+The screen turns snapshots into table updates and keys into requests to the app; it does
+no I/O of its own besides what the log pane's worker reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Container
+from textual.events import Resize
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from workbench.tui.data import ExperimentSnapshot, SupervisorView, process_log_path, run_log_path
+from workbench.tui.messages import AddRun, EvictRun, RestartProcess, RestartRun, ShowRun, StopAll
+from workbench.tui.widgets.log_pane import LOG_MAX_LINES, LogPane, LogTarget
+from workbench.tui.widgets.processes_table import ProcessesTable
+from workbench.tui.widgets.runs_table import RunsTable
+
+# Below this width the tables stack and drop their optional columns.
+WIDE_LAYOUT_COLUMNS = 120
+
+
+# Order of the run counts in the top bar: work in progress first, problems last.
+_STATUS_ORDER = ("active", "waiting", "finished", "evicted", "rejected")
+
+
+def top_bar_text(snapshot: ExperimentSnapshot) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(f" {snapshot.experiment.name}  ", style="bold")
+    text.append_text(_supervisor_text(snapshot.supervisor))
+    counts: dict[str, int] = {}
+    for run in snapshot.runs:
+        counts[run.status] = counts.get(run.status, 0) + 1
+    order = {status: index for index, status in enumerate(_STATUS_ORDER)}
+    summary = " · ".join(
+        f"{counts[status]} {status}" for status in sorted(counts, key=lambda s: order.get(s, 99))
+    )
+    text.append(f"  runs: {summary or 'none'}", style="dim")
+    return text
+
+
+def _supervisor_text(supervisor: SupervisorView) -> Text:
+    if supervisor.running:
+        return Text(f"supervisor {supervisor.status}", style="green")
+    if supervisor.status in ("absent", "stopped"):
+        return Text("supervisor not running", style="yellow")
+    # state.json is there but no supervisor runs and it never recorded a clean stop:
+    # it was killed, or the machine rebooted.
+    return Text("supervisor gone", style="bold red")
+
+
+class MainScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("e", "evict", "evict"),
+        Binding("r", "restart", "restart"),
+        Binding("a", "add_run", "add"),
+        Binding("f", "follow", "follow"),
+        Binding("slash", "search", "search"),
+        Binding("S", "stop_all", "stop all"),
+        Binding("l", "focus_log", "log", show=False),
+    ]
+
+    def __init__(
+        self, experiment: Path, clock: Callable[[], float], log_max_lines: int = LOG_MAX_LINES
+    ) -> None:
+        super().__init__()
+        self.experiment = experiment
+        self.clock = clock
+        self.log_max_lines = log_max_lines
+        self.snapshot: ExperimentSnapshot | None = None
+        self._top_bar: Text | None = None
+        # What `f`, `r` and `e` act on: the selected row of the table focused last.
+        self.selected_kind = "run"
+
+    def compose(self) -> ComposeResult:
+        yield Static(" workbench", id="top-bar")
+        with Container(id="tables"):
+            runs = RunsTable(id="runs")
+            runs.border_title = "runs"
+            yield runs
+            processes = ProcessesTable(id="processes")
+            processes.border_title = "processes"
+            yield processes
+        yield LogPane(max_lines=self.log_max_lines, id="log-pane")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "snapshot", self._show_snapshot)
+        self.query_one(RunsTable).focus()
+
+    def on_resize(self, event: Resize) -> None:
+        compact = event.size.width < WIDE_LAYOUT_COLUMNS
+        self.query_one(RunsTable).set_compact(compact)
+        self.query_one(ProcessesTable).set_compact(compact)
+
+    # ------------------------------------------------------------ snapshots
+
+    def _show_snapshot(self, snapshot: ExperimentSnapshot | None) -> None:
+        if snapshot is None:
+            return
+        self.snapshot = snapshot
+        now = self.clock()
+        top_bar = top_bar_text(snapshot)
+        if top_bar != self._top_bar:  # redraw only what changed: idle costs nothing
+            self._top_bar = top_bar
+            self.query_one("#top-bar", Static).update(top_bar)
+        self.query_one(RunsTable).show_runs(snapshot.runs, now)
+        self.query_one(ProcessesTable).show_processes(snapshot.processes, now)
+        log_pane = self.query_one(LogPane)
+        if log_pane.target is None:
+            # Something useful on screen from the start: the first run's log, else the
+            # supervisor's (it says why nothing runs yet).
+            if snapshot.runs:
+                log_pane.follow(self._run_target(snapshot.runs[0].id))
+            elif snapshot.processes:
+                target = self._process_target(snapshot.processes[0].name)
+                if target is not None:
+                    log_pane.follow(target)
+
+    def _run_target(self, run_id: str) -> LogTarget:
+        return LogTarget(title=run_id, path=run_log_path(self.experiment, run_id))
+
+    def _process_target(self, name: str) -> LogTarget | None:
+        process = self.snapshot.process(name) if self.snapshot else None
+        if process is None:
+            return None
+        return LogTarget(title=name, path=process_log_path(self.experiment, process))
+
+    # ------------------------------------------------------------ selection
+
+    def on_descendant_focus(self) -> None:
+        # The table focused last decides what `f`, `r` and `e` act on (the log pane keeps
+        # the choice: following a process's log, `r` still restarts that process).
+        focused = self.focused
+        if isinstance(focused, RunsTable):
+            self.selected_kind = "run"
+        elif isinstance(focused, ProcessesTable):
+            self.selected_kind = "process"
+
+    @property
+    def selected_run(self) -> str | None:
+        return self.query_one(RunsTable).selected_key
+
+    @property
+    def selected_process(self) -> str | None:
+        return self.query_one(ProcessesTable).selected_key
+
+    @on(RunsTable.RunChosen)
+    def _run_chosen(self, event: RunsTable.RunChosen) -> None:
+        self.post_message(ShowRun(event.run_id))
+
+    @on(ProcessesTable.ProcessChosen)
+    def _process_chosen(self, event: ProcessesTable.ProcessChosen) -> None:
+        target = self._process_target(event.name)
+        if target is not None:
+            self.query_one(LogPane).follow(target)
+
+    # ------------------------------------------------------------ actions
+
+    def action_follow(self) -> None:
+        log_pane = self.query_one(LogPane)
+        if self.selected_kind == "process" and self.selected_process:
+            target = self._process_target(self.selected_process)
+        elif self.selected_run:
+            target = self._run_target(self.selected_run)
+        else:
+            target = None
+        if target is None:
+            self.notify("nothing selected: pick a run or a process first", severity="warning")
+            return
+        log_pane.follow(target)
+
+    def action_evict(self) -> None:
+        run_id = self.selected_run
+        process = self.snapshot.process(self.selected_process or "") if self.snapshot else None
+        if self.selected_kind == "process" and process is not None and process.run_id:
+            run_id = process.run_id  # an orchestrator's row stands for its run
+        if run_id is None:
+            self.notify("no run to evict", severity="warning")
+            return
+        self.post_message(EvictRun(run_id))
+
+    def action_restart(self) -> None:
+        if self.selected_kind == "process" and self.selected_process:
+            self.post_message(RestartProcess(self.selected_process))
+        elif self.selected_run:
+            self.post_message(RestartRun(self.selected_run))
+        else:
+            self.notify("nothing selected to restart", severity="warning")
+
+    def action_add_run(self) -> None:
+        self.post_message(AddRun())
+
+    def action_stop_all(self) -> None:
+        self.post_message(StopAll())
+
+    def action_search(self) -> None:
+        self.query_one(LogPane).start_search()
+
+    def action_focus_log(self) -> None:
+        self.query_one(LogPane).log.focus()

@@ -1,0 +1,101 @@
+"""One run in full: status and reason, reward and loss curves, its orch.toml."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from rich.syntax import Syntax
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from workbench import layout
+from workbench.tui.data import ExperimentSnapshot, RunView
+from workbench.tui.format import format_age, format_count, format_reward, format_steps
+from workbench.tui.messages import EvictRun, RestartRun
+from workbench.tui.widgets.curves import CurveChart
+from workbench.tui.widgets.runs_table import STATUS_STYLES
+
+
+def run_summary(run: RunView, now: float) -> Text:
+    text = Text(no_wrap=False)
+    text.append(run.id, style="bold")
+    text.append("  ")
+    text.append(run.status, style=STATUS_STYLES.get(run.status, ""))
+    text.append(f"  step {format_steps(run.step, run.max_steps)}")
+    text.append(f"  reward {format_reward(run.reward)}")
+    text.append(f"  tokens {format_count(run.tokens)}")
+    if run.slot is not None:
+        text.append(f"  slot {run.slot}")
+    text.append(f"  updated {format_age(run.last_update, now)}", style="dim")
+    return text
+
+
+class RunDetailScreen(Screen[None]):
+    """Follows the app's snapshots while open; Escape goes back to the main screen."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,backspace", "app.pop_screen", "back"),
+        Binding("e", "evict", "evict"),
+        Binding("r", "restart", "restart"),
+    ]
+
+    def __init__(self, run_id: str, experiment: Path, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.experiment = experiment
+        self.clock = clock
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="detail"):
+            yield Static(Text(self.run_id, style="bold"), id="detail-summary")
+            yield Static("", id="detail-reason")
+            with Horizontal(id="detail-curves"):
+                yield CurveChart("reward (mean)", low=0.0, high=1.0, id="reward-chart")
+                yield CurveChart("loss", id="loss-chart")
+            yield Static("control/orch.toml", classes="section-title")
+            yield Static(self._config_renderable(), id="detail-config")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "snapshot", self._show_snapshot)
+
+    def _config_renderable(self) -> Syntax | Text:
+        path = layout.orch_config_path(layout.run_dir(self.experiment, self.run_id))
+        try:
+            source = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as err:
+            return Text(f"cannot read {path}: {err.strerror or err}", style="red")
+        return Syntax(source, "toml", theme="ansi_dark", word_wrap=True)
+
+    def _show_snapshot(self, snapshot: ExperimentSnapshot | None) -> None:
+        if snapshot is None:
+            return
+        run = snapshot.run(self.run_id)
+        summary = self.query_one("#detail-summary", Static)
+        reason = self.query_one("#detail-reason", Static)
+        if run is None:
+            summary.update(Text(f"{self.run_id}: its directory is gone", style="bold red"))
+            reason.display = False
+            return
+        summary.update(run_summary(run, self.clock()))
+        reason.display = bool(run.reason)
+        if run.reason:
+            label = {"evicted": "eviction reason", "rejected": "rejected config"}.get(
+                run.status, "note"
+            )
+            reason.update(Text.assemble((f"{label}: ", "bold"), run.reason))
+            reason.set_class(run.status in ("evicted", "rejected"), "-problem")
+        self.query_one("#reward-chart", CurveChart).values = run.rewards
+        self.query_one("#loss-chart", CurveChart).values = run.losses
+
+    def action_evict(self) -> None:
+        self.post_message(EvictRun(self.run_id))
+
+    def action_restart(self) -> None:
+        self.post_message(RestartRun(self.run_id))

@@ -1,0 +1,160 @@
+"""A DataTable whose rows are replaced by key, touching only the cells that changed.
+
+Both tables of the main screen are refreshed every poll with the whole state. Rewriting
+every cell would redraw the table every second; here an unchanged cell is left alone, so
+an idle experiment costs (almost) no rendering. Columns can be hidden when the terminal
+is narrow; the rows are re-added from what the table last showed.
+
+Column widths are fixed rather than left to DataTable's auto-width: the name column is
+sized here to the longest key, but never so wide that the other columns leave the screen
+(a long name is shortened in the middle, where sweep names differ least), which also keeps
+the layout from jumping as cells change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.widgets import DataTable
+from textual.widgets.data_table import RowDoesNotExist
+
+Cell = str | Text
+# Bounds of the name column; longer names are shortened (the detail screen has them whole).
+MIN_NAME_WIDTH = 10
+MAX_NAME_WIDTH = 40
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    key: str
+    label: str
+    width: int | None = None  # None: as wide as the widest row key (the name column)
+    optional: bool = False  # dropped first when the terminal is narrow
+
+
+class KeyedTable(DataTable[Cell]):
+    """Rows keyed by a name (run id, process name); `show_rows` applies a full state."""
+
+    COLUMNS: Sequence[ColumnSpec] = ()
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(
+            id=id, classes=classes, cursor_type="row", zebra_stripes=False, cell_padding=1
+        )
+        self._rows: dict[str, dict[str, Cell]] = {}
+        self._compact = False
+        self._name_width = 0
+
+    def on_mount(self) -> None:
+        self._add_columns()
+
+    def on_resize(self) -> None:
+        self._fit_name_column(self._rows)
+
+    def _name_column_room(self) -> int:
+        """Cells left for the name column once the fixed columns (and scrollbar) are in."""
+        padding = 2 * self.cell_padding
+        fixed = sum(max(c.width, len(c.label)) + padding for c in self.visible_columns if c.width)
+        room = self.size.width - fixed - padding - 1
+        return max(MIN_NAME_WIDTH, min(MAX_NAME_WIDTH, room))
+
+    def _fit_name_column(self, rows: Mapping[str, Mapping[str, Cell]]) -> bool:
+        """Resize the name column to the longest name that fits; True if it was rebuilt."""
+        longest = max((len(key) for key in rows), default=0)
+        width = min(longest, self._name_column_room())
+        if width == self._name_width:
+            return False
+        self._name_width = width
+        self._rows = {key: dict(cells) for key, cells in rows.items()}
+        self._rebuild()
+        return True
+
+    @property
+    def visible_columns(self) -> list[ColumnSpec]:
+        return [c for c in self.COLUMNS if not (self._compact and c.optional)]
+
+    def _add_columns(self) -> None:
+        for column in self.visible_columns:
+            width = column.width if column.width is not None else self._name_width
+            self.add_column(column.label, key=column.key, width=max(width, len(column.label)))
+
+    def _rebuild(self) -> None:
+        """Columns and rows again from `_rows` (rare: a column appears or resizes)."""
+        selected = self.selected_key
+        self.clear(columns=True)
+        self._add_columns()
+        for key, cells in self._rows.items():
+            self.add_row(*self._ordered(cells), key=key)
+        if selected is not None:
+            self.select_key(selected)
+
+    def set_compact(self, compact: bool) -> None:
+        """Hide (or show again) the optional columns; rows and cursor are kept."""
+        before = self.visible_columns
+        self._compact = compact
+        if self.visible_columns != before:
+            self._rebuild()
+
+    @property
+    def selected_key(self) -> str | None:
+        if not self.row_count:
+            return None
+        row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        return row_key.value
+
+    def select_key(self, key: str) -> bool:
+        try:
+            index = self.get_row_index(key)
+        except RowDoesNotExist:
+            return False
+        self.move_cursor(row=index)
+        return True
+
+    def show_rows(self, rows: Mapping[str, Mapping[str, Cell]]) -> None:
+        """Make the table show exactly `rows`, in their order."""
+        if self._fit_name_column(rows):
+            return
+        for gone in [key for key in self._rows if key not in rows]:
+            self.remove_row(gone)
+        added = False
+        for key, cells in rows.items():
+            previous = self._rows.get(key)
+            if previous is None:
+                self.add_row(*self._ordered(cells), key=key)
+                added = True
+                continue
+            for column in self.visible_columns:
+                if previous.get(column.key) != cells[column.key]:
+                    self.update_cell(key, column.key, cells[column.key])
+        self._rows = {key: dict(cells) for key, cells in rows.items()}
+        if added:
+            self._keep_order(list(rows))
+
+    def _keep_order(self, order: list[str]) -> None:
+        # New rows are appended at the end; rebuild (rare: only when a row appears out of
+        # place) so the table follows the caller's order, keeping the cursor on its row.
+        if [row.key.value for row in self.ordered_rows] == order:
+            return
+        selected = self.selected_key
+        self.clear()
+        for key in order:
+            self.add_row(*self._ordered(self._rows[key]), key=key)
+        if selected is not None:
+            self.select_key(selected)
+
+    def _ordered(self, cells: Mapping[str, Cell]) -> list[Cell]:
+        return [
+            shorten_middle(str(cells[c.key]), self._name_width) if c.width is None else cells[c.key]
+            for c in self.visible_columns
+        ]
+
+
+def shorten_middle(name: str, width: int) -> str:
+    """`run_sweep_lr01_seed3` in 14 cells -> `run_swe…_seed3`: both ends stay readable."""
+    if len(name) <= width or width < 3:
+        return name
+    head = (width - 1) // 2
+    tail = width - 1 - head
+    return f"{name[:head]}…{name[-tail:]}"

@@ -1,0 +1,67 @@
+"""The processes table: the supervisor and its children, from `supervisor/state.json`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.message import Message
+
+from workbench.tui.data import ProcessView
+from workbench.tui.format import format_duration
+from workbench.tui.widgets.keyed_table import Cell, ColumnSpec, KeyedTable
+
+# States in which a process has an uptime; the others show when it last exited instead.
+LIVE_STATES = frozenset({"starting", "ready", "running", "stopping"})
+STATE_STYLES = {
+    "running": "green",
+    "ready": "bold green",
+    "starting": "yellow",
+    "backoff": "bold yellow",
+    "stopping": "yellow",
+    "exited": "dim",
+    "stopped": "dim",
+    "failed": "bold red",
+    "gone": "bold red",
+}
+
+
+def process_cells(process: ProcessView, now: float) -> dict[str, Cell]:
+    live = process.state in LIVE_STATES and process.started_at is not None
+    uptime = format_duration(now - process.started_at) if live and process.started_at else "-"
+    return {
+        "name": process.name,
+        "state": Text(process.state, style=STATE_STYLES.get(process.state, "")),
+        "pid": "-" if process.pid is None else str(process.pid),
+        "restarts": str(process.restarts),
+        "uptime": uptime,
+        "last_exit": process.last_exit or "",
+    }
+
+
+class ProcessesTable(KeyedTable):
+    """Processes: name, state, pid, restarts, uptime (and the last exit when there is room)."""
+
+    COLUMNS = (
+        ColumnSpec("name", "process"),
+        ColumnSpec("state", "state", width=8),
+        ColumnSpec("pid", "pid", width=7),
+        ColumnSpec("restarts", "restarts", width=8),
+        ColumnSpec("uptime", "uptime", width=6),
+        ColumnSpec("last_exit", "last exit", width=11, optional=True),
+    )
+
+    class ProcessChosen(Message):
+        """Enter on a process: follow its log."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+    def show_processes(self, processes: Sequence[ProcessView], now: float) -> None:
+        self.show_rows({process.name: process_cells(process, now) for process in processes})
+
+    def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
+        event.stop()
+        if event.row_key.value is not None:
+            self.post_message(self.ProcessChosen(event.row_key.value))
