@@ -149,7 +149,7 @@ class InferenceSection(StrictModel):
     max_model_len: int = Field(512, ge=16)
     gpus: list[int] = Field(default_factory=list)
     gpu_memory_utilization: float = Field(0.45, gt=0, le=1)
-    dtype: str = "auto"
+    dtype: str = Field("auto", description="auto: the trainer's dtype, so log-probs agree")
     startup_timeout_s: float = Field(600.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
 
@@ -210,10 +210,15 @@ class Recipe(StrictModel):
         return TrainerConfig(output_dir=self.output_dir, model=self.model, trainer=self.trainer)
 
     def inference_config(self) -> InferenceConfig:
+        # vLLM's "auto" would downcast a float32 model to bfloat16 on CPU; sampling in the
+        # trainer's precision keeps the importance ratio near 1 for unchanged weights.
+        inference = self.inference
+        if inference.dtype == "auto":
+            inference = inference.model_copy(update={"dtype": self.trainer.dtype})
         return InferenceConfig(
             output_dir=self.output_dir,
             model=self.model,
-            inference=self.inference,
+            inference=inference,
             max_lora_rank=self.inference.max_lora_rank or self.trainer.lora.rank,
         )
 

