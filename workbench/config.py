@@ -97,6 +97,9 @@ class LossConfig(StrictModel):
 
     mask_ratio_low: float = Field(0.125, gt=0, description="mask tokens whose ratio fell below")
     mask_ratio_high: float = Field(8.0, gt=1, description="mask tokens whose ratio rose above")
+    mask_both_sides: bool = Field(
+        False, description="mask outside the band whatever the advantage's sign (prime-rl)"
+    )
     kl_coef: float = Field(1e-3, ge=0)
 
 

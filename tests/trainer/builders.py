@@ -17,7 +17,7 @@ from workbench.runs import MultiRunManager
 from workbench.trainer.lora import LoRAPath, apply_lora_to_model, set_lora_num_tokens
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
 
-TINY_LLAMA = {
+TINY_SHAPE = {
     "hidden_size": 32,
     "intermediate_size": 64,
     "num_hidden_layers": 2,
@@ -25,12 +25,23 @@ TINY_LLAMA = {
     "num_key_value_heads": 2,
     "vocab_size": 64,
 }
+# Qwen2 has biases on q/k/v; Qwen3 has q/k norms and an explicit head_dim.
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+}
+
+
+def tiny_causal_lm(family: str = "llama", seed: int = 0) -> transformers.PreTrainedModel:
+    """A random float32 causal LM of the family, built from its config (nothing downloaded)."""
+    config_class, model_class = FAMILIES[family]
+    torch.manual_seed(seed)
+    return model_class(config_class(**TINY_SHAPE, head_dim=8)).float()
 
 
 def tiny_llama(seed: int = 0) -> transformers.LlamaForCausalLM:
-    """A random float32 Llama built from its config (nothing downloaded)."""
-    torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA)).float()
+    return tiny_causal_lm("llama", seed)
 
 
 def write_runs(experiment: Path, runs: dict[str, str]) -> None:
@@ -45,7 +56,7 @@ def write_runs(experiment: Path, runs: dict[str, str]) -> None:
 @dataclass
 class TinyTrainer:
     manager: MultiRunManager
-    model: transformers.LlamaForCausalLM
+    model: transformers.PreTrainedModel
     optimizer: MultiLoRAOptimizer
     scheduler: MultiLoRAScheduler
     lora_layers: list[str]
@@ -66,13 +77,14 @@ def build_trainer(
     rank: int = 8,
     alpha: float = 16.0,
     path: LoRAPath = "auto",
+    family: str = "llama",
     model_seed: int = 0,
 ) -> TinyTrainer:
     """The trainer's set-up order: manager, LoRA layers, optimizer, scheduler, then runs."""
     experiment.mkdir(parents=True, exist_ok=True)
     write_runs(experiment, runs)
     manager = MultiRunManager(experiment, max_runs or max(1, len(runs)))
-    model = tiny_llama(model_seed)
+    model = tiny_causal_lm(family, model_seed)
     layers = apply_lora_to_model(model, manager, rank, alpha, path=path)
     optimizer = MultiLoRAOptimizer(manager)
     scheduler = MultiLoRAScheduler(optimizer)

@@ -10,7 +10,7 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
-from tests.trainer.builders import build_trainer, packed_logits, tiny_llama
+from tests.trainer.builders import build_trainer, packed_logits, tiny_causal_lm
 from workbench import control
 from workbench.trainer.lora import (
     DEFAULT_TARGET_MODULES,
@@ -31,12 +31,12 @@ def assert_close_relative(actual: torch.Tensor, expected: torch.Tensor, rtol: fl
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=rtol * max(scale, 1e-12))
 
 
-def peft_twin(rank: int, alpha: float) -> peft.PeftModel:
-    """The same tiny Llama with peft's LoRA, adapters made non-trivial (B random)."""
+def peft_twin(rank: int, alpha: float, family: str = "llama") -> peft.PeftModel:
+    """The same tiny model with peft's LoRA, adapters made non-trivial (B random)."""
     config = peft.LoraConfig(
         r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(DEFAULT_TARGET_MODULES)
     )
-    model = peft.get_peft_model(tiny_llama(seed=0), config)
+    model = peft.get_peft_model(tiny_causal_lm(family, seed=0), config)
     generator = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -76,10 +76,13 @@ def random_layer(path: str) -> MultiLoRALinear:
 # ---------------------------------------------------------------------------- against peft
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_one_adapter_matches_peft_outputs_and_gradients(tmp_path: Path, path: str):
-    trainer = build_trainer(tmp_path / "exp", {"run_a": ""}, rank=8, alpha=16.0, path=path)
-    twin = peft_twin(rank=8, alpha=16.0)
+@pytest.mark.parametrize(
+    ("family", "path"),
+    [("llama", "grouped"), ("llama", "plain"), ("qwen2", "auto"), ("qwen3", "auto")],
+)
+def test_one_adapter_matches_peft_outputs_and_gradients(tmp_path: Path, family: str, path: str):
+    trainer = build_trainer(tmp_path / "exp", {"run_a": ""}, path=path, family=family)
+    twin = peft_twin(rank=8, alpha=16.0, family=family)
     peft_state = get_peft_model_state_dict(twin)
     ours = trainer.manager.get_state_dict_for_run(0)
     assert {PEFT_PREFIX + key for key in ours} == set(peft_state)
@@ -107,9 +110,9 @@ def test_one_adapter_matches_peft_outputs_and_gradients(tmp_path: Path, path: st
 @pytest.mark.parametrize("path", PATHS)
 def test_run_with_smaller_rank_than_its_slot_matches_peft_at_that_rank(tmp_path: Path, path: str):
     trainer = build_trainer(
-        tmp_path / "exp", {"run_small": "[lora]\nrank = 4\nalpha = 8.0\n"}, rank=8, path=path
+        tmp_path / "exp", {"run_small": "[lora]\nrank = 4\nalpha = 12.0\n"}, rank=8, path=path
     )
-    twin = peft_twin(rank=4, alpha=8.0)
+    twin = peft_twin(rank=4, alpha=12.0)  # scaling 3, the trainer's slots 16 / 8 = 2
     peft_state = get_peft_model_state_dict(twin)
     load_state_dict_for_run(
         trainer.manager, 0, {k.removeprefix(PEFT_PREFIX): v for k, v in peft_state.items()}
@@ -203,21 +206,26 @@ def test_grouped_path_gives_the_plain_paths_outputs_and_gradients():
 
 
 def test_grouped_path_gives_the_plain_paths_gradients_through_a_whole_model(tmp_path: Path):
-    runs = {"run_a": "seed = 1", "run_b": "seed = 2\n[lora]\nrank = 4\n", "run_c": "seed = 3"}
+    runs = {
+        "run_a": "seed = 1",
+        "run_b": "seed = 2\n[lora]\nrank = 4\n",
+        "run_c": "seed = 3",
+        "run_d": "seed = 4\n[lora]\nalpha = 4.0\n",
+    }
     results = {}
     for path in PATHS:
         trainer = build_trainer(tmp_path / path, runs, path=path)
         generator = torch.Generator().manual_seed(5)
         with torch.no_grad():
-            for idx in range(3):
+            for idx in range(4):
                 for _, param in trainer.manager.get_named_parameters_for_run(idx):
                     param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-        samples = [torch.arange(9) % 64, torch.arange(5, 16) % 64, torch.arange(30, 44) % 64]
-        logits = packed_logits(trainer.model, samples, [9, 0, 25])
+        samples = [torch.arange(9), torch.arange(5, 16), torch.arange(30, 44)]
+        logits = packed_logits(trainer.model, samples, [9, 11, 0, 14])
         logits.square().mean().backward()
         grads = {
             name: param.grad if param.grad is not None else torch.zeros_like(param)
-            for idx in range(3)
+            for idx in range(4)
             for name, param in trainer.manager.get_named_parameters_for_run(idx)
         }
         results[path] = (logits.detach(), grads)

@@ -46,7 +46,8 @@ def test_loss_is_minus_ratio_times_advantage_plus_half_squared_log_ratio_per_los
 def test_tokens_whose_ratio_left_the_band_are_masked_and_get_no_gradient():
     # Band [0.125, 8]: 0.1 and 9 fall outside, 0.13 and 7.9 stay inside.
     new, old = logprobs_with_ratios([1.0, 0.1, 9.0, 0.13, 7.9])
-    result = compute_rl_loss(new, old, torch.ones(5), torch.ones(5), torch.tensor([5]), NO_KL)
+    both = LossConfig(kl_coef=0.0, mask_both_sides=True)
+    result = compute_rl_loss(new, old, torch.ones(5), torch.ones(5), torch.tensor([5]), both)
     result.loss.backward()
 
     assert new.grad[1] == 0 and new.grad[2] == 0
@@ -54,6 +55,19 @@ def test_tokens_whose_ratio_left_the_band_are_masked_and_get_no_gradient():
     assert result.masked_fraction.item() == pytest.approx(2 / 5)
     # Masked tokens still count in the denominator: masking one does not reweight the rest.
     assert result.loss_tokens.tolist() == [5]
+
+
+def test_only_tokens_that_moved_too_far_in_their_advantages_direction_are_masked():
+    # ratio 9 with A > 0 and 0.1 with A < 0 moved too far the way the update pushes them;
+    # 9 with A < 0 and 0.1 with A > 0 moved against it and keep their gradient.
+    new, old = logprobs_with_ratios([9.0, 0.1, 9.0, 0.1])
+    advantages = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    result = compute_rl_loss(new, old, advantages, torch.ones(4), torch.tensor([4]), NO_KL)
+    result.loss.backward()
+    assert new.grad[0] == 0 and new.grad[1] == 0
+    assert new.grad[2].item() == pytest.approx(9.0 / 4, rel=1e-5)
+    assert new.grad[3].item() == pytest.approx(-0.1 / 4, rel=1e-5)
+    assert result.masked_fraction.item() == pytest.approx(2 / 4)
 
 
 def test_a_ratio_that_overflows_float32_is_masked_without_poisoning_the_gradient():
@@ -105,7 +119,7 @@ def test_duplicating_run_bs_tokens_does_not_change_run_as_loss_or_gradient():
 
 def test_each_run_masks_with_its_own_thresholds_and_penalty():
     new, old = logprobs_with_ratios([3.0, 3.0])
-    strict = LossConfig(mask_ratio_high=2.0, kl_coef=0.0)
+    strict = LossConfig(mask_ratio_high=2.0, kl_coef=0.0)  # A = 1 > 0 and ratio 3 > 2: masked
     result = compute_rl_loss(
         new, old, torch.ones(2), torch.ones(2), torch.tensor([1, 1]), [NO_KL, strict]
     )

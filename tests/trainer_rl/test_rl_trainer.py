@@ -102,3 +102,34 @@ def test_packed_samples_do_not_attend_across_sample_boundaries(tiny_llama):
         ).logits[0]
         alone = [model(input_ids=ids[None]).logits[0] for ids in (first, second)]
     torch.testing.assert_close(together, torch.cat(alone), rtol=1e-5, atol=1e-5)
+
+
+def test_an_update_raises_positive_and_lowers_negative_advantage_completions(
+    experiment, tiny_llama
+):
+    from workbench.rollouts import RolloutBatch, Sample
+
+    run = make_run(experiment, "run_a", "lr = 0.01\n")
+    trainer = make_trainer(experiment, tiny_llama)
+    iterate(trainer)
+    good = Sample([3, 4, 5], [10, 11, 12], [0.0] * 3, advantage=1.0, reward=1.0)
+    bad = Sample([3, 4, 5], [20, 21, 22], [0.0] * 3, advantage=-1.0, reward=0.0)
+
+    def sequence_logprob(sample: Sample) -> float:
+        ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+        idx = trainer.manager.id_2_idx["run_a"]
+        counts = torch.zeros(trainer.manager.max_runs, dtype=torch.long)
+        counts[idx] = ids.numel()
+        set_lora_num_tokens(trainer.model, counts)
+        with torch.no_grad():
+            logprobs = torch.log_softmax(trainer.model(input_ids=ids).logits[0], -1)
+        return sum(float(logprobs[2 + i, t]) for i, t in enumerate(sample.completion_ids))
+
+    before = [sequence_logprob(s) for s in (good, bad)]
+    # The sampler's log-probs are the current policy's, so every ratio starts at 1.
+    for sample, value in zip((good, bad), before, strict=True):
+        sample.completion_logprobs = [value / 3] * 3
+    write_rollouts(run, RolloutBatch("run_a", 0, 0, [good, bad]))
+    assert iterate(trainer) == "trained"
+    after = [sequence_logprob(s) for s in (good, bad)]
+    assert after[0] > before[0] and after[1] < before[1]

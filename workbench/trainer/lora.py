@@ -200,7 +200,7 @@ def grouped_mm_supported(device_type: str, dtype: torch.dtype) -> bool:
         return all(
             torch.allclose(a.float(), b.float(), rtol=tolerance, atol=tolerance) for a, b in pairs
         )
-    except (RuntimeError, NotImplementedError) as err:
+    except Exception as err:  # any failure means "not here": the plain path always works
         logger.info("grouped LoRA matmul unavailable on %s/%s: %s", device_type, dtype, err)
         return False
 

@@ -2,8 +2,10 @@
 
 The loss follows prime-rl's default, masked importance sampling: the importance ratio
 r = exp(logp - old_logp) between the trainer's and the inference server's log-probs
-weights each token's advantage, and a token whose ratio left [mask_ratio_low,
-mask_ratio_high] is *masked* (contributes nothing) rather than *clipped* as in PPO. A
+weights each token's advantage, and a token whose probability moved too far in its
+advantage's direction (r > mask_ratio_high with A > 0, r < mask_ratio_low with A < 0) is
+*masked* (contributes nothing) rather than *clipped* as in PPO; `mask_both_sides` masks
+every token outside the band, as prime-rl does. A
 clipped token keeps pushing with a bounded weight although its sample is no longer
 trustworthy evidence about the current policy; masking drops it. Per kept token:
 
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from workbench.config import LossConfig
+
+MAX_ABS_LOG_RATIO = 20.0
 
 
 @dataclass
@@ -78,10 +82,21 @@ def compute_rl_loss(
             f"{logprobs.numel()} tokens"
         )
 
-    low, high, kl_coef = _per_run_settings(loss_config, n_runs, logprobs.device)
+    low, high, kl_coef, both_sides = _per_run_settings(loss_config, n_runs, logprobs.device)
     log_ratio = torch.where(loss_mask, logprobs - old_logprobs, 0.0)
     ratio = torch.exp(log_ratio.detach())
-    is_masked = loss_mask & ((ratio < low[run_of_token]) | (ratio > high[run_of_token]))
+    too_high = ratio > high[run_of_token]
+    too_low = ratio < low[run_of_token]
+    # Masked: tokens whose probability moved too far in their advantage's direction (up for
+    # A > 0, down for A < 0): the update already went that way and the sample no longer
+    # speaks for the current policy. With mask_both_sides, any token outside the band
+    # (prime-rl's masked importance sampling). Either way a ratio beyond e^+-20 is masked:
+    # it means the sample is unusable, and exp() of it would overflow.
+    both = both_sides[run_of_token]
+    moved_with_advantage = ((advantages > 0) & too_high) | ((advantages < 0) & too_low)
+    outside_band = too_high | too_low
+    absurd = log_ratio.detach().abs() > MAX_ABS_LOG_RATIO
+    is_masked = loss_mask & (torch.where(both, outside_band, moved_with_advantage) | absurd)
     keep = loss_mask & ~is_masked
     # Zero the log-ratio of dropped tokens before exp: a masked token's ratio may overflow,
     # and 0 * inf in the backward would turn every gradient into nan.
@@ -114,7 +129,7 @@ def compute_rl_loss(
 
 def _per_run_settings(
     loss_config: LossConfig | Sequence[LossConfig | None] | None, n_runs: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if loss_config is None or isinstance(loss_config, LossConfig):
         configs = [loss_config or LossConfig()] * n_runs
     else:
@@ -129,6 +144,7 @@ def _per_run_settings(
         column([c.mask_ratio_low for c in configs]),
         column([c.mask_ratio_high for c in configs]),
         column([c.kl_coef for c in configs]),
+        torch.tensor([c.mask_both_sides for c in configs], dtype=torch.bool, device=device),
     )
 
 
