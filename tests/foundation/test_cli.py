@@ -152,7 +152,13 @@ def test_up_with_an_invalid_recipe_exits_2_naming_file_line_and_key(cli, tmp_pat
     assert not (tmp_path / "outputs").exists(), "nothing is written for a bad recipe"
 
 
-def test_up_creates_the_experiment_with_resolved_recipe_and_run_configs(cli, tmp_path: Path):
+def test_up_creates_the_experiment_with_resolved_recipe_and_run_configs(
+    cli, tmp_path: Path, monkeypatch
+):
+    # Stand-in children (tests/supervisor/standins.py): this test is about the directory.
+    monkeypatch.setenv(
+        "WORKBENCH_SUPERVISOR_PLAN", str(REPO / "tests" / "supervisor" / "standins.py") + ":plan"
+    )
     recipe = tmp_path / "r.toml"
     recipe.write_text((REPO / "recipes" / "reverse_text.toml").read_text())
     cli("up", str(recipe), "--headless", "--max-steps", "3")

@@ -88,7 +88,7 @@ RUN_A = """
 lr = 1e-3
 seed = 1
 [optim]
-max_norm = 10.0
+max_norm = 1000.0
 [scheduler]
 kind = "cosine"
 warmup_steps = 1

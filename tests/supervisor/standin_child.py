@@ -1,0 +1,98 @@
+"""A stand-in for a supervised child (inference, trainer, orchestrator) in supervisor tests.
+
+Real children need vLLM, torch and minutes; the supervisor only cares how a process
+starts, announces readiness, exits and reacts to signals. This script does exactly that,
+steered by flags, and appends what happens to an events file (one `write` per line, so
+lines from several processes never interleave):
+
+    <unix time> <name> start <pid>
+    <unix time> <name> ready | crash <code> | sigterm | finished
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def event(events: Path, text: str) -> None:
+    fd = os.open(events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{time.time():.3f} {text}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def next_attempt(counter: Path) -> int:
+    attempt = int(counter.read_text()) + 1 if counter.exists() else 1
+    counter.write_text(str(attempt))
+    return attempt
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--events", type=Path, required=True)
+    parser.add_argument("--ready-file", type=Path, help="created once ready")
+    parser.add_argument("--ready-after", type=float, default=0.0)
+    parser.add_argument("--crash-times", type=int, default=0, help="crash on the first N starts")
+    parser.add_argument("--crash-code", type=int, default=3)
+    parser.add_argument("--crash-after", type=float, default=0.1)
+    parser.add_argument("--grandchild-pid-file", type=Path, help="spawn a sleeping grandchild")
+    parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--run-dir", type=Path, help="orchestrator stand-ins: the run")
+    parser.add_argument("--finish-after", type=float, help="mark the run finished, exit 0")
+    args = parser.parse_args()
+
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+
+        def on_sigterm(_signum: int, _frame: object) -> None:
+            event(args.events, f"{args.name} sigterm")
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    # Announced once signals are handled: a test that saw "start" may send SIGTERM.
+    event(args.events, f"{args.name} start {os.getpid()}")
+    print(f"stand-in {args.name} started (pid {os.getpid()})", flush=True)
+
+    if args.grandchild_pid_file:
+        grandchild = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=False
+        )
+        args.grandchild_pid_file.write_text(str(grandchild.pid))
+
+    counter = args.events.with_name(f"{args.name}.attempts")
+    if next_attempt(counter) <= args.crash_times:
+        time.sleep(args.crash_after)
+        print(f"stand-in {args.name} crashing with exit code {args.crash_code}", flush=True)
+        event(args.events, f"{args.name} crash {args.crash_code}")
+        sys.exit(args.crash_code)
+
+    if args.ready_file:
+        time.sleep(args.ready_after)
+        args.ready_file.parent.mkdir(parents=True, exist_ok=True)
+        args.ready_file.touch()
+        event(args.events, f"{args.name} ready")
+
+    if args.finish_after is not None and args.run_dir is not None:
+        time.sleep(args.finish_after)
+        from workbench.control import mark_finished
+
+        mark_finished(args.run_dir, step=1)
+        event(args.events, f"{args.name} finished")
+        sys.exit(0)
+
+    while True:
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()

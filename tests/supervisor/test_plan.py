@@ -1,0 +1,156 @@
+"""The real plan: ports, API key, GPUs, command lines and config files per docs/contracts.md."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench import layout
+from workbench.config import load_inference_config, load_trainer_config
+from workbench.supervisor import paths, plan
+from workbench.supervisor.plan import (
+    DeviceAssignment,
+    PlanError,
+    assign_devices,
+    load_plan_factory,
+    module_problem,
+    plan_from_recipe,
+)
+
+RECIPE = """\
+[model]
+base = "builtin:tiny-reverse"
+[inference]
+port = {port}
+[trainer]
+nproc_per_node = {ranks}
+"""
+
+
+def write_recipe(experiment: Path, port: int = 0, ranks: int = 1) -> None:
+    experiment.mkdir(parents=True, exist_ok=True)
+    layout.recipe_path(experiment).write_text(RECIPE.format(port=port, ranks=ranks))
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(plan, "detect_gpu_count", lambda: 0)
+
+
+def test_no_gpu_leaves_cuda_visible_devices_unset(experiment: Path, no_gpu):
+    write_recipe(experiment)
+    result = plan_from_recipe(experiment)
+    for spec in result.processes:
+        assert "CUDA_VISIBLE_DEVICES" not in spec.env
+    assert "CUDA_VISIBLE_DEVICES" not in result.orchestrator("run_a", experiment / "run_a").env
+
+
+def test_gpus_go_to_inference_first_then_trainer_and_are_shared_when_too_few():
+    assert assign_devices([], [], 1, 0) == DeviceAssignment(None, None)
+    assert assign_devices([], [], 1, 1) == DeviceAssignment([0], [0])
+    assert assign_devices([], [], 1, 2) == DeviceAssignment([0], [1])
+    assert assign_devices([], [], 2, 4) == DeviceAssignment([0], [1, 2])
+    assert assign_devices([3], [0, 1], 2, 4) == DeviceAssignment([3], [0, 1])
+    assert assign_devices([], [], 2, 2) == DeviceAssignment([0], [0, 1])
+
+
+def test_a_gpu_the_machine_does_not_have_is_an_error_naming_the_key():
+    with pytest.raises(PlanError, match=r"\[trainer\] gpus lists \[5\].*2 GPU"):
+        assign_devices([], [5], 1, 2)
+
+
+def test_plan_with_two_gpus_sets_cuda_visible_devices_per_process(experiment: Path, monkeypatch):
+    monkeypatch.setattr(plan, "detect_gpu_count", lambda: 2)
+    write_recipe(experiment)
+    inference, trainer = plan_from_recipe(experiment).processes
+    assert inference.env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert trainer.env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_plan_writes_configs_and_an_owner_only_endpoint_with_a_random_key(experiment: Path, no_gpu):
+    write_recipe(experiment, ranks=2)
+    result = plan_from_recipe(experiment)
+    inference, trainer = result.processes
+
+    endpoint = json.loads(paths.endpoint_path(experiment).read_text())
+    assert stat.S_IMODE(paths.endpoint_path(experiment).stat().st_mode) == 0o600
+    assert len(endpoint["api_key"]) >= 32 and endpoint["model"] == "builtin:tiny-reverse"
+    port = load_inference_config(paths.inference_config_path(experiment)).inference.port
+    assert port > 0 and endpoint["base_url"] == f"http://127.0.0.1:{port}/v1"
+    assert inference.env["VLLM_API_KEY"] == endpoint["api_key"]
+    assert inference.readiness.url == f"http://127.0.0.1:{port}/health"
+    assert inference.argv[1:] == [
+        "-m",
+        "workbench.inference",
+        "--config",
+        str(paths.inference_config_path(experiment)),
+    ]
+    trainer_config = load_trainer_config(paths.trainer_config_path(experiment))
+    assert trainer_config.output_dir == experiment.resolve()
+    assert trainer.argv[trainer.argv.index("--nproc_per_node") + 1] == "2"
+    assert "--master_port" in trainer.argv
+    assert trainer.argv[-4:] == [
+        "-m",
+        "workbench.trainer.rl",
+        "--config",
+        str(paths.trainer_config_path(experiment)),
+    ]
+    orchestrator = result.orchestrator("run_a", experiment / "run_a")
+    assert orchestrator.argv == [
+        sys.executable,
+        "-m",
+        "workbench.orchestrator",
+        "--run-dir",
+        str(experiment / "run_a"),
+    ]
+    assert orchestrator.requires_ready == ("inference",)
+    assert orchestrator.log_path == layout.orchestrator_log_path(experiment / "run_a")
+
+    plan_from_recipe(experiment)
+    assert (
+        json.loads(paths.endpoint_path(experiment).read_text())["api_key"] != endpoint["api_key"]
+    ), "every start draws a new key"
+
+
+def test_a_fixed_inference_port_in_use_is_refused_naming_the_port(experiment: Path, no_gpu):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        write_recipe(experiment, port=port)
+        with pytest.raises(PlanError, match=f"port {port} .* already in use"):
+            plan_from_recipe(experiment)
+
+
+def test_an_invalid_recipe_is_a_plan_error_naming_the_file(experiment: Path):
+    experiment.mkdir(exist_ok=True)
+    layout.recipe_path(experiment).write_text("[model]\nbase = 'x'\n[trainer]\nbogus = 1\n")
+    with pytest.raises(PlanError, match=r"recipe.toml, line 4: trainer.bogus: unknown key"):
+        plan_from_recipe(experiment)
+
+
+def test_module_problem_finds_modules_without_importing_them():
+    assert module_problem("workbench.supervisor") is None
+    assert module_problem("workbench.supervisor.daemon") is None
+    assert "workbench.no_such_part not found" in module_problem("workbench.no_such_part")
+    assert "not installed" in module_problem("no_such_package_xyz.main")
+
+
+def test_plan_factories_load_from_a_module_or_a_file(tmp_path: Path):
+    assert load_plan_factory("workbench.supervisor.plan:plan_from_recipe") is plan_from_recipe
+    source = tmp_path / "my_plan.py"
+    source.write_text("def build(experiment):\n    return 'built'\n")
+    assert load_plan_factory(f"{source}:build")(tmp_path) == "built"
+    with pytest.raises(PlanError, match="no function 'missing'"):
+        load_plan_factory(f"{source}:missing")
+
+
+def test_free_ports_come_from_below_the_kernels_ephemeral_range():
+    low, _ = plan.ephemeral_port_range()
+    ports = {plan.free_port() for _ in range(5)}
+    assert all(port < low for port in ports) or low <= 12000

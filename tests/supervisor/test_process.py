@@ -1,0 +1,176 @@
+"""One supervised process: spawning, exit records, readiness and stopping its whole group.
+
+These run small `python -c` stand-ins directly (no supervisor daemon). A fixture stops
+every process a test started, whatever the test did.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench.supervisor.process import (
+    FileReady,
+    ProcessSpec,
+    SupervisedProcess,
+    family_members,
+    process_is_alive,
+    signal_family,
+)
+
+
+@pytest.fixture
+def spawned():
+    processes: list[SupervisedProcess] = []
+    yield processes
+    for proc in processes:
+        if proc.pid is not None:
+            signal_family(proc.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while proc.poll(time.monotonic()) is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+def standin(tmp_path: Path, code: str, **spec: object) -> ProcessSpec:
+    return ProcessSpec(
+        name="stand-in",
+        argv=[sys.executable, "-c", code],
+        log_path=tmp_path / "logs" / "stand-in.log",
+        **spec,
+    )
+
+
+def start(spawned: list, spec: ProcessSpec) -> SupervisedProcess:
+    proc = SupervisedProcess(spec)
+    assert proc.spawn(time.monotonic()) is None
+    spawned.append(proc)
+    return proc
+
+
+def wait_exit(proc: SupervisedProcess, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = proc.poll(time.monotonic())
+        if record is not None:
+            return record
+        time.sleep(0.01)
+    pytest.fail(f"{proc.name} did not exit within {timeout_s}s")
+
+
+def test_exit_is_recorded_with_code_time_and_last_log_lines(tmp_path: Path, spawned):
+    code = "import sys\nfor i in range(30): print('line', i)\nsys.exit(4)"
+    proc = start(spawned, standin(tmp_path, code))
+    assert proc.state == "running" and proc.pid is not None
+    record = wait_exit(proc)
+    assert record.code == 4 and record.signal is None and not record.stop_requested
+    assert record.last_lines[-1] == "line 29" and len(record.last_lines) == 20
+    assert record.time.endswith("+00:00")
+    assert proc.exits == [record] and proc.pid is None
+
+
+def test_a_child_runs_in_its_own_session_and_process_group(tmp_path: Path, spawned):
+    proc = start(spawned, standin(tmp_path, "import time; time.sleep(30)"))
+    import os
+
+    assert os.getpgid(proc.pid) == proc.pid and os.getsid(proc.pid) == proc.pid
+    assert os.getsid(proc.pid) != os.getsid(0)
+
+
+def test_a_missing_command_is_a_failed_start_with_the_reason(tmp_path: Path, spawned):
+    proc = SupervisedProcess(
+        ProcessSpec(name="ghost", argv=["/no/such/binary"], log_path=tmp_path / "ghost.log")
+    )
+    record = proc.spawn(time.monotonic())
+    assert record is not None and "cannot run '/no/such/binary'" in record.error
+    assert "cannot start ghost" in (tmp_path / "ghost.log").read_text()
+
+
+def test_preflight_problem_prevents_the_start(tmp_path: Path, spawned):
+    spec = standin(tmp_path, "print('never')", preflight=lambda: "module x not found")
+    record = SupervisedProcess(spec).spawn(time.monotonic())
+    assert record is not None and record.error == "module x not found"
+
+
+def test_file_readiness_turns_starting_into_ready(tmp_path: Path, spawned):
+    flag = tmp_path / "ready"
+    code = f"import time, pathlib; time.sleep(0.3); pathlib.Path({str(flag)!r}).touch(); time.sleep(30)"
+    proc = start(spawned, standin(tmp_path, code, readiness=FileReady(flag)))
+    assert proc.state == "starting"
+    deadline = time.monotonic() + 5
+    while not proc.check_ready(time.monotonic()):
+        assert time.monotonic() < deadline, "never became ready"
+        time.sleep(0.05)
+    assert proc.state == "ready"
+
+
+GRANDPARENT = """
+import subprocess, sys, time, pathlib
+child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])
+pathlib.Path({pid_file!r}).write_text(str(child.pid))
+time.sleep(600)
+"""
+
+
+def test_stop_terminates_the_whole_group_and_leaves_no_orphans(tmp_path: Path, spawned):
+    pid_file = tmp_path / "grandchild.pid"
+    proc = start(spawned, standin(tmp_path, GRANDPARENT.format(pid_file=str(pid_file))))
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    grandchild = int(pid_file.read_text())
+    assert process_is_alive(grandchild)
+
+    leader = proc.pid
+    proc.begin_stop(time.monotonic(), "test")
+    record = wait_exit(proc)
+
+    assert record.stop_requested and record.signal == signal.SIGTERM
+    assert not process_is_alive(grandchild), "the grandchild survived (see /proc)"
+    assert not Path(f"/proc/{grandchild}").exists() or _zombie(grandchild)
+    assert family_members(leader) == []
+
+
+def test_a_child_ignoring_sigterm_is_killed_after_its_stop_timeout(tmp_path: Path, spawned):
+    code = (
+        "import signal, time, sys\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)"
+    )
+    proc = start(spawned, standin(tmp_path, code, stop_timeout_s=0.5))
+    log = tmp_path / "logs" / "stand-in.log"
+    deadline = time.monotonic() + 10
+    while "ready" not in log.read_text().splitlines():  # the line, not the logged argv
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    began = time.monotonic()
+    proc.begin_stop(began, "test")
+    record = wait_exit(proc)
+    assert record.signal == signal.SIGKILL
+    assert time.monotonic() - began >= 0.5
+    assert "sending SIGKILL" in log.read_text()
+
+
+def test_leftovers_of_a_leader_that_exited_by_itself_are_killed(tmp_path: Path, spawned):
+    pid_file = tmp_path / "grandchild.pid"
+    code = GRANDPARENT.format(pid_file=str(pid_file)).replace("time.sleep(600)\n", "sys.exit(1)\n")
+    proc = start(spawned, standin(tmp_path, code))
+    record = wait_exit(proc)
+    assert record.code == 1
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while process_is_alive(grandchild):
+        assert time.monotonic() < deadline, "the orphaned grandchild was not killed"
+        time.sleep(0.02)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -1,0 +1,210 @@
+"""Talking to an experiment's supervisor: is it running, what is its state, send it requests.
+
+Used by the CLI and the TUI; light to import (no watchdog, no torch). Requests go over
+`supervisor/control.sock` (docs/contracts.md); state comes from `supervisor/state.json`,
+which the supervisor rewrites atomically after every change, so reading it never races.
+
+    client = SupervisorClient(Path("outputs/reverse_text"))
+    if client.is_running():
+        client.evict("run_lr1e-3", reason="diverged")
+    state = client.read_state()          # dict as in docs/contracts.md, or None
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench.supervisor import paths
+from workbench.supervisor.process import LIVE_STATES, process_cmdline, process_is_alive
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class SupervisorError(Exception):
+    """The supervisor refused a request; the message says why and what to do."""
+
+
+class SupervisorUnavailable(SupervisorError):
+    """No supervisor answers on the experiment's control socket."""
+
+
+def running_supervisor_pid(experiment: Path) -> int | None:
+    """The pid of the experiment's live supervisor, or None.
+
+    Reads `supervisor/supervisor.pid` without locking it (a reader holding the lock could
+    make a starting supervisor refuse), and checks the pid is alive and still a supervisor
+    (pids are reused).
+    """
+    try:
+        text = paths.pid_path(experiment).read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    if not process_is_alive(pid):
+        return None
+    command = process_cmdline(pid)
+    if command and not any("workbench.supervisor" in part for part in command):
+        return None
+    return pid
+
+
+def read_state(experiment: Path) -> dict[str, Any] | None:
+    """`supervisor/state.json` as a dict, or None when there is none (or it is unreadable)."""
+    try:
+        state = json.loads(paths.state_path(experiment).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def process_summaries(state: dict[str, Any] | None, *, live: bool) -> list[dict[str, Any]]:
+    """One row per process of a state.json: name, kind, run_id, state, pid, restarts,
+    uptime_s (None unless it runs), reason and last_exit ("exit code 1", "signal 9").
+
+    `live` says whether the supervisor that wrote the state still runs; if not, pids and
+    uptimes are left out: they describe processes that may be long gone.
+    """
+    rows = []
+    now = dt.datetime.now(dt.UTC)
+    for name, record in ((state or {}).get("processes") or {}).items():
+        if not isinstance(record, dict):
+            continue
+        running = live and record.get("state") in LIVE_STATES
+        uptime = None
+        if running and record.get("started_at"):
+            try:
+                started = dt.datetime.fromisoformat(str(record["started_at"]))
+                uptime = max(0.0, (now - started).total_seconds())
+            except ValueError:
+                uptime = None
+        exits = record.get("exits") or []
+        last_exit = None
+        if exits and isinstance(exits[-1], dict):
+            last = exits[-1]
+            if last.get("error"):
+                last_exit = str(last["error"])
+            elif last.get("signal") is not None:
+                last_exit = f"signal {last['signal']}"
+            elif last.get("code") is not None:
+                last_exit = f"exit code {last['code']}"
+        rows.append(
+            {
+                "name": name,
+                "kind": record.get("kind"),
+                "run_id": record.get("run_id"),
+                "state": record.get("state"),
+                "pid": record.get("pid") if running else None,
+                "restarts": record.get("restarts", 0),
+                "uptime_s": uptime,
+                "reason": record.get("reason"),
+                "last_exit": last_exit,
+            }
+        )
+    return rows
+
+
+class SupervisorClient:
+    """Client of one experiment's supervisor.
+
+    `request` returns the reply as sent (`{"ok": false, ...}` included) and raises
+    `SupervisorUnavailable` when nothing answers. The convenience methods raise
+    `SupervisorError` with the supervisor's message when it refuses.
+    """
+
+    def __init__(self, experiment: Path | str, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.experiment = Path(experiment)
+        self.timeout_s = timeout_s
+
+    @property
+    def socket_path(self) -> Path:
+        return paths.socket_path(self.experiment)
+
+    @property
+    def state_path(self) -> Path:
+        return paths.state_path(self.experiment)
+
+    # -------------------------------------------------------------- state
+
+    def pid(self) -> int | None:
+        return running_supervisor_pid(self.experiment)
+
+    def is_running(self) -> bool:
+        return self.pid() is not None
+
+    def read_state(self) -> dict[str, Any] | None:
+        return read_state(self.experiment)
+
+    def wait_until_stopped(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """True once no supervisor runs for the experiment and the one that ran has exited
+        (not merely released its pid file); False after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        pid = self.pid()
+        while self.is_running() or (pid is not None and process_is_alive(pid)):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
+    # -------------------------------------------------------------- requests
+
+    def request(self, cmd: str, **fields: Any) -> dict[str, Any]:
+        """Send `{"cmd": cmd, **fields}` and return the supervisor's reply."""
+        message = json.dumps({"cmd": cmd, **fields}).encode() + b"\n"
+        try:
+            with paths.connect_unix(self.socket_path, self.timeout_s) as sock:
+                sock.sendall(message)
+                chunks = []
+                while chunk := sock.recv(65536):
+                    chunks.append(chunk)
+        except (FileNotFoundError, ConnectionRefusedError) as err:
+            raise SupervisorUnavailable(
+                f"no supervisor is running for {self.experiment} ({self.socket_path}: "
+                f"{err.strerror}); start it with `workbench up`"
+            ) from None
+        except OSError as err:
+            raise SupervisorUnavailable(
+                f"cannot talk to the supervisor of {self.experiment} ({self.socket_path}): {err}"
+            ) from None
+        try:
+            reply = json.loads(b"".join(chunks))
+        except json.JSONDecodeError:
+            raise SupervisorUnavailable(
+                f"the supervisor of {self.experiment} closed the connection without an answer"
+            ) from None
+        if not isinstance(reply, dict):
+            raise SupervisorUnavailable(f"unexpected reply from the supervisor: {reply!r}")
+        return reply
+
+    def _checked(self, cmd: str, **fields: Any) -> dict[str, Any]:
+        reply = self.request(cmd, **fields)
+        if not reply.get("ok"):
+            raise SupervisorError(str(reply.get("error") or f"{cmd} failed"))
+        return reply
+
+    def ping(self) -> dict[str, Any]:
+        return self._checked("ping")
+
+    def evict(self, run_id: str, reason: str = "evicted by the user") -> dict[str, Any]:
+        return self._checked("evict", run_id=run_id, reason=reason)
+
+    def restart_run(self, run_id: str) -> dict[str, Any]:
+        """Clear the run's eviction and start its orchestrator again (it resumes)."""
+        return self._checked("restart_run", run_id=run_id)
+
+    def restart_process(self, name: str) -> dict[str, Any]:
+        """Restart `inference`, `trainer` or a run's orchestrator (by run id)."""
+        return self._checked("restart_process", name=name)
+
+    def add_run(self, run_id: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Create `run_<id>` from the recipe's defaults and `overrides`; discovery starts it."""
+        return self._checked("add_run", run_id=run_id, overrides=overrides or {})
+
+    def stop_all(self) -> dict[str, Any]:
+        """Stop every process and the supervisor (returns at once; see wait_until_stopped)."""
+        return self._checked("stop_all")

@@ -1,0 +1,667 @@
+"""The supervisor: one per experiment; starts, watches, restarts and stops every child.
+
+`Supervisor` is the core and runs on one thread: each tick it answers control requests,
+reaps exits (and applies restart policies), checks readiness, reconciles orchestrators
+with the run directories (discovery) and starts what is due, then writes state.json if
+anything changed. The watchdog thread and the control socket only wake it up.
+
+Start order: the plan's processes in order (inference, then trainer); orchestrators once
+the processes they require (inference) are ready. Stop order: orchestrators first, then
+the plan's processes in reverse (trainer, then inference), each stage finished before the
+next begins.
+
+`run_daemon` is the process around it (`python -m workbench.supervisor`): the pid file
+lock that makes a second supervisor for the same experiment refuse, clean-up of children
+left by a supervisor that was killed, the plan, and signal handling (SIGTERM/SIGINT stop
+everything cleanly).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench import control as run_control
+from workbench import layout
+from workbench.config import ConfigError, normalize_run_id
+from workbench.experiment import write_run
+from workbench.supervisor import paths
+from workbench.supervisor.control import COMMANDS, ControlError, ControlServer, new_run_config
+from workbench.supervisor.discovery import (
+    RUN_DELETED,
+    OrchConfigValidator,
+    OrchestratorView,
+    RunCondition,
+    RunDirectoryWatcher,
+    StartOrchestrator,
+    StopOrchestrator,
+    reconcile,
+    scan_run,
+    scan_runs,
+)
+from workbench.supervisor.launch import (
+    EXIT_ALREADY_RUNNING,
+    EXIT_PLAN_FAILED,
+    already_running_message,
+    kill_leftovers,
+)
+from workbench.supervisor.plan import DEFAULT_PLAN, Plan, PlanError, load_plan_factory
+from workbench.supervisor.process import (
+    TERMINAL_STATES,
+    UP_STATES,
+    ExitRecord,
+    ProcessSpec,
+    SupervisedProcess,
+    now_iso,
+)
+
+log = logging.getLogger("workbench.supervisor")
+
+EXIT_OK = 0
+TICK_S = 0.2
+RESCAN_S = 2.0
+
+
+class AlreadyRunning(Exception):
+    def __init__(self, experiment: Path, pid: int | None):
+        self.pid = pid
+        super().__init__(already_running_message(experiment, pid))
+
+
+class SupervisorLock:
+    """`supervisor/supervisor.pid`, flock-ed for the supervisor's whole life.
+
+    The kernel drops the lock when the process dies however it dies, so a stale pid file
+    never blocks a new supervisor. Children do not inherit the descriptor (close_fds).
+    """
+
+    def __init__(self, experiment: Path):
+        self.experiment = experiment
+        self.path = paths.pid_path(experiment)
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 64).decode(errors="replace").strip()
+            os.close(fd)
+            raise AlreadyRunning(self.experiment, int(text) if text.isdigit() else None) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        # Emptied, not removed: a starter waiting on this inode must not lock a dead file.
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, 0)
+        os.close(self._fd)
+        self._fd = None
+
+
+class Supervisor:
+    """Runs a `Plan` for one experiment until asked to stop (or, with `exit_when_done`,
+    until every run is finished, evicted, rejected or failed)."""
+
+    def __init__(
+        self,
+        experiment: Path,
+        plan: Plan,
+        *,
+        exit_when_done: bool = False,
+        tick_s: float = TICK_S,
+        rescan_s: float = RESCAN_S,
+    ):
+        self.experiment = Path(experiment).resolve()
+        self.plan = plan
+        self.exit_when_done = exit_when_done
+        self.tick_s = tick_s
+        self.rescan_s = rescan_s
+        self.status = "starting"
+        self.started_at = now_iso()
+        self.processes: dict[str, SupervisedProcess] = {}
+        for spec in plan.processes:
+            if spec.name in self.processes:
+                raise PlanError(f"two processes are named {spec.name!r}")
+            self.processes[spec.name] = SupervisedProcess(spec)
+        self._fixed = [spec.name for spec in plan.processes]
+        self._wake = threading.Event()
+        self._discovery_due = True
+        self._next_rescan = 0.0
+        self._validator = OrchConfigValidator()
+        self._conditions: dict[str, RunCondition] = {}
+        self._stop_reason: str | None = None
+        self._shutdown_stages: list[list[str]] = []
+        self._last_state: str | None = None
+        self.control: ControlServer | None = None
+        self.watcher: RunDirectoryWatcher | None = None
+        self._faults: dict[str, float] = {}
+
+    # -------------------------------------------------------------- loop
+
+    def run(self) -> int:
+        """Serve until stopped; children are always stopped before this returns."""
+        for note in self.plan.notes:
+            log.info("%s", note)
+        self.control = ControlServer(paths.socket_path(self.experiment), self._wake)
+        self.control.start()
+        self.watcher = RunDirectoryWatcher(self.experiment, self.notice_change)
+        self.watcher.start()
+        log.info("supervising %s (pid %d)", self.experiment, os.getpid())
+        try:
+            while self.status != "stopped":
+                try:
+                    self.tick()
+                except Exception as err:
+                    # A fault here (disk full, a bug) must not take training down with it:
+                    # the children keep running and the next tick tries again.
+                    self._log_fault(err)
+                if self.status == "stopped":
+                    break
+                self._wake.wait(self.tick_s)
+                self._wake.clear()
+        except BaseException:
+            log.exception("supervisor loop crashed; stopping every child")
+            self._emergency_stop()
+            raise
+        finally:
+            self.watcher.stop()
+            self.control.close()
+            with contextlib.suppress(OSError):
+                self._publish_state()
+        log.info("stopped (%s)", self._stop_reason)
+        return EXIT_OK
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        self._serve_requests(now)
+        if self._stop_reason is not None and self.status not in ("stopping", "stopped"):
+            self._begin_shutdown()
+        for proc in list(self.processes.values()):
+            self._poll(proc, now)
+        if self.status == "stopping":
+            self._advance_shutdown(now)
+        else:
+            if self._discovery_due or now >= self._next_rescan:
+                self._discover(now)
+            self._start_due(now)
+            if self.status == "starting" and all(
+                self.processes[name].state not in ("waiting", "starting") for name in self._fixed
+            ):
+                self.status = "running"
+            if self.exit_when_done:
+                self._stop_when_done()
+        self._publish_state()
+
+    def _log_fault(self, err: Exception) -> None:
+        message = f"{type(err).__name__}: {err}"
+        now = time.monotonic()
+        # Once a minute per distinct fault: a full disk must not also fill the log.
+        if self._faults.get(message, -60.0) + 60.0 <= now:
+            self._faults[message] = now
+            log.exception("supervisor tick failed (children keep running): %s", message)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop everything and exit (safe from a signal handler or another thread)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._wake.set()
+
+    def notice_change(self) -> None:
+        """Something under the experiment changed (watchdog's thread): rescan soon."""
+        self._discovery_due = True
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # -------------------------------------------------------------- processes
+
+    def _poll(self, proc: SupervisedProcess, now: float) -> None:
+        record = proc.poll(now)
+        if record is not None:
+            self._on_exit(proc, record, now)
+            return
+        if proc.check_ready(now):
+            log.info("%s: ready (%s)", proc.name, proc.spec.readiness.describe())  # type: ignore[union-attr]
+        elif proc.ready_overdue(now):
+            timeout = proc.spec.ready_timeout_s
+            log.warning("%s: not ready after %gs; stopping it", proc.name, timeout)
+            proc.begin_stop(now, f"not ready after {timeout:g}s", failure=True)
+
+    def _on_exit(self, proc: SupervisedProcess, record: ExitRecord, now: float) -> None:
+        uptime = _seconds_between(proc.started_at, record.time)
+        log.info("%s: %s after %.1fs", proc.name, record.describe(), uptime)
+        if proc.spec.run_id is not None:
+            self._discovery_due = True  # a run ended: its directory may say why
+        failure = proc.stop_is_failure
+        proc.stop_is_failure = False
+        if proc.restart_after_stop:
+            proc.restart_after_stop = False
+            self._queue_start(proc, now)
+            return
+        if self.status == "stopping" or (record.stop_requested and not failure):
+            proc.state = "stopped"
+            return
+        hold = self._run_hold_reason(proc)
+        if hold is not None:
+            proc.state, proc.reason, proc.held = "stopped", hold, True
+            return
+        if proc.spec.run_id is not None and run_control.is_finished(self._run_path(proc)):
+            proc.state, proc.reason = "exited", "run finished"
+            return
+        ok = record.ok and not failure
+        policy = proc.spec.restart
+        if not ok and policy.is_permanent(record.code):
+            proc.state = "failed"
+            proc.reason = (
+                f"{record.describe()}: a failure that a restart cannot fix; see "
+                f"{proc.spec.log_path}"
+            )
+            log.error("%s: failed: %s", proc.name, proc.reason)
+            return
+        if not policy.wants_restart(ok):
+            proc.state = "exited" if ok else "failed"
+            proc.reason = None if ok else f"{record.describe()}; restart policy is {policy.mode}"
+            return
+        if uptime >= policy.stable_after_s:
+            proc.consecutive_failures = 0
+        proc.consecutive_failures += 1
+        delay = policy.delay_before_restart(proc.consecutive_failures)
+        if delay is None:
+            proc.state = "failed"
+            proc.reason = (
+                f"{record.describe()}; gave up after {policy.max_restarts} restarts "
+                f"(see {proc.spec.log_path})"
+            )
+            log.error("%s: failed: %s", proc.name, proc.reason)
+            return
+        proc.state = "backoff"
+        proc.next_start_at = now + delay
+        proc.reason = (
+            f"{record.describe()}; restart {proc.consecutive_failures} of "
+            f"{policy.max_restarts} in {delay:.1f}s"
+        )
+        log.info("%s: %s", proc.name, proc.reason)
+
+    def _start_due(self, now: float) -> None:
+        for proc in list(self.processes.values()):
+            if proc.state not in ("waiting", "backoff") or now < proc.next_start_at:
+                continue
+            missing = [
+                name
+                for name in proc.spec.requires_ready
+                if name not in self.processes or self.processes[name].state not in UP_STATES
+            ]
+            if missing:
+                if proc.state == "waiting":
+                    proc.reason = f"waiting for {', '.join(missing)} to be ready"
+                continue
+            record = proc.spawn(now)
+            if record is not None:
+                proc.state, proc.reason = "failed", record.error
+                log.error("%s: cannot start: %s", proc.name, record.error)
+            else:
+                log.info("%s: started (pid %s)", proc.name, proc.pid)
+
+    def _queue_start(self, proc: SupervisedProcess, now: float) -> None:
+        """Start `proc` again on this tick (after a restart request), with a fresh budget."""
+        proc.state = "waiting"
+        proc.reason = None
+        proc.held = False
+        proc.consecutive_failures = 0
+        proc.next_start_at = now
+
+    def _restart(self, proc: SupervisedProcess, now: float, why: str) -> None:
+        log.info("%s: restarting (%s)", proc.name, why)
+        proc.held = False
+        if proc.has_os_process:
+            proc.begin_stop(now, f"restarting: {why}", restart=True)
+        else:
+            self._queue_start(proc, now)
+
+    # -------------------------------------------------------------- runs
+
+    def _run_path(self, proc: SupervisedProcess) -> Path:
+        assert proc.spec.run_id is not None
+        return layout.run_dir(self.experiment, proc.spec.run_id)
+
+    def _run_hold_reason(self, proc: SupervisedProcess) -> str | None:
+        if proc.spec.run_id is None:
+            return None
+        run = self._run_path(proc)
+        if not run.is_dir():
+            return RUN_DELETED
+        return scan_run(run, self._validator).hold_reason
+
+    def _discover(self, now: float) -> None:
+        self._discovery_due = False
+        self._next_rescan = now + self.rescan_s
+        if self.watcher is not None:
+            self.watcher.sync()
+        self._conditions = scan_runs(self.experiment, self._validator)
+        views = {
+            proc.spec.run_id: OrchestratorView(proc.state, proc.held, proc.reason)
+            for proc in self.processes.values()
+            if proc.spec.run_id is not None
+        }
+        for action in reconcile(self._conditions, views):
+            if isinstance(action, StartOrchestrator):
+                self._start_orchestrator(action.run_id, action.path, now)
+            elif isinstance(action, StopOrchestrator):
+                proc = self.processes[action.run_id]
+                if proc.has_os_process:
+                    log.info("%s: stopping orchestrator: %s", action.run_id, action.reason)
+                proc.begin_stop(now, action.reason, hold=True)
+
+    def _start_orchestrator(self, run_id: str, run: Path, now: float) -> None:
+        proc = self.processes.get(run_id)
+        if proc is None:
+            log.info("%s: discovered (%s)", run_id, run)
+            proc = SupervisedProcess(self._orchestrator_spec(run_id, run))
+            self.processes[run_id] = proc
+        self._queue_start(proc, now)
+
+    def _orchestrator_spec(self, run_id: str, run: Path) -> ProcessSpec:
+        try:
+            return self.plan.orchestrator(run_id, run)
+        except Exception as err:  # a broken plan fails one run, not the supervisor
+            log.exception("%s: cannot build the orchestrator's command", run_id)
+            problem = f"cannot build the orchestrator's command: {err}"
+            return ProcessSpec(
+                name=run_id,
+                kind="orchestrator",
+                run_id=run_id,
+                argv=[],
+                log_path=layout.orchestrator_log_path(run),
+                preflight=lambda: problem,
+            )
+
+    def _stop_when_done(self) -> None:
+        fixed_failed = [name for name in self._fixed if self.processes[name].state == "failed"]
+        if fixed_failed:
+            self.request_stop(f"giving up: {', '.join(fixed_failed)} failed")
+            return
+        for run_id, condition in self._conditions.items():
+            proc = self.processes.get(run_id)
+            if proc is None:
+                if condition.runnable:
+                    return  # discovered, not started yet
+                continue
+            if proc.state not in TERMINAL_STATES:
+                return
+        orchestrators = [p for p in self.processes.values() if p.spec.run_id is not None]
+        if any(p.state not in TERMINAL_STATES for p in orchestrators):
+            return
+        self.request_stop("every run is done")
+
+    # -------------------------------------------------------------- control requests
+
+    def _serve_requests(self, now: float) -> None:
+        if self.control is None:
+            return
+        while not self.control.pending.empty():
+            pending = self.control.pending.get_nowait()
+            try:
+                reply = self.handle_request(pending.request, now)
+            except ControlError as err:
+                reply = {"ok": False, "error": str(err)}
+            except Exception as err:
+                log.exception("control request %r failed", pending.request)
+                reply = {"ok": False, "error": f"internal error: {err}"}
+            pending.finish(reply)
+
+    def handle_request(self, request: dict[str, Any], now: float) -> dict[str, Any]:
+        """Carry out one control request; raises ControlError with a message for the user."""
+        command = request.get("cmd")
+        if command not in COMMANDS:
+            raise ControlError(f"unknown command {command!r}; known: {', '.join(COMMANDS)}")
+        if command == "ping":
+            return {"ok": True, "pid": os.getpid(), "status": self.status}
+        if command == "stop_all":
+            self.request_stop("stop_all requested")
+            return {"ok": True, "pid": os.getpid()}
+        if self.status in ("stopping", "stopped"):
+            raise ControlError("the supervisor is stopping; start it again with `workbench up`")
+        log.info("control: %s", json.dumps(request))
+        if command == "evict":
+            return self._evict(request, now)
+        if command == "restart_run":
+            return self._restart_run(_field(request, "run_id"), now)
+        if command == "restart_process":
+            return self._restart_process(_field(request, "name"), now)
+        return self._add_run(request)
+
+    def _existing_run(self, raw_id: str) -> tuple[str, Path]:
+        run_id = normalize_run_id(raw_id.strip())
+        run = layout.run_dir(self.experiment, run_id)
+        if not run.is_dir():
+            known = ", ".join(p.name for p in layout.list_run_dirs(self.experiment)) or "none"
+            raise ControlError(f"no run {raw_id!r} in {self.experiment} (runs: {known})")
+        return run_id, run
+
+    def _evict(self, request: dict[str, Any], now: float) -> dict[str, Any]:
+        run_id, run = self._existing_run(_field(request, "run_id"))
+        reason = str(request.get("reason") or "evicted by the user")
+        existing = run_control.read_eviction(run)
+        if existing is None:
+            run_control.write_eviction(run, reason, by=str(request.get("by") or "user"))
+        else:
+            reason = existing.reason
+        proc = self.processes.get(run_id)
+        stopping = proc is not None and proc.state not in TERMINAL_STATES
+        if proc is not None:
+            proc.begin_stop(now, f"evicted: {reason}", hold=True)
+        self._discovery_due = True
+        return {
+            "ok": True,
+            "run_id": run_id,
+            "already_evicted": existing is not None,
+            "stopped": stopping,
+        }
+
+    def _restart_run(self, raw_id: str, now: float) -> dict[str, Any]:
+        run_id, run = self._existing_run(raw_id)
+        cleared = run_control.clear_eviction(run)
+        condition = scan_run(run, self._validator)
+        if condition.hold_reason is not None:
+            raise ControlError(
+                f"{run_id} cannot run: {condition.hold_reason}; fix {layout.orch_config_path(run)}"
+            )
+        proc = self.processes.get(run_id)
+        if proc is None:
+            self._start_orchestrator(run_id, run, now)
+        else:
+            self._restart(proc, now, "eviction cleared" if cleared else "requested")
+        self._discovery_due = True
+        return {"ok": True, "run_id": run_id, "cleared_eviction": cleared}
+
+    def _restart_process(self, name: str, now: float) -> dict[str, Any]:
+        proc = self.processes.get(name) or self.processes.get(normalize_run_id(name))
+        if proc is None:
+            known = ", ".join(self.processes) or "none"
+            raise ControlError(f"no process {name!r} (processes: {known})")
+        if proc.spec.run_id is not None:
+            hold = self._run_hold_reason(proc)
+            if hold is not None:
+                raise ControlError(
+                    f"{proc.name} cannot run: {hold}; to clear an eviction use "
+                    f"`workbench restart {proc.name}` (restart_run)"
+                )
+        self._restart(proc, now, "requested")
+        return {"ok": True, "name": proc.name}
+
+    def _add_run(self, request: dict[str, Any]) -> dict[str, Any]:
+        overrides = request.get("overrides") or {}
+        if not isinstance(overrides, dict):
+            raise ControlError("overrides must be a JSON object of orchestrator settings")
+        run_id, config = new_run_config(self.experiment, _field(request, "run_id"), overrides)
+        run = write_run(self.experiment, run_id, config)
+        log.info("%s: added (%s)", run_id, run)
+        self._discovery_due = True
+        return {"ok": True, "run_id": run_id, "path": str(run)}
+
+    # -------------------------------------------------------------- shutdown
+
+    def _begin_shutdown(self) -> None:
+        log.info("stopping: %s", self._stop_reason)
+        self.status = "stopping"
+        orchestrators = [n for n, p in self.processes.items() if p.spec.run_id is not None]
+        others = [n for n, p in self.processes.items() if p.spec.run_id is None]
+        self._shutdown_stages = [orchestrators, *([name] for name in reversed(others))]
+
+    def _advance_shutdown(self, now: float) -> None:
+        while self._shutdown_stages:
+            stage = self._shutdown_stages[0]
+            for name in stage:
+                proc = self.processes[name]
+                if proc.state not in TERMINAL_STATES and proc.state != "stopping":
+                    proc.begin_stop(now, f"supervisor stopping ({self._stop_reason})")
+            if any(self.processes[name].has_os_process for name in stage):
+                return
+            self._shutdown_stages.pop(0)
+        self.status = "stopped"
+
+    def _emergency_stop(self) -> None:
+        for proc in self.processes.values():
+            proc.kill_now()
+        deadline = time.monotonic() + 5
+        while any(p.has_os_process for p in self.processes.values()) and (
+            time.monotonic() < deadline
+        ):
+            for proc in self.processes.values():
+                if proc.poll(time.monotonic()) is not None:
+                    proc.state = "stopped"
+            time.sleep(0.05)
+        self.status = "stopped"
+
+    # -------------------------------------------------------------- state.json
+
+    def state_payload(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "experiment": str(self.experiment),
+            "started_at": self.started_at,
+            "status": self.status,
+            "exit_when_done": self.exit_when_done,
+            "stop_reason": self._stop_reason,
+            "error": None,
+            "processes": {name: proc.to_json() for name, proc in self.processes.items()},
+        }
+
+    def _publish_state(self) -> None:
+        payload = self.state_payload()
+        text = json.dumps(payload, sort_keys=True)
+        if text == self._last_state:
+            return
+        write_state(self.experiment, payload)  # on failure, the next tick tries again
+        self._last_state = text
+
+
+def write_state(experiment: Path, payload: dict[str, Any]) -> None:
+    payload = {**payload, "updated_at": now_iso()}
+    layout.atomic_write_text(paths.state_path(experiment), json.dumps(payload, indent=2) + "\n")
+
+
+def _field(request: dict[str, Any], name: str) -> str:
+    value = request.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise ControlError(f"request {request.get('cmd')!r} needs {name!r} (a non-empty string)")
+    return value
+
+
+def _seconds_between(start_iso: str | None, end_iso: str) -> float:
+    if start_iso is None:
+        return 0.0
+    try:
+        return (
+            dt.datetime.fromisoformat(end_iso) - dt.datetime.fromisoformat(start_iso)
+        ).total_seconds()
+    except ValueError:
+        return 0.0
+
+
+# ---------------------------------------------------------------- the daemon process
+
+
+def run_daemon(experiment: Path, *, plan: str = DEFAULT_PLAN, exit_when_done: bool = False) -> int:
+    """Body of `python -m workbench.supervisor`: lock, clean up, plan, supervise."""
+    experiment = Path(experiment).resolve()
+    supervisor_dir = layout.supervisor_dir(experiment)
+    supervisor_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(supervisor_dir, 0o700)  # the socket, pid file and API key are the owner's alone
+    _configure_logging()
+    lock = SupervisorLock(experiment)
+    try:
+        lock.acquire()
+    except AlreadyRunning as err:
+        log.error("refusing to start: %s", err)
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return EXIT_ALREADY_RUNNING
+    base_state: dict[str, Any] = {
+        "pid": os.getpid(),
+        "experiment": str(experiment),
+        "started_at": now_iso(),
+        "exit_when_done": exit_when_done,
+        "stop_reason": None,
+        "processes": {},
+    }
+    try:
+        leftovers = kill_leftovers(experiment, timeout_s=10.0)
+        if leftovers:
+            log.warning("stopped %d process(es) left by an earlier supervisor", len(leftovers))
+        try:
+            supervisor = Supervisor(
+                experiment, load_plan_factory(plan)(experiment), exit_when_done=exit_when_done
+            )
+        except (PlanError, ConfigError) as err:
+            log.error("cannot start: %s", err)
+            write_state(experiment, {**base_state, "status": "stopped", "error": str(err)})
+            return EXIT_PLAN_FAILED
+        except Exception as err:
+            log.exception("cannot start: the plan %s failed", plan)
+            message = f"the plan {plan} failed: {type(err).__name__}: {err}"
+            write_state(experiment, {**base_state, "status": "stopped", "error": message})
+            return EXIT_PLAN_FAILED
+        _install_signal_handlers(supervisor)
+        return supervisor.run()
+    finally:
+        lock.release()
+
+
+def _install_signal_handlers(supervisor: Supervisor) -> None:
+    def stop(signum: int, _frame: object) -> None:
+        supervisor.request_stop(f"received {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    # The daemon has no terminal; a hang-up must not kill it.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # Wake the loop as soon as a child exits instead of at the next tick.
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: supervisor.wake())
+
+
+def _configure_logging() -> None:
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    logging.basicConfig(
+        stream=sys.stdout,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        force=True,
+    )

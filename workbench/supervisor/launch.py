@@ -1,0 +1,261 @@
+"""The CLI side of the supervisor: start one in its own session, stop one, follow one.
+
+- `start_daemon` spawns `python -m workbench.supervisor` in a new session (so closing the
+  terminal or the TUI never reaches it) and returns once it has written its state, or
+  raises `SupervisorStartError` with the reason (already running, bad recipe, ...).
+- `stop_experiment` stops it gracefully through the control socket (SIGTERM when the socket
+  does not answer, SIGKILL as a last resort), then removes any child a dead supervisor
+  left behind (`kill_leftovers`, process groups recorded in state.json).
+- `snapshot` / `describe_changes` turn the experiment directory into one line per change,
+  for `workbench up --headless`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench import layout
+from workbench.status import run_statuses
+from workbench.supervisor.client import (
+    SupervisorClient,
+    SupervisorError,
+    read_state,
+    running_supervisor_pid,
+)
+from workbench.supervisor.process import (
+    family_members,
+    process_cmdline,
+    process_is_alive,
+    read_proc_stat,
+    stop_families,
+    tail_lines,
+)
+
+# Names the plan (MODULE:FUNCTION or FILE.py:FUNCTION) when no `plan` is passed; unset means
+# the real one. For tests and development: `workbench up` then runs stand-ins.
+PLAN_ENV = "WORKBENCH_SUPERVISOR_PLAN"
+# Exit codes of `python -m workbench.supervisor` that the launcher explains.
+EXIT_PLAN_FAILED = 2
+EXIT_ALREADY_RUNNING = 3
+
+
+class SupervisorStartError(Exception):
+    """The supervisor did not start; the message says why and what to do."""
+
+
+def already_running_message(experiment: Path, pid: int | None) -> str:
+    who = f"pid {pid}" if pid else "pid unknown"
+    return (
+        f"experiment {experiment} already has a supervisor ({who}); attach with "
+        f"`workbench attach {experiment}` or stop it with `workbench down {experiment}`"
+    )
+
+
+@dataclass
+class StartedSupervisor:
+    pid: int
+    process: subprocess.Popen[bytes]
+
+
+def start_daemon(
+    experiment: Path,
+    *,
+    exit_when_done: bool = False,
+    plan: str | None = None,
+    timeout_s: float = 60.0,
+) -> StartedSupervisor:
+    """Start the experiment's supervisor in its own session; return once it runs.
+
+    `plan` defaults to $WORKBENCH_SUPERVISOR_PLAN, then to the real plan.
+    """
+    experiment = Path(experiment).resolve()
+    plan = plan or os.environ.get(PLAN_ENV) or None
+    running = running_supervisor_pid(experiment)
+    if running is not None:
+        raise SupervisorStartError(already_running_message(experiment, running))
+    log_path = layout.process_log_path(experiment, "supervisor")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "workbench.supervisor", "--experiment", str(experiment)]
+    if exit_when_done:
+        argv.append("--exit-when-done")
+    if plan:
+        argv += ["--plan", plan]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        code = process.poll()
+        state = read_state(experiment)
+        ours = state is not None and state.get("pid") == process.pid
+        if code is not None:
+            if code == 0 and ours:  # it ran and was already done (nothing to train)
+                return StartedSupervisor(process.pid, process)
+            raise SupervisorStartError(
+                _start_failure(experiment, code, state if ours else None, log_path)
+            )
+        if ours and state is not None and state.get("status") != "stopped":
+            return StartedSupervisor(process.pid, process)
+        if time.monotonic() >= deadline:
+            process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+            raise SupervisorStartError(
+                f"the supervisor did not start within {timeout_s:g}s; see {log_path}"
+            )
+        time.sleep(0.05)
+
+
+def _start_failure(experiment: Path, code: int, state: dict | None, log_path: Path) -> str:
+    if code == EXIT_ALREADY_RUNNING:
+        return already_running_message(experiment, running_supervisor_pid(experiment))
+    if state is not None and state.get("error"):
+        return str(state["error"])
+    tail = "\n".join(f"  {line}" for line in tail_lines(log_path, 10))
+    return f"the supervisor exited at once (exit code {code}); end of {log_path}:\n{tail}"
+
+
+# ---------------------------------------------------------------- stopping
+
+
+@dataclass
+class StopReport:
+    supervisor_pid: int | None
+    graceful: bool = True
+    leftovers: list[int] = field(default_factory=list)
+
+
+def stop_experiment(experiment: Path, timeout_s: float = 300.0) -> StopReport:
+    """Stop the supervisor and every child; nothing of the experiment runs afterwards.
+
+    The graceful path is the control socket's stop_all (children get SIGTERM in order and
+    time to checkpoint). A supervisor that does not answer gets SIGTERM, and SIGKILL after
+    `timeout_s`. Children a dead supervisor left behind are stopped from state.json.
+    """
+    experiment = Path(experiment).resolve()
+    client = SupervisorClient(experiment)
+    pid = client.pid()
+    report = StopReport(supervisor_pid=pid)
+    if pid is not None:
+        try:
+            client.stop_all()
+        except SupervisorError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        if not client.wait_until_stopped(timeout_s):
+            report.graceful = False
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            client.wait_until_stopped(10.0)
+    report.leftovers = kill_leftovers(experiment)
+    if report.leftovers:
+        report.graceful = False
+    return report
+
+
+def kill_leftovers(experiment: Path, timeout_s: float = 10.0) -> list[int]:
+    """Stop the process groups recorded in state.json whose supervisor is gone.
+
+    Only call this when no supervisor runs for the experiment. A recorded pid counts only
+    if it is still the session leader we started (same command line): pids are reused.
+    Returns the leaders that were stopped.
+    """
+    state = read_state(experiment)
+    if not state:
+        return []
+    leaders = []
+    for record in (state.get("processes") or {}).values():
+        pid = record.get("pid") if isinstance(record, dict) else None
+        if not isinstance(pid, int) or pid <= 1 or pid == os.getpid():
+            continue
+        if not family_members(pid):
+            continue
+        if process_is_alive(pid):
+            stat = read_proc_stat(pid)
+            argv = record.get("argv") or []
+            if stat is None or stat.session != pid:
+                continue
+            if argv and not _same_command(process_cmdline(pid), argv):
+                continue
+        leaders.append(pid)
+    if leaders:
+        stop_families(leaders, timeout_s)
+    return leaders
+
+
+def _same_command(cmdline: list[str], argv: list[str]) -> bool:
+    """Whether a /proc cmdline is `argv`; a `#!` script shows up as `interpreter script ...`."""
+    if not cmdline or cmdline == argv:
+        return bool(cmdline)
+    if len(argv) > 1:
+        return cmdline[-(len(argv) - 1) :] == argv[1:]
+    return Path(cmdline[-1]).name == Path(argv[0]).name
+
+
+# ---------------------------------------------------------------- following (headless)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What `workbench up --headless` reports on: process states and run statuses."""
+
+    processes: dict[str, tuple[str, str | None]]
+    runs: dict[str, tuple[str, int, int | None, str | None]]
+
+
+def snapshot(experiment: Path) -> Snapshot:
+    state = read_state(experiment) or {}
+    # An orchestrator's process name is its run id: say which of the two a line is about.
+    processes = {
+        (f"orchestrator {name}" if record.get("run_id") else name): (
+            str(record.get("state")),
+            record.get("reason"),
+        )
+        for name, record in (state.get("processes") or {}).items()
+        if isinstance(record, dict)
+    }
+    runs = {
+        run.id: (run.status, run.step, run.max_steps, run.reason)
+        for run in run_statuses(experiment)
+    }
+    return Snapshot(processes, runs)
+
+
+def describe_changes(before: Snapshot | None, after: Snapshot) -> list[str]:
+    """One line per process state change, run status change or run step."""
+    before = before or Snapshot({}, {})
+    lines = []
+    for name, (state, reason) in after.processes.items():
+        old = before.processes.get(name)
+        if old is not None and old[0] == state:
+            continue
+        arrow = f"{old[0]} -> {state}" if old is not None else state
+        note = f" ({reason})" if reason and state not in ("ready", "running") else ""
+        lines.append(f"{name}: {arrow}{note}")
+    for run_id, (status, step, max_steps, reason) in after.runs.items():
+        old_run = before.runs.get(run_id)
+        progress = f"step {step}/{max_steps}" if max_steps else f"step {step}"
+        if old_run is None or old_run[0] != status:
+            note = f": {reason.splitlines()[0]}" if reason else ""
+            lines.append(f"{run_id}: {status}, {progress}{note}")
+        elif old_run[1] != step:
+            lines.append(f"{run_id}: {progress}")
+    return lines
+
+
+def all_runs_finished(experiment: Path) -> bool:
+    """The headless exit status: true when every run of the experiment is finished."""
+    return all(run.status == "finished" for run in run_statuses(experiment))

@@ -1,0 +1,375 @@
+"""Turn an experiment's recipe into the processes the supervisor runs (docs/contracts.md).
+
+`plan_from_recipe(experiment)` picks free ports, draws the per-experiment API key, assigns
+GPUs, writes `supervisor/inference.toml`, `supervisor/trainer.toml` and
+`supervisor/endpoint.json` (mode 0600), and returns a `Plan`: the inference server and the
+trainer in start order, plus a function that builds one run's orchestrator.
+
+The supervisor only sees `Plan` and `ProcessSpec`s, so tests hand it stand-in commands
+through any other plan factory (`load_plan_factory("path/to/file.py:plan")`).
+
+GPUs follow prime-rl's launcher: inference takes the first devices, the trainer the next
+ones; with one GPU they share it (the recipe lowers vLLM's memory fraction); with no GPU
+nothing is set and everything runs on the CPU, whatever the recipe lists.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import os
+import random
+import secrets
+import shutil
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench import layout
+from workbench.config import ConfigError, load_recipe, model_to_toml
+from workbench.supervisor import paths
+from workbench.supervisor.policy import RestartPolicy
+from workbench.supervisor.process import HttpReady, ProcessSpec
+
+DEFAULT_PLAN = "workbench.supervisor.plan:plan_from_recipe"
+INFERENCE_MODULE = "workbench.inference"
+TRAINER_MODULE = "workbench.trainer.rl"
+ORCHESTRATOR_MODULE = "workbench.orchestrator"
+
+# Exit code 2 is "my setup is wrong" (bad config, vLLM missing, port taken) for inference and
+# orchestrators, 3 an orchestrator's self-eviction: restarting cannot help. torchrun reports
+# any worker failure as 1, so the trainer has no such code.
+INFERENCE_RESTART = RestartPolicy(
+    max_restarts=3, backoff_initial_s=2.0, backoff_max_s=60.0, permanent_exit_codes=(2,)
+)
+TRAINER_RESTART = RestartPolicy(max_restarts=3, backoff_initial_s=2.0, backoff_max_s=60.0)
+ORCHESTRATOR_RESTART = RestartPolicy(
+    max_restarts=5, backoff_initial_s=1.0, backoff_max_s=30.0, permanent_exit_codes=(2, 3)
+)
+# The trainer checkpoints every run on SIGTERM; give it time before SIGKILL.
+TRAINER_STOP_TIMEOUT_S = 60.0
+INFERENCE_STOP_TIMEOUT_S = 20.0
+ORCHESTRATOR_STOP_TIMEOUT_S = 20.0
+
+
+class PlanError(Exception):
+    """The recipe cannot be turned into processes on this machine (the message says why)."""
+
+
+@dataclass
+class Plan:
+    """What the supervisor runs: fixed processes in start order, and one orchestrator per run.
+
+    orchestrator(run_id, run_dir) builds the spec of a run's orchestrator when discovery
+    finds the run. notes are logged by the supervisor at start (choices it made).
+    """
+
+    processes: list[ProcessSpec]
+    orchestrator: Callable[[str, Path], ProcessSpec]
+    notes: list[str] = field(default_factory=list)
+
+
+PlanFactory = Callable[[Path], Plan]
+
+
+def load_plan_factory(reference: str) -> PlanFactory:
+    """`package.module:function` or `/path/to/file.py:function` -> that function."""
+    target, sep, attribute = reference.rpartition(":")
+    if not sep or not target or not attribute:
+        raise PlanError(f"plan {reference!r}: expected MODULE:FUNCTION or FILE.py:FUNCTION")
+    if target.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(
+            f"_workbench_plan_{Path(target).stem}", target
+        )
+        if spec is None or spec.loader is None:
+            raise PlanError(f"plan {reference!r}: cannot load {target}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise PlanError(f"plan {reference!r}: {target} has no function {attribute!r}")
+    return factory
+
+
+# ---------------------------------------------------------------- ports and devices
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands out for bind(0) and outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now, below the kernel's ephemeral range.
+
+    The kernel's own pick (bind to port 0) comes from the ephemeral range, where any
+    process binding port 0 (gloo, vLLM's internal sockets, other tests) or any outgoing
+    connection may take it in the minute before vLLM binds it. Below that range only
+    explicit choices land.
+    """
+    low, _ = ephemeral_port_range()
+    if low > 12000:
+        candidates = random.SystemRandom().sample(range(10000, low), k=50)
+        for port in candidates:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def choose_port(requested: int, host: str, what: str) -> int:
+    """`requested`, checked free, or a free port when `requested` is 0."""
+    if requested == 0:
+        return free_port(host)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, requested))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise PlanError(
+                    f"{what}: port {requested} on {host} is already in use; stop whatever "
+                    "listens there or set the port to 0 in the recipe to pick a free one"
+                ) from None
+            raise PlanError(f"{what}: cannot use {host}:{requested}: {err.strerror}") from None
+    return requested
+
+
+def detect_gpu_count() -> int:
+    """NVIDIA GPUs the driver exposes (0 without a driver); no CUDA initialisation."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+@dataclass(frozen=True)
+class DeviceAssignment:
+    """GPU indices for each process; None means CUDA_VISIBLE_DEVICES is left unset."""
+
+    inference: list[int] | None
+    trainer: list[int] | None
+
+
+def assign_devices(
+    inference_gpus: list[int], trainer_gpus: list[int], trainer_ranks: int, gpu_count: int
+) -> DeviceAssignment:
+    """Inference first, trainer next; share when there are not enough GPUs; none on CPU."""
+    if gpu_count == 0:
+        return DeviceAssignment(None, None)
+    for what, gpus in (("[inference] gpus", inference_gpus), ("[trainer] gpus", trainer_gpus)):
+        bad = [gpu for gpu in gpus if not 0 <= gpu < gpu_count]
+        if bad:
+            raise PlanError(
+                f"recipe {what} lists {bad}, but this machine has {gpu_count} GPU(s) "
+                f"(0-{gpu_count - 1}); fix the list or leave it empty to assign automatically"
+            )
+    if trainer_gpus and len(trainer_gpus) < trainer_ranks:
+        raise PlanError(
+            f"recipe [trainer] nproc_per_node = {trainer_ranks} needs that many GPUs, but "
+            f"[trainer] gpus lists {trainer_gpus}; list more GPUs or lower nproc_per_node"
+        )
+    inference = list(inference_gpus) or [0]
+    if trainer_gpus:
+        trainer = list(trainer_gpus)
+    else:
+        spare = [gpu for gpu in range(gpu_count) if gpu not in inference]
+        if len(spare) >= trainer_ranks:
+            trainer = spare[:trainer_ranks]
+        else:  # not enough GPUs to keep them apart: share, as on a single-GPU box
+            trainer = list(range(gpu_count))[:trainer_ranks]
+    return DeviceAssignment(inference, trainer)
+
+
+def shared_cpu_env(gpu_count: int, threads: int | None = None) -> dict[str, str]:
+    """Thread settings for processes that share the CPU cores.
+
+    With no GPU, vLLM, the trainer and the orchestrators all compute on the same cores.
+    OpenMP's default is to spin-wait for work; with more busy threads than cores those
+    spinning threads starve the ones with work. Measured on a 2-core machine under load:
+    a 500x128 @ 128x384 matmul took 2457 us with 2 active threads and 409 us with
+    OMP_WAIT_POLICY=PASSIVE, and one trainer update went from 10.2 s to 0.6 s. A user's
+    own setting wins.
+    """
+    if gpu_count:
+        return {}
+    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+def cuda_env(devices: list[int] | None) -> dict[str, str]:
+    if devices is None:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in devices)}
+
+
+# ---------------------------------------------------------------- commands
+
+
+def module_problem(module: str) -> str | None:
+    """Why `python -m module` would fail to find the module, or None if it exists.
+
+    Looks for the file instead of importing it: importing `workbench.trainer` in the
+    supervisor would pull torch into a process that never needs it.
+    """
+    top, _, rest = module.partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        return f"module {module} is not installed (no package {top!r})"
+    if not rest:
+        return None
+    roots = list(spec.submodule_search_locations or [])
+    parts = rest.split(".")
+    for root in roots:
+        base = Path(root).joinpath(*parts)
+        if base.with_suffix(".py").is_file() or (base / "__main__.py").is_file():
+            return None
+    where = Path(roots[0]).joinpath(*parts) if roots else Path(*parts)
+    return (
+        f"module {module} not found (looked for {where}.py and {where}/__main__.py); "
+        "that part of workbench is not installed in this checkout"
+    )
+
+
+def torchrun_command() -> list[str]:
+    """torchrun from the interpreter's own environment, whatever PATH says."""
+    beside = Path(sys.executable).with_name("torchrun")
+    if beside.is_file():
+        return [str(beside)]
+    found = shutil.which("torchrun")
+    return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _module_preflight(module: str) -> Callable[[], str | None]:
+    return lambda: module_problem(module)
+
+
+def orchestrator_spec(run_id: str, run_dir: Path, env: dict[str, str] | None = None) -> ProcessSpec:
+    return ProcessSpec(
+        name=run_id,
+        kind="orchestrator",
+        run_id=run_id,
+        argv=[sys.executable, "-m", ORCHESTRATOR_MODULE, "--run-dir", str(run_dir)],
+        log_path=layout.orchestrator_log_path(run_dir),
+        env=dict(env or {}),
+        requires_ready=("inference",),
+        restart=ORCHESTRATOR_RESTART,
+        stop_timeout_s=ORCHESTRATOR_STOP_TIMEOUT_S,
+        preflight=_module_preflight(ORCHESTRATOR_MODULE),
+    )
+
+
+def plan_from_recipe(experiment: Path) -> Plan:
+    """The real plan: vLLM inference, the torchrun trainer, one orchestrator per run."""
+    experiment = Path(experiment).resolve()
+    try:
+        recipe = load_recipe(layout.recipe_path(experiment))
+    except ConfigError as err:
+        raise PlanError(f"cannot start the experiment: {err}") from None
+    notes: list[str] = []
+
+    host = recipe.inference.host
+    inference_port = choose_port(recipe.inference.port, host, "[inference] port")
+    trainer_port = free_port()
+    gpu_count = detect_gpu_count()
+    ranks = recipe.trainer.nproc_per_node
+    devices = assign_devices(recipe.inference.gpus, recipe.trainer.gpus, ranks, gpu_count)
+    if gpu_count == 0:
+        if recipe.inference.gpus or recipe.trainer.gpus:
+            notes.append("no GPU on this machine: the recipe's gpus lists are ignored")
+        notes.append("no GPU: inference and trainer run on the CPU")
+    else:
+        notes.append(f"GPUs: inference {devices.inference}, trainer {devices.trainer}")
+
+    inference_config = recipe.inference_config()
+    inference_config.output_dir = experiment
+    inference_config.inference.port = inference_port
+    trainer_config = recipe.trainer_config()
+    trainer_config.output_dir = experiment
+    layout.atomic_write_text(
+        paths.inference_config_path(experiment),
+        model_to_toml(inference_config, header="Written by the workbench supervisor."),
+    )
+    layout.atomic_write_text(
+        paths.trainer_config_path(experiment),
+        model_to_toml(trainer_config, header="Written by the workbench supervisor."),
+    )
+    api_key = secrets.token_urlsafe(32)
+    write_endpoint(
+        experiment,
+        base_url=f"http://127.0.0.1:{inference_port}/v1",
+        api_key=api_key,
+        model=recipe.model.base,
+    )
+
+    # Orchestrators never need a GPU; hiding them keeps a stray CUDA init off the devices.
+    orchestrator_env = {"CUDA_VISIBLE_DEVICES": ""} if gpu_count else {}
+    # Orchestrators do little arithmetic (rewards, advantages): one thread each.
+    orchestrator_env.update(shared_cpu_env(gpu_count, threads=1))
+    inference = ProcessSpec(
+        name="inference",
+        kind="inference",
+        argv=[
+            sys.executable,
+            "-m",
+            INFERENCE_MODULE,
+            "--config",
+            str(paths.inference_config_path(experiment)),
+        ],
+        log_path=layout.process_log_path(experiment, "inference"),
+        env={**cuda_env(devices.inference), **shared_cpu_env(gpu_count), "VLLM_API_KEY": api_key},
+        readiness=HttpReady(f"http://127.0.0.1:{inference_port}/health"),
+        ready_timeout_s=recipe.inference.startup_timeout_s,
+        restart=INFERENCE_RESTART,
+        stop_timeout_s=INFERENCE_STOP_TIMEOUT_S,
+        preflight=_module_preflight(INFERENCE_MODULE),
+    )
+    trainer = ProcessSpec(
+        name="trainer",
+        kind="trainer",
+        argv=[
+            *torchrun_command(),
+            "--nproc_per_node",
+            str(ranks),
+            "--master_port",
+            str(trainer_port),
+            "-m",
+            TRAINER_MODULE,
+            "--config",
+            str(paths.trainer_config_path(experiment)),
+        ],
+        log_path=layout.process_log_path(experiment, "trainer"),
+        env={**cuda_env(devices.trainer), **shared_cpu_env(gpu_count)},
+        restart=TRAINER_RESTART,
+        stop_timeout_s=TRAINER_STOP_TIMEOUT_S,
+        preflight=_module_preflight(TRAINER_MODULE),
+    )
+    return Plan(
+        processes=[inference, trainer],
+        orchestrator=lambda run_id, run_dir: orchestrator_spec(run_id, run_dir, orchestrator_env),
+        notes=notes,
+    )
+
+
+def write_endpoint(experiment: Path, *, base_url: str, api_key: str, model: str) -> Path:
+    """`supervisor/endpoint.json`, readable by the owner only: it holds the API key."""
+    path = paths.endpoint_path(experiment)
+    text = json.dumps({"base_url": base_url, "api_key": api_key, "model": model}, indent=2)
+    layout.atomic_write_text(path, text + "\n")
+    os.chmod(path, 0o600)
+    return path

@@ -1,0 +1,526 @@
+"""One supervised child process: spawn it in its own session, log it to a file, stop its group.
+
+`ProcessSpec` says what to run (argv, env, cwd, log file, readiness check, restart policy);
+`SupervisedProcess` is the mechanism around one spec: spawning, polling for its exit,
+checking readiness and a non-blocking stop (SIGTERM to the whole process group, SIGKILL
+after `stop_timeout_s`). What to do after an exit (restart, give up) is the supervisor's
+decision, made with `workbench.supervisor.policy`.
+
+Every child is a session and process-group leader (`start_new_session=True`), so a
+signal to its group reaches the workers it spawned (torchrun's ranks, vLLM's engine) and
+a Ctrl-C in the user's terminal never reaches it. Membership is read from /proc, where
+zombies (dead, waiting to be reaped by someone else) do not count as alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import http.client
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from workbench.supervisor.policy import RestartPolicy
+
+PROCESS_STATES = (
+    "waiting",  # not started yet: waiting for a process it needs to be ready
+    "starting",  # spawned; its readiness check has not passed yet
+    "ready",  # spawned and its readiness check passed
+    "running",  # spawned; it has no readiness check
+    "backoff",  # exited with a failure; restarts when its backoff delay ends
+    "stopping",  # SIGTERM sent to its group; SIGKILL follows after the stop timeout
+    "exited",  # exited by itself and will not be restarted (a clean exit: done)
+    "failed",  # gave up: restarts exhausted, or it could not be started at all
+    "stopped",  # stopped by the supervisor (down, eviction, deleted run, ...)
+)
+LIVE_STATES = frozenset({"starting", "ready", "running", "stopping"})
+TERMINAL_STATES = frozenset({"exited", "failed", "stopped"})
+UP_STATES = frozenset({"ready", "running"})
+
+LAST_LINES = 20
+MAX_EXIT_RECORDS = 100
+_READY_CHECK_INTERVAL_S = 0.5
+# After SIGKILL, how long to wait for the group to vanish before giving up on it (a process
+# in uninterruptible sleep cannot be killed; the supervisor must not hang on it forever).
+_KILL_GRACE_S = 10.0
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+# ---------------------------------------------------------------- readiness checks
+
+
+class Readiness(Protocol):
+    """Whether a started process can serve the processes that wait for it."""
+
+    def is_ready(self) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class HttpReady:
+    """Ready when `GET url` answers 200 (vLLM's `/health`)."""
+
+    url: str
+    timeout_s: float = 0.5
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as response:
+                return response.status == 200
+        except (OSError, ValueError, http.client.HTTPException, urllib.error.URLError):
+            return False
+
+    def describe(self) -> str:
+        return f"GET {self.url} answers 200"
+
+
+@dataclass(frozen=True)
+class FileReady:
+    """Ready when `path` exists (a process that announces itself with a file)."""
+
+    path: Path
+
+    def is_ready(self) -> bool:
+        return Path(self.path).exists()
+
+    def describe(self) -> str:
+        return f"{self.path} exists"
+
+
+@dataclass(frozen=True)
+class CallableReady:
+    """Ready when `check()` returns true; an exception counts as not ready yet."""
+
+    check: Callable[[], bool]
+    description: str = "custom readiness check"
+
+    def is_ready(self) -> bool:
+        try:
+            return bool(self.check())
+        except Exception:
+            return False
+
+    def describe(self) -> str:
+        return self.description
+
+
+# ---------------------------------------------------------------- spec and exit record
+
+
+@dataclass
+class ProcessSpec:
+    """What the supervisor runs for one process, and how it looks after it.
+
+    name: unique process name (`inference`, `trainer`, a run id).
+    kind: `inference`, `trainer`, `orchestrator`, or anything else for stand-ins; the
+        supervisor stops orchestrators first, then the others in reverse start order.
+    env: variables added to the supervisor's own environment.
+    readiness: None means the process is usable as soon as it runs.
+    requires_ready: names of processes that must be ready (or running) before this starts.
+    preflight: returns why the process cannot start (a missing module), or None.
+    """
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    kind: str = "process"
+    run_id: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    readiness: Readiness | None = None
+    ready_timeout_s: float = 600.0
+    requires_ready: tuple[str, ...] = ()
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    stop_timeout_s: float = 10.0
+    preflight: Callable[[], str | None] | None = None
+
+
+@dataclass
+class ExitRecord:
+    """One exit of a process: exit code or signal, when, and the end of its log."""
+
+    time: str
+    code: int | None
+    signal: int | None
+    last_lines: list[str]
+    stop_requested: bool = False  # the supervisor asked it to stop (not a crash)
+    error: str | None = None  # it could not be started at all
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and self.error is None
+
+    def describe(self) -> str:
+        if self.error:
+            return self.error
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            return f"killed by {name}"
+        return f"exit code {self.code}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- the supervised process
+
+
+class SupervisedProcess:
+    """The live side of a `ProcessSpec`: its OS process, state, restarts and exits.
+
+    Never blocks: `poll` and `begin_stop` return at once, and the supervisor's loop calls
+    `poll` until a stop is complete. All attributes are read by the supervisor to decide
+    what comes next and to write state.json.
+    """
+
+    def __init__(self, spec: ProcessSpec):
+        self.spec = spec
+        self.state = "waiting"
+        self.reason: str | None = None
+        self.pid: int | None = None
+        self.restarts = 0
+        self.consecutive_failures = 0
+        self.started_at: str | None = None
+        self.exits: list[ExitRecord] = []
+        self.next_start_at = 0.0
+        # Stopped because of its run's condition (evicted, deleted, rejected): started
+        # again by discovery once the condition clears.
+        self.held = False
+        self.restart_after_stop = False
+        self.stop_is_failure = False
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._spawn_count = 0
+        self._started_monotonic = 0.0
+        self._stop_deadline = 0.0
+        self._killed = False
+        self._next_ready_check = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def has_os_process(self) -> bool:
+        return self._popen is not None
+
+    def uptime_s(self, now: float | None = None) -> float:
+        if self._popen is None:
+            return 0.0
+        return (now if now is not None else time.monotonic()) - self._started_monotonic
+
+    # -------------------------------------------------------------- start
+
+    def spawn(self, now: float) -> ExitRecord | None:
+        """Start the process; on failure to start, return the exit record saying why."""
+        spec = self.spec
+        problem = spec.preflight() if spec.preflight else None
+        if problem is None and not spec.argv:
+            problem = "empty command line"
+        if problem is not None:
+            self._append_log(f"cannot start {spec.name}: {problem}", create=True)
+            return self._record(ExitRecord(now_iso(), None, None, [], error=problem))
+        attempt = self._spawn_count + 1
+        self._append_log(
+            f"starting {spec.name} (attempt {attempt}): {' '.join(spec.argv)}", create=True
+        )
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        try:
+            with open(spec.log_path, "ab") as log:
+                self._popen = subprocess.Popen(
+                    spec.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=spec.cwd,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as err:
+            problem = f"cannot run {spec.argv[0]!r}: {err.strerror or err}"
+            self._append_log(f"cannot start {spec.name}: {problem}")
+            return self._record(ExitRecord(now_iso(), None, None, [], error=problem))
+        if self._spawn_count:
+            self.restarts += 1
+        self._spawn_count = attempt
+        self.pid = self._popen.pid
+        self.started_at = now_iso()
+        self._started_monotonic = now
+        self._killed = False
+        self._next_ready_check = now
+        self.state = "starting" if spec.readiness is not None else "running"
+        self.reason = None
+        return None
+
+    # -------------------------------------------------------------- readiness
+
+    def check_ready(self, now: float) -> bool:
+        """True when this call saw the readiness check pass (state becomes `ready`)."""
+        if self.state != "starting" or self.spec.readiness is None:
+            return False
+        if now < self._next_ready_check:
+            return False
+        self._next_ready_check = now + _READY_CHECK_INTERVAL_S
+        if self.spec.readiness.is_ready():
+            self.state = "ready"
+            return True
+        return False
+
+    def ready_overdue(self, now: float) -> bool:
+        return (
+            self.state == "starting" and now - self._started_monotonic > self.spec.ready_timeout_s
+        )
+
+    # -------------------------------------------------------------- exit and stop
+
+    def poll(self, now: float) -> ExitRecord | None:
+        """Reap the process if it exited (and, when stopping, its whole group is gone)."""
+        if self._popen is None:
+            return None
+        code = self._popen.poll()
+        if self.state == "stopping":
+            if code is None or family_members(self._popen.pid):
+                if now >= self._stop_deadline and not self._killed:
+                    self._append_log(
+                        f"{self.spec.name} still running {self.spec.stop_timeout_s:g}s after "
+                        "SIGTERM: sending SIGKILL to its process group"
+                    )
+                    signal_family(self._popen.pid, signal.SIGKILL)
+                    self._killed = True
+                if code is None or now < self._stop_deadline + _KILL_GRACE_S:
+                    return None
+            return self._finish(code, stop_requested=True)
+        if code is None:
+            return None
+        # The leader exited by itself. Whatever it left in its group (torchrun's ranks,
+        # vLLM's engine) is useless without it and may hold ports or GPU memory.
+        signal_family(self._popen.pid, signal.SIGKILL)
+        return self._finish(code, stop_requested=False)
+
+    def begin_stop(
+        self,
+        now: float,
+        reason: str | None,
+        *,
+        hold: bool = False,
+        restart: bool = False,
+        failure: bool = False,
+    ) -> None:
+        """Ask the process to stop: SIGTERM to its group now, SIGKILL after the timeout.
+
+        A process with no OS process is marked `stopped` at once if it was waiting or in
+        backoff; one that already ended keeps its state. `restart` asks the supervisor to
+        start it again once stopped; `failure` counts the stop as a failed attempt (a
+        readiness timeout).
+        """
+        self.reason = reason
+        self.held = hold
+        self.restart_after_stop = restart
+        self.stop_is_failure = failure
+        if self._popen is None:
+            if self.state in ("waiting", "backoff"):
+                self.state = "stopped"
+            return
+        if self.state == "stopping":
+            return
+        self.state = "stopping"
+        self._stop_deadline = now + self.spec.stop_timeout_s
+        signal_family(self._popen.pid, signal.SIGTERM)
+
+    def kill_now(self) -> None:
+        """SIGKILL the whole group at once (the supervisor itself is dying)."""
+        if self._popen is not None:
+            signal_family(self._popen.pid, signal.SIGKILL)
+
+    def _finish(self, code: int | None, *, stop_requested: bool) -> ExitRecord:
+        assert self._popen is not None
+        signal_number = -code if code is not None and code < 0 else None
+        exit_code = code if code is not None and code >= 0 else None
+        self._popen = None
+        self.pid = None
+        record = ExitRecord(
+            time=now_iso(),
+            code=exit_code,
+            signal=signal_number,
+            last_lines=tail_lines(self.spec.log_path, LAST_LINES),
+            stop_requested=stop_requested,
+        )
+        self._append_log(f"{self.spec.name} ended: {record.describe()}")
+        return self._record(record)
+
+    def _record(self, record: ExitRecord) -> ExitRecord:
+        self.exits.append(record)
+        del self.exits[:-MAX_EXIT_RECORDS]
+        return record
+
+    def _append_log(self, message: str, *, create: bool = False) -> None:
+        # The supervisor's own lines in a child's log explain restarts to whoever reads it.
+        # Only a start creates the log's directory: recreating it after an exit would
+        # bring back a run directory that the user just deleted.
+        with contextlib.suppress(OSError):
+            if create:
+                self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.spec.log_path, "a", encoding="utf-8") as log:
+                log.write(f"[workbench supervisor {now_iso()}] {message}\n")
+
+    # -------------------------------------------------------------- state.json
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.spec.name,
+            "kind": self.spec.kind,
+            "run_id": self.spec.run_id,
+            "state": self.state,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "started_at": self.started_at,
+            "log": str(self.spec.log_path),
+            "reason": self.reason,
+            "argv": list(self.spec.argv),
+            "exits": [record.to_json() for record in self.exits],
+        }
+
+
+# ---------------------------------------------------------------- /proc helpers
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    state: str
+    ppid: int
+    pgrp: int
+    session: int
+
+
+def read_proc_stat(pid: int) -> ProcStat | None:
+    """Fields of /proc/PID/stat, or None if there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+        return None
+    # The command name (field 2) is in parentheses and may itself contain spaces or ')'.
+    fields = text[text.rfind(")") + 2 :].split()
+    try:
+        return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]), int(fields[3]))
+    except (IndexError, ValueError):
+        return None
+
+
+def process_is_alive(pid: int) -> bool:
+    """True if `pid` runs; a zombie (exited, not yet reaped) is not alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = read_proc_stat(pid)
+    return stat is None or stat.state not in ("Z", "X")
+
+
+def process_cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _family_stats(leader: int) -> list[ProcStat] | None:
+    """Live processes in the process group or the session that `leader` started; None
+    when /proc cannot be read."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    members = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        stat = read_proc_stat(int(entry))
+        if stat is None or stat.state in ("Z", "X"):
+            continue
+        if stat.pgrp == leader or stat.session == leader:
+            members.append(stat)
+    return members
+
+
+def family_members(leader: int) -> list[int]:
+    """Live processes in the process group or the session that `leader` started."""
+    stats = _family_stats(leader)
+    if stats is None:  # no /proc: ask the kernel about the group alone
+        try:
+            os.killpg(leader, 0)
+            return [leader]
+        except (ProcessLookupError, PermissionError):
+            return []
+    return [stat.pid for stat in stats]
+
+
+def signal_family(leader: int, sig: int) -> None:
+    """Send `sig` to the group of `leader`, and to anything that left the group but not
+    the session (a worker that called setpgid). Each process gets the signal once: a
+    second SIGTERM can land while Python is exiting and kill it with the default action."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, sig)
+    for stat in _family_stats(leader) or []:
+        if stat.pgrp != leader:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(stat.pid, sig)
+
+
+def stop_families(leaders: list[int], timeout_s: float) -> list[int]:
+    """Blocking stop of several process families: SIGTERM, then SIGKILL after `timeout_s`.
+
+    For cleaning up after a supervisor that is gone. Returns the pids still alive at the
+    end (normally none).
+    """
+    for leader in leaders:
+        signal_family(leader, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    killed = False
+    while True:
+        alive = [pid for leader in leaders for pid in family_members(leader)]
+        if not alive:
+            return []
+        now = time.monotonic()
+        if now >= deadline:
+            if killed:
+                return alive
+            for leader in leaders:
+                signal_family(leader, signal.SIGKILL)
+            killed = True
+            deadline = now + 5.0
+        time.sleep(0.05)
+
+
+def tail_lines(path: Path, count: int, max_bytes: int = 16384) -> list[str]:
+    """The last `count` lines of a text file (reading at most `max_bytes` from its end)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first line is probably cut
+    return lines[-count:]
