@@ -1,0 +1,31 @@
+"""Models the project builds itself, and resolving a recipe's base model to a loadable path.
+
+    resolve_model("builtin:tiny-reverse")  # -> ~/.cache/workbench/models/tiny-reverse-<hash>
+    resolve_model("/path/to/model")        # -> unchanged
+
+The builders (`tiny_reverse`) are imported only when a builtin model is asked for.
+"""
+
+from workbench.models.resolve import (
+    BUILTIN_PREFIX,
+    CACHE_DIR_ENV,
+    ModelResolutionError,
+    builtin_model_dir,
+    builtin_names,
+    cache_dir,
+    is_builtin,
+    models_cache_dir,
+    resolve_model,
+)
+
+__all__ = [
+    "BUILTIN_PREFIX",
+    "CACHE_DIR_ENV",
+    "ModelResolutionError",
+    "builtin_model_dir",
+    "builtin_names",
+    "cache_dir",
+    "is_builtin",
+    "models_cache_dir",
+    "resolve_model",
+]

@@ -1,0 +1,158 @@
+"""Turning a recipe's `[model] base` into something `from_pretrained` and vLLM can load.
+
+`builtin:NAME` is a model this project builds itself (no hub needed): built on first use into
+the cache, then reused. Anything else (a local directory, a hub id) passes through unchanged.
+
+Cache: `$WORKBENCH_CACHE_DIR/models/` if that variable is set, else the platform's user cache
+(`~/.cache/workbench/models/` on Linux). A built model lives in `NAME-<hash>/`, the hash
+covering everything that determines its weights, so a changed recipe for the model gets a new
+directory instead of a stale one. A build is staged under a temporary name and renamed into
+place whole (a killed build leaves no half-written model; its leftovers are removed by the
+next build), and a file lock makes a second process wait for the first one's build instead
+of building too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import platformdirs
+from filelock import FileLock, Timeout
+from rich.console import Console
+
+from workbench import layout
+
+BUILTIN_PREFIX = "builtin:"
+CACHE_DIR_ENV = "WORKBENCH_CACHE_DIR"
+BUILD_LOCK_TIMEOUT_S = 30 * 60
+
+# name -> "module:attribute" of its `BuiltinModel`; imported only when asked for, so resolving
+# a local path never imports the builders (and their training code).
+_BUILTINS = {"tiny-reverse": "workbench.models.tiny_reverse:TINY_REVERSE"}
+
+
+class ModelResolutionError(ValueError):
+    """An unknown builtin model or a build that could not finish; the message says why."""
+
+
+class BuiltinModel(Protocol):
+    """What `resolve_model` needs from a model the project builds itself."""
+
+    name: str
+
+    def default_spec(self) -> Any:
+        """The spec `builtin:NAME` means; tests pass a smaller one to build fast."""
+
+    def version_hash(self, spec: Any) -> str:
+        """Short hash of everything that determines the built files."""
+
+    def build(self, target: Path, spec: Any, *, show_progress: bool, console: Console) -> None:
+        """Write the model into the empty directory `target`."""
+
+
+def cache_dir() -> Path:
+    """The workbench cache root: `$WORKBENCH_CACHE_DIR`, else the user cache directory."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    return (
+        Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("workbench"))
+    )
+
+
+def models_cache_dir() -> Path:
+    return cache_dir() / "models"
+
+
+def builtin_names() -> list[str]:
+    return sorted(_BUILTINS)
+
+
+def is_builtin(base: str) -> bool:
+    return base.startswith(BUILTIN_PREFIX)
+
+
+def get_builtin(name: str) -> BuiltinModel:
+    target = _BUILTINS.get(name)
+    if target is None:
+        known = ", ".join(BUILTIN_PREFIX + n for n in builtin_names())
+        raise ModelResolutionError(
+            f"unknown builtin model {BUILTIN_PREFIX + name!r}; available: {known}"
+        )
+    module_name, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def builtin_model_dir(base: str, spec: Any = None) -> Path:
+    """Where `builtin:NAME` is (or will be) cached, without building it."""
+    builtin = get_builtin(base.removeprefix(BUILTIN_PREFIX))
+    spec = spec if spec is not None else builtin.default_spec()
+    return models_cache_dir() / f"{builtin.name}-{builtin.version_hash(spec)}"
+
+
+def resolve_model(
+    base: str,
+    *,
+    spec: Any = None,
+    show_progress: bool = True,
+    console: Console | None = None,
+) -> Path:
+    """The directory (or hub id, as a Path) to load `base` from.
+
+    `builtin:NAME` is built on first use (seconds to minutes, with a progress bar) and then
+    reused; `spec` replaces the builtin's default spec (tests build a smaller model). A local
+    path or a hub id is returned unchanged.
+    """
+    if not is_builtin(base):
+        return Path(base).expanduser()
+    builtin = get_builtin(base.removeprefix(BUILTIN_PREFIX))
+    spec = spec if spec is not None else builtin.default_spec()
+    final = models_cache_dir() / f"{builtin.name}-{builtin.version_hash(spec)}"
+    if layout.is_stable(final):
+        return final
+    console = console or Console(stderr=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(final.parent / f".{final.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        console.print(
+            f"waiting for another process to finish building {base} into {final}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        try:
+            lock.acquire(timeout=BUILD_LOCK_TIMEOUT_S)
+        except Timeout:
+            raise ModelResolutionError(
+                f"gave up after {BUILD_LOCK_TIMEOUT_S} s waiting for another process's build "
+                f"of {base} (it holds {lock.lock_file}); stop that process or let it finish"
+            ) from None
+    try:
+        if layout.is_stable(final):  # built by the process we waited for
+            return final
+        _remove_leftovers(final)
+        console.print(
+            f"building {base} (first use, about a minute) into {final}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        started = time.perf_counter()
+        with layout.staged_directory(final) as staging:
+            builtin.build(staging, spec, show_progress=show_progress, console=console)
+        console.print(f"built {base} in {time.perf_counter() - started:.0f} s", highlight=False)
+        return final
+    finally:
+        lock.release()
+
+
+def _remove_leftovers(final: Path) -> None:
+    """Staging directories of builds that were killed; only called while holding the lock."""
+    for leftover in final.parent.glob(f".{final.name}.*"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+    if final.exists() and not layout.is_stable(final):
+        shutil.rmtree(final, ignore_errors=True)
