@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from workbench import control, layout
+from workbench.bench.cli import bench_app
 from workbench.config import (
     ConfigError,
     deep_merge,
@@ -61,6 +62,7 @@ runs_app = typer.Typer(
     rich_markup_mode="rich",
 )
 app.add_typer(runs_app, name="runs")
+app.add_typer(bench_app, name="bench")
 console = Console()
 err_console = Console(stderr=True)
 
