@@ -55,6 +55,10 @@ class ConfigError(ValueError):
 # ------------------------------------------------------------------------- models
 
 
+# Attention and MLP projections of the Llama, Qwen2/2.5/3 and Mistral families.
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 class StrictModel(BaseModel):
     """Unknown keys are errors: a typo must not silently fall back to a default."""
 
@@ -160,17 +164,7 @@ class InferenceSection(StrictModel):
 class TrainerSection(StrictModel):
     max_concurrent_runs: int = Field(4, ge=1, description="adapter slots in the trainer")
     lora: LoraConfig = Field(default_factory=LoraConfig)
-    target_modules: list[str] = Field(
-        default_factory=lambda: [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ]
-    )
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGET_MODULES))
     gpus: list[int] = Field(default_factory=list)
     nproc_per_node: int = Field(1, ge=1, description="trainer ranks (data parallel)")
     seq_len: int = Field(512, ge=16, description="tokens per packed micro-batch row")

@@ -165,7 +165,7 @@ def test_up_creates_the_experiment_with_resolved_recipe_and_run_configs(
     experiment = tmp_path / "outputs" / "reverse_text"
     resolved = (experiment / "recipe.toml").read_text()
     assert "max_steps = 3" in resolved and "# every run's control/orch.toml" in resolved
-    for run in ("run_lr3e-4", "run_lr1e-3"):
+    for run in ("run_lr3e-3", "run_lr5e-3"):
         assert "max_steps = 3" in layout.orch_config_path(experiment / run).read_text()
 
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.config import OrchestratorConfig
+from workbench.config import LORA_TARGET_MODULES, OrchestratorConfig
 
 if TYPE_CHECKING:
     from workbench.runs import MultiRunManager
@@ -48,16 +48,7 @@ logger = logging.getLogger(__name__)
 
 LoRAPath = Literal["auto", "grouped", "plain"]
 
-# Attention and MLP projections of the Llama, Qwen2/2.5/3 and Mistral families.
-DEFAULT_TARGET_MODULES = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
+DEFAULT_TARGET_MODULES = LORA_TARGET_MODULES
 
 _ROUTING_ATTRIBUTE = "_workbench_lora_routing"
 

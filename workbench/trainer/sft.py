@@ -41,21 +41,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.utils import logging as hf_logging
 
 from workbench import layout
-from workbench.config import LoraConfig, StrictModel
+from workbench.config import LORA_TARGET_MODULES, LoraConfig, StrictModel
 from workbench.envs import Environment, Prompt, get_environment
 from workbench.models.resolve import resolve_model
 
 Message = dict[str, str]
 IGNORE_INDEX = -100
-DEFAULT_LORA_TARGETS = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
+DEFAULT_LORA_TARGETS = LORA_TARGET_MODULES
 SUMMARY_FILE = "sft_summary.json"
 # Files that make up a tokenizer; copied as they are so the output keeps the source's exact
 # tokenizer (format and chat template), rather than whatever this transformers would write.
