@@ -94,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{run.name} evicted: {err}", file=sys.stderr)
         return EXIT_EVICTED
     except (Stopped, KeyboardInterrupt):
+        # The supervisor stops an evicted run's orchestrator at once rather than waiting
+        # for its next iteration: say why it stopped.
+        eviction = control.read_eviction(run)
+        if eviction is not None:
+            print(f"{run.name} evicted: {eviction.reason}", file=sys.stderr)
+            return EXIT_EVICTED
         logger.info("stopped by signal; state is checkpointed after every step")
         return 0
     return 0
