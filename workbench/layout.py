@@ -32,6 +32,16 @@ STABLE = "STABLE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+# mkstemp creates files 0600; ordinary files should get what open() would give.
+_DEFAULT_FILE_MODE = 0o666 & ~_umask()
+
+
 # ---------------------------------------------------------------- experiment level
 
 
@@ -181,16 +191,19 @@ def mark_stable(directory: Path) -> None:
 # ---------------------------------------------------------------- atomic writes
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write `data` so that a reader sees either the old file or the whole new one.
 
     Temp file in the same directory (same filesystem, so the rename is atomic), fsync,
-    rename, fsync of the directory so the rename itself survives a crash.
+    rename, fsync of the directory so the rename itself survives a crash. The file gets
+    `mode` (default: what `open` would give under the umask) before it becomes visible,
+    so a secret written with mode 0o600 is never readable by others, not even briefly.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _DEFAULT_FILE_MODE if mode is None else mode)
         with os.fdopen(fd, "wb") as tmp:
             tmp.write(data)
             tmp.flush()
@@ -203,8 +216,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
 @contextlib.contextmanager

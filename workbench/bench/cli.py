@@ -1,11 +1,27 @@
-"""`workbench bench ...`: the benchmark commands (a Typer sub-app of the main CLI)."""
+"""`workbench bench ...`: the benchmark commands (a Typer sub-app of the main CLI).
+
+`workbench bench all` (what `just bench` runs) runs every benchmark, one after the other,
+and prints one summary table; each benchmark also writes its own JSON under
+`benchmarks/results/`.
+"""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import json
+import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from workbench.bench.results import RESULTS_DIR
+
+if TYPE_CHECKING:
+    from workbench.bench.supervisor import SupervisorBenchSettings
 
 bench_app = typer.Typer(
     name="bench",
@@ -39,3 +55,288 @@ def trainer(
     print_table(measurements)
     path = write_result("trainer", {"measurements": [asdict(m) for m in measurements]})
     typer.echo(f"results: {path}")
+
+
+@bench_app.command("inference")
+def inference(
+    quick: Annotated[
+        bool, typer.Option(help="A smaller workload and fewer repetitions (minutes less).")
+    ] = False,
+) -> None:
+    """Completion tokens/s of one vLLM server serving 1, 2, 4 and 8 LoRA adapters vs the base.
+
+    Starts one server on the built-in tiny model (float32, rank-8 LoRA, --max-loras 8),
+    loads eight random adapters and sends the same reverse_text prompts to the base model,
+    to one adapter, and round-robin to 2, 4 and 8 adapters at once. Reports the median
+    over repetitions and the ratio to the base model, plus server startup time.
+    """
+    from workbench.bench.inference import run_inference_benchmark
+
+    report = run_inference_benchmark(quick=quick)
+    typer.echo(f"results: {report['path']}")
+
+
+@bench_app.command("supervisor")
+def supervisor(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Fewer trials, shorter idle, two log rates.")
+    ] = False,
+    trials: Annotated[
+        int | None, typer.Option(min=1, help="Discovery samples per way of creating a run.")
+    ] = None,
+    idle_seconds: Annotated[
+        float | None, typer.Option(min=0.5, help="How long the TUI is left idle.")
+    ] = None,
+    log_rates: Annotated[
+        str | None, typer.Option(help="Offered log lines/s, comma separated, increasing.")
+    ] = None,
+    log_seconds: Annotated[
+        float | None, typer.Option(min=0.5, help="How long each log rate is written.")
+    ] = None,
+    tmux: Annotated[
+        bool, typer.Option(help="Also measure the idle TUI in a real terminal (tmux).")
+    ] = True,
+    results_dir: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS_DIR,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Create the experiments here and keep them (to read their logs); "
+            "default: a temporary directory, removed afterwards."
+        ),
+    ] = None,
+) -> None:
+    """Discovery latency of a new run directory, TUI idle CPU with 8 runs, log throughput.
+
+    A real supervisor runs the stand-in plan of the supervisor tests (tiny processes instead
+    of vLLM, trainer and orchestrators), so what is timed is the supervisor and the TUI
+    themselves. Needs a source checkout (the plan lives under tests/). About two minutes;
+    --quick about half a minute.
+    """
+    from workbench.bench.supervisor import SupervisorBenchSettings
+
+    base = SupervisorBenchSettings.quick() if quick else SupervisorBenchSettings()
+    settings = SupervisorBenchSettings(
+        trials=trials or base.trials,
+        idle_s=idle_seconds or base.idle_s,
+        log_rates=tuple(_split_ints(log_rates)) if log_rates else base.log_rates,
+        log_seconds=log_seconds or base.log_seconds,
+        tmux=tmux and base.tmux,
+    )
+    _run_supervisor_benchmark(settings, results_dir, workdir)
+
+
+def _run_supervisor_benchmark(
+    settings: SupervisorBenchSettings,
+    results_dir: Path = RESULTS_DIR,
+    workdir: Path | None = None,
+) -> dict[str, Any]:
+    from workbench.bench.results import write_result
+    from workbench.bench.supervisor import print_table, run_supervisor_benchmark
+
+    payload = run_supervisor_benchmark(settings, workdir=workdir)
+    print_table(payload)
+    path = write_result("supervisor", payload, results_dir=results_dir)
+    typer.echo(f"results: {path}")
+    return payload
+
+
+# ---------------------------------------------------------------- every benchmark
+
+
+# One row of the summary table: which benchmark, what was measured, the value as printed.
+SummaryRow = dict[str, Any]
+
+
+def _trainer_summary(quick: bool) -> list[SummaryRow]:
+    started = time.strftime("%Y%m%dT%H%M%S")
+    if quick:
+        trainer(models="tiny", runs="1,2", steps=1)
+    else:
+        trainer()
+    # The trainer command prints and writes; its summary is read back from what it wrote.
+    result = json.loads((RESULTS_DIR / "trainer-latest.json").read_text())
+    if result.get("created", "") < started:
+        raise RuntimeError("the trainer benchmark wrote no new result")
+    return [
+        _summary_row(
+            "trainer",
+            f"{m['model']} {m['mode']} x{m['runs']}",
+            f"{_format(m['tokens_per_s'])} tok/s, {_format(m['peak_memory_mb'])} MB peak",
+        )
+        for m in result["measurements"]
+    ]
+
+
+def _supervisor_summary(quick: bool) -> list[SummaryRow]:
+    from workbench.bench.supervisor import SupervisorBenchSettings
+
+    settings = SupervisorBenchSettings.quick() if quick else SupervisorBenchSettings()
+    return _rows_of("supervisor", _run_supervisor_benchmark(settings))
+
+
+def _external_summary(name: str, module_name: str, function_name: str) -> Callable:
+    """A benchmark written elsewhere as `function(...) -> {"summary": [...]}`: run it."""
+
+    def run(quick: bool) -> list[SummaryRow]:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:
+                raise  # the module is there but something it needs is not: a failure
+            raise BenchmarkMissing(f"{module_name} does not exist yet") from err
+        function = getattr(module, function_name, None)
+        if function is None:
+            raise BenchmarkMissing(f"{module_name} has no {function_name}() yet")
+        accepts_quick = "quick" in inspect.signature(function).parameters
+        result = function(quick=quick) if accepts_quick else function()
+        rows = _rows_of(name, result)
+        if result.get("exit_code") not in (None, 0):  # e2e: the experiment itself failed
+            raise BenchmarkFailed(f"exit code {result['exit_code']}", rows)
+        return rows
+
+    return run
+
+
+class BenchmarkMissing(Exception):
+    """A benchmark that is not written yet: skipped, not failed."""
+
+
+class BenchmarkFailed(Exception):
+    """A benchmark that ran but failed; `rows` are what it measured all the same."""
+
+    def __init__(self, message: str, rows: list[SummaryRow]) -> None:
+        super().__init__(message)
+        self.rows = rows
+
+
+def _rows_of(name: str, result: dict[str, Any]) -> list[SummaryRow]:
+    """A benchmark's "summary" rows: dicts with metric, value (and unit), or sequences."""
+    rows = []
+    for entry in result.get("summary", []):
+        if isinstance(entry, dict):
+            metric = entry.get("metric", "?")
+            value = _format(entry.get("value"), entry.get("unit"))
+        else:
+            metric, value, *unit = entry
+            value = _format(value, unit[0] if unit else None)
+        rows.append(_summary_row(name, str(metric), value))
+    return rows or [_summary_row(name, "(no summary rows)", "")]
+
+
+def _format(value: Any, unit: str | None = None) -> str:
+    from workbench.bench.supervisor import format_value
+
+    return format_value(value, unit)
+
+
+def _summary_row(benchmark: str, metric: str, value: str) -> SummaryRow:
+    return {"benchmark": benchmark, "metric": metric, "value": value}
+
+
+# In the order `just bench` runs them; each takes `quick` and returns summary rows.
+BENCHMARKS: dict[str, Callable[[bool], list[SummaryRow]]] = {
+    "trainer": _trainer_summary,
+    "inference": _external_summary(
+        "inference", "workbench.bench.inference", "run_inference_benchmark"
+    ),
+    "e2e": _external_summary("e2e", "workbench.bench.e2e", "run_e2e_benchmark"),
+    "supervisor": _supervisor_summary,
+}
+
+
+@bench_app.command("all")
+def all_benchmarks(
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick", help="Fewer steps and sizes in every benchmark: a smoke test of them all."
+        ),
+    ] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(help=f"Run only these, comma separated: {', '.join(BENCHMARKS)}."),
+    ] = None,
+) -> None:
+    """Every benchmark of the project, then one summary table (`just bench`).
+
+    Runs trainer, inference, e2e and supervisor in turn; each writes its own JSON under
+    benchmarks/results/, and the summary goes to benchmarks/results/summary-latest.json.
+    A benchmark not written yet is skipped; one that fails is reported and the others
+    still run; the exit code is 1 if any failed.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from workbench.bench.results import write_result
+
+    selected = [name.strip() for name in only.split(",")] if only else list(BENCHMARKS)
+    unknown = [name for name in selected if name not in BENCHMARKS]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}",
+            param_hint="--only",
+        )
+    err_console = Console(stderr=True)
+    rows: list[SummaryRow] = []
+    outcomes: dict[str, dict[str, Any]] = {}
+    for name in selected:
+        err_console.rule(f"[bold]{name}")
+        started = time.perf_counter()
+        try:
+            rows += BENCHMARKS[name](quick)
+            outcome = {"status": "ok"}
+        except BenchmarkMissing as missing:
+            rows.append(_summary_row(name, "skipped", str(missing)))
+            outcome = {"status": "skipped", "message": str(missing)}
+        except BenchmarkFailed as failed:
+            rows += [*failed.rows, _summary_row(name, "FAILED", str(failed))]
+            outcome = {"status": "failed", "message": str(failed)}
+        except Exception as err:  # one broken benchmark must not hide the others' numbers
+            message = f"{type(err).__name__}: {err}"
+            err_console.print_exception()
+            rows.append(_summary_row(name, "FAILED", message))
+            outcome = {"status": "failed", "message": message}
+        outcome["seconds"] = round(time.perf_counter() - started, 1)
+        outcomes[name] = outcome
+
+    table = Table(title="workbench benchmarks" + (" (quick)" if quick else ""))
+    for column in ("benchmark", "metric", "value"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["benchmark"], row["metric"], row["value"])
+    Console().print(table)
+    path = write_result("summary", {"quick": quick, "benchmarks": outcomes, "rows": rows})
+    typer.echo(f"summary: {path.with_name('summary-latest.json')}")
+    if any(outcome["status"] == "failed" for outcome in outcomes.values()):
+        raise typer.Exit(1)
+
+
+@bench_app.command("e2e")
+def e2e(
+    recipe: Annotated[Path, typer.Argument(help="Recipe TOML file.")] = Path(
+        "recipes/reverse_text.toml"
+    ),
+    max_steps: Annotated[
+        int | None,
+        typer.Option(min=1, help="Override \\[defaults] max_steps for every run (shorter run)."),
+    ] = None,
+    keep_outputs: Annotated[
+        bool,
+        typer.Option(help="Keep the scratch experiment directory (logs, checkpoints) after."),
+    ] = False,
+) -> None:
+    """Reward vs wall-clock for RECIPE: `workbench up RECIPE --headless`, for real.
+
+    Runs in a scratch working directory (nothing lands in the repository), then reads
+    every run's metrics.jsonl and writes the curves as JSON plus a PNG plot
+    (benchmarks/results/e2e-latest.png), with each run's first-5 vs last-5 mean reward,
+    steps/min and wall time.
+    """
+    from workbench.bench.e2e import run_e2e_benchmark
+
+    report = run_e2e_benchmark(recipe, max_steps=max_steps, keep_outputs=keep_outputs)
+    typer.echo(f"results: {report['path']}")
+    if "scratch_dir" in report:
+        typer.echo(f"experiment directory: {report['scratch_dir']}")
+    if report["exit_code"] != 0:
+        raise typer.Exit(1)

@@ -7,7 +7,6 @@ the server, read by every orchestrator of the experiment.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,8 +36,7 @@ def new_api_key() -> str:
 
 def write_endpoint(experiment: Path, endpoint: Endpoint) -> Path:
     path = endpoint_path(experiment)
-    layout.atomic_write_text(path, json.dumps(asdict(endpoint), indent=2))
-    os.chmod(path, 0o600)
+    layout.atomic_write_text(path, json.dumps(asdict(endpoint), indent=2) + "\n", mode=0o600)
     return path
 
 

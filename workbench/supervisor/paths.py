@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from workbench import layout
+from workbench.inference import endpoint as inference_endpoint
 
 # sockaddr_un.sun_path is 108 bytes on Linux, including the terminating NUL.
 _MAX_SOCKET_PATH = 107
@@ -39,7 +40,7 @@ def pid_path(experiment: Path) -> Path:
 
 
 def endpoint_path(experiment: Path) -> Path:
-    return layout.supervisor_dir(experiment) / "endpoint.json"
+    return inference_endpoint.endpoint_path(experiment)
 
 
 def inference_config_path(experiment: Path) -> Path:

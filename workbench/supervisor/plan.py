@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-import json
 import os
 import random
 import secrets
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from workbench import layout
 from workbench.config import ConfigError, load_recipe, model_to_toml
+from workbench.inference import endpoint
 from workbench.supervisor import paths
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec
@@ -368,8 +368,4 @@ def plan_from_recipe(experiment: Path) -> Plan:
 
 def write_endpoint(experiment: Path, *, base_url: str, api_key: str, model: str) -> Path:
     """`supervisor/endpoint.json`, readable by the owner only: it holds the API key."""
-    path = paths.endpoint_path(experiment)
-    text = json.dumps({"base_url": base_url, "api_key": api_key, "model": model}, indent=2)
-    layout.atomic_write_text(path, text + "\n")
-    os.chmod(path, 0o600)
-    return path
+    return endpoint.write_endpoint(experiment, endpoint.Endpoint(base_url, api_key, model))
