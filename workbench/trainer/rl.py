@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -55,7 +55,6 @@ class Trainer:
     device: torch.device
     base_model: str
     stop_requested: bool = False
-    step_started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -187,9 +186,11 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
 def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
     """Block-diagonal causal mask [1, 1, T, T] (True = may attend) for a packed row.
 
-    Hugging Face's Llama does not split attention at sample boundaries from position_ids
-    alone under sdpa or eager attention (measured: a packed sample's logits differ from the
-    same sample alone), so each token may attend only to earlier tokens of its own sample.
+    Whether Hugging Face models split attention where position_ids restart depends on the
+    version and on flags (measured with transformers 5.19: only with use_cache=False, and
+    a packed sample's logits differ from the sample alone otherwise). An explicit mask
+    makes the trainer's correctness not depend on that: each token attends only to
+    earlier tokens of its own sample.
     """
     sample_of_token = torch.cumsum((position_ids == 0).long(), 0)
     same_sample = sample_of_token[:, None] == sample_of_token[None, :]
