@@ -89,6 +89,13 @@ class LogPane(Vertical):
         yield Log(max_lines=self.max_lines, id="log", auto_scroll=True)
         yield Input(placeholder="search the log (enter: find, esc: close)", id="log-search")
 
+    def on_mount(self) -> None:
+        # Anchored, the Log stays at its end through every resize and layout pass until
+        # the reader scrolls up. Its own auto-scroll alone runs when lines are written,
+        # which can be before the screen's layout has sized it: the view then stayed at
+        # the top (seen on a first load while the layout was still settling).
+        self.log.anchor()
+
     @property
     def log(self) -> Log:
         return self.query_one("#log", Log)
