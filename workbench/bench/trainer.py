@@ -218,6 +218,9 @@ def _spawn(
     mode: str, shape: str, n_runs: int, tokens: int, seq_len: int, steps: int, threads: int | None
 ):
     env = dict(os.environ)
+    # As the supervisor does for its children: several processes computing on the same
+    # cores must not spin-wait (see supervisor.plan.shared_cpu_env).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     command = [
