@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import tomlkit
 
 from workbench import control, layout
 from workbench.config import OrchestratorConfig
+from workbench.supervisor.process import process_is_alive
 
 STATUSES = ("waiting", "active", "rejected", "evicted", "finished")
 
@@ -49,7 +49,7 @@ def read_trainer_state(experiment: Path) -> dict[str, Any] | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     pid = state.get("pid")
-    if isinstance(pid, int) and not _alive(pid):
+    if isinstance(pid, int) and not process_is_alive(pid):
         return None
     return state
 
@@ -98,13 +98,3 @@ def _max_steps(run: Path) -> int | None:
             return OrchestratorConfig.model_fields["max_steps"].default
         return int(value)
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

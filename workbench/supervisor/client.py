@@ -58,9 +58,24 @@ def read_state(experiment: Path) -> dict[str, Any] | None:
     """`supervisor/state.json` as a dict, or None when there is none (or it is unreadable)."""
     try:
         state = json.loads(paths.state_path(experiment).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # ValueError: broken JSON or not UTF-8
         return None
     return state if isinstance(state, dict) else None
+
+
+def describe_last_exit(record: dict[str, Any]) -> str | None:
+    """How a process of state.json last ended ("exit code 1", "signal 9", an error), or None."""
+    exits = record.get("exits")
+    if not (isinstance(exits, list) and exits and isinstance(exits[-1], dict)):
+        return None
+    last = exits[-1]
+    if last.get("error"):
+        return str(last["error"])
+    if last.get("signal") is not None:
+        return f"signal {last['signal']}"
+    if last.get("code") is not None:
+        return f"exit code {last['code']}"
+    return None
 
 
 def process_summaries(state: dict[str, Any] | None, *, live: bool) -> list[dict[str, Any]]:
@@ -83,16 +98,7 @@ def process_summaries(state: dict[str, Any] | None, *, live: bool) -> list[dict[
                 uptime = max(0.0, (now - started).total_seconds())
             except ValueError:
                 uptime = None
-        exits = record.get("exits") or []
-        last_exit = None
-        if exits and isinstance(exits[-1], dict):
-            last = exits[-1]
-            if last.get("error"):
-                last_exit = str(last["error"])
-            elif last.get("signal") is not None:
-                last_exit = f"signal {last['signal']}"
-            elif last.get("code") is not None:
-                last_exit = f"exit code {last['code']}"
+        last_exit = describe_last_exit(record)
         rows.append(
             {
                 "name": name,

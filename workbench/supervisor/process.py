@@ -426,7 +426,7 @@ def process_is_alive(pid: int) -> bool:
     """True if `pid` runs; a zombie (exited, not yet reaped) is not alive."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: no pid can be that large
         return False
     except PermissionError:
         return True

@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
-import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 
 from workbench import layout
 from workbench.status import run_statuses
+from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.tui.tail import AppendedLines
 
 # Points of reward and loss history kept per run: enough for a chart as wide as a large
@@ -169,28 +169,14 @@ class MetricsReader:
 # ---------------------------------------------------------------- supervisor/state.json
 
 
-def supervisor_state_path(experiment: Path) -> Path:
-    return layout.supervisor_dir(experiment) / "state.json"
-
-
 def read_supervisor_state(experiment: Path) -> dict[str, Any] | None:
     """The supervisor's last published state, or None when there is none (yet)."""
-    try:
-        state = json.loads(supervisor_state_path(experiment).read_text(encoding="utf-8"))
-    except (FileNotFoundError, NotADirectoryError, ValueError, UnicodeDecodeError):
-        return None
-    return state if isinstance(state, dict) else None
+    return read_state(experiment)
 
 
 def live_supervisor_pid(experiment: Path) -> int | None:
     """The pid of the experiment's running supervisor, or None: decided as `workbench status`
     decides it (the supervisor's pid file, checked alive and still a supervisor)."""
-    try:
-        from workbench.supervisor.client import running_supervisor_pid
-    except ImportError:  # a tree without the supervisor: trust state.json's pid if alive
-        state = read_supervisor_state(experiment) or {}
-        pid = _as_int(state.get("pid"))
-        return pid if pid is not None and pid_alive(pid) else None
     return running_supervisor_pid(experiment)
 
 
@@ -242,17 +228,7 @@ def process_views(
 
 
 def _process_view(name: str, entry: dict[str, Any]) -> ProcessView:
-    exits = entry.get("exits")
-    last_exit = None
-    if isinstance(exits, list) and exits and isinstance(exits[-1], dict):
-        last = exits[-1]
-        # Worded as `workbench status` words it.
-        if last.get("error"):
-            last_exit = str(last["error"])
-        elif last.get("signal") is not None:
-            last_exit = f"signal {last['signal']}"
-        elif last.get("code") is not None:
-            last_exit = f"exit code {last['code']}"
+    last_exit = describe_last_exit(entry)  # worded as `workbench status` words it
     return ProcessView(
         name=name,
         kind=str(entry.get("kind") or ""),
@@ -355,18 +331,6 @@ class ExperimentReader:
 
 
 # ---------------------------------------------------------------- small helpers
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, owned by someone else
-    except OverflowError:
-        return False
-    return True
 
 
 def parse_time(value: Any) -> float | None:
