@@ -28,10 +28,7 @@ adapter loading times are recorded too.
 from __future__ import annotations
 
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from workbench.inference.local import LocalServer, start_local_server, stop_local_server
 
 BASE_MODEL = "builtin:tiny-reverse"
 LORA_RANK = 8
@@ -122,78 +121,15 @@ class Configuration:
 # ---------------------------------------------------------------------------- the server
 
 
-@dataclass
-class RunningServer:
-    process: subprocess.Popen
-    server_url: str  # the server root, e.g. http://127.0.0.1:8000 (no /v1)
-    api_key: str
-    log_path: Path
-    startup_s: float
-
-
-def start_server(scratch: Path) -> RunningServer:
+def start_server(scratch: Path) -> LocalServer:
     """Start vLLM as the supervisor does and wait for its health endpoint."""
-    from workbench.config import InferenceConfig, InferenceSection, ModelSection, model_to_toml
-    from workbench.inference.endpoint import Endpoint, new_api_key, write_endpoint
-    from workbench.inference.readiness import wait_until_ready
-    from workbench.inference.server import pick_free_port
-
-    port = pick_free_port()
-    config = InferenceConfig(
-        output_dir=scratch,
-        model=ModelSection(base=BASE_MODEL),
-        # float32: the CPU build of vLLM has no fast half-precision path for this model,
-        # and the trainer trains in float32, so that is what runs really serve.
-        inference=InferenceSection(
-            port=port, max_loras=MAX_LORAS, max_model_len=256, dtype="float32"
-        ),
+    return start_local_server(
+        scratch,
+        BASE_MODEL,
+        max_loras=MAX_LORAS,
         max_lora_rank=LORA_RANK,
+        timeout_s=STARTUP_TIMEOUT_S,
     )
-    config_path = scratch / "supervisor" / "inference.toml"
-    config_path.parent.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(model_to_toml(config))
-    endpoint = Endpoint(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key=new_api_key(), model=BASE_MODEL
-    )
-    write_endpoint(scratch, endpoint)
-    log_path = scratch / "logs" / "inference.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "workbench.inference", "--config", str(config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            # Its own group, so stopping it also stops vLLM's engine subprocess.
-            start_new_session=True,
-        )
-    try:
-        wait_until_ready(
-            endpoint.server_url, process=process, log_path=log_path, timeout_s=STARTUP_TIMEOUT_S
-        )
-    except BaseException:
-        stop_server(process)
-        raise
-    return RunningServer(
-        process=process,
-        server_url=endpoint.server_url,
-        api_key=endpoint.api_key,
-        log_path=log_path,
-        startup_s=time.monotonic() - started,
-    )
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    except ProcessLookupError:
-        pass
 
 
 # ---------------------------------------------------------------------------- adapters
@@ -271,13 +207,13 @@ def request_body(
 
 def run_pass(
     http: httpx.Client,
-    server: RunningServer,
+    server: LocalServer,
     chats: list[list[dict[str, str]]],
     models: list[str],
     workload: Workload,
 ) -> Pass:
     """Send one request per prompt, all at once, request i to `models[i % len(models)]`."""
-    url = f"{server.server_url}/v1/chat/completions"
+    url = f"{server.endpoint.server_url}/v1/chat/completions"
 
     def one(index: int) -> int:
         body = request_body(
@@ -322,7 +258,7 @@ def run_inference_benchmark(quick: bool = False) -> dict[str, Any]:
         try:
             configurations, adapter_load_s = _measure(server, adapter_dirs, chats, workload)
         finally:
-            stop_server(server.process)
+            stop_local_server(server.process)
 
     base = configurations[0]
     for configuration in configurations:
@@ -351,7 +287,7 @@ def run_inference_benchmark(quick: bool = False) -> dict[str, Any]:
 
 
 def _measure(
-    server: RunningServer,
+    server: LocalServer,
     adapter_dirs: list[Path],
     chats: list[list[dict[str, str]]],
     workload: Workload,
@@ -359,7 +295,7 @@ def _measure(
     adapter_names = [f"bench_adapter_{i}" for i in range(len(adapter_dirs))]
     configurations = [Configuration(adapters=0)] + [Configuration(n) for n in ADAPTER_COUNTS]
     with httpx.Client(
-        headers={"Authorization": f"Bearer {server.api_key}"},
+        headers={"Authorization": f"Bearer {server.endpoint.api_key}"},
         timeout=httpx.Timeout(600.0, connect=10.0),
         limits=httpx.Limits(max_connections=len(chats) + 4),
     ) as http:
@@ -367,7 +303,7 @@ def _measure(
         for name, path in zip(adapter_names, adapter_dirs, strict=True):
             started = time.monotonic()
             response = http.post(
-                f"{server.server_url}/v1/load_lora_adapter",
+                f"{server.endpoint.server_url}/v1/load_lora_adapter",
                 json={"lora_name": name, "lora_path": str(path)},
             )
             if response.status_code != 200:
