@@ -170,6 +170,21 @@ class TrainerSection(StrictModel):
     seq_len: int = Field(512, ge=16, description="tokens per packed micro-batch row")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     poll_interval_s: float = Field(0.2, gt=0)
+    attention: Literal["auto", "per_sample", "varlen", "flash", "flex", "dense"] = Field(
+        "auto",
+        description="packed-row attention: auto picks varlen > flash > flex on CUDA, "
+        "per_sample elsewhere; dense is the quadratic T x T mask, for comparison only",
+    )
+    logprob_chunk_tokens: int = Field(
+        1024,
+        ge=0,
+        description="LM head and log-softmax run this many tokens at a time (forward and "
+        "backward); 0 materialises the full [T, vocab] logits",
+    )
+    activation_checkpointing: bool | Literal["auto"] = Field(
+        "auto", description="recompute decoder layers in backward; auto: on CUDA only"
+    )
+    compile: bool = Field(False, description="torch.compile each decoder layer")
 
 
 class RunSpec(BaseModel):

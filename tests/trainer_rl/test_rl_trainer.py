@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
@@ -86,7 +87,7 @@ def test_bad_rollout_file_evicts_only_its_run_with_a_readable_reason(experiment,
 
 
 def test_packed_samples_do_not_attend_across_sample_boundaries(tiny_llama):
-    from workbench.trainer.rl import packed_attention_mask
+    from workbench.trainer.attention import packed_attention_mask
 
     model = AutoModelForCausalLM.from_pretrained(
         str(tiny_llama), dtype=torch.float32, attn_implementation="sdpa"
@@ -133,3 +134,42 @@ def test_an_update_raises_positive_and_lowers_negative_advantage_completions(
     assert iterate(trainer) == "trained"
     after = [sequence_logprob(s) for s in (good, bad)]
     assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_per_sample_attention_chunked_head_and_recompute_train_what_the_dense_reference_does(
+    tmp_path, tiny_llama
+):
+    # Runs at different temperatures, several samples per row, so every part of the packed
+    # computation is exercised; the reference is the quadratic mask with full logits.
+    settings = {
+        "reference": {"attention": "dense", "logprob_chunk_tokens": 0},
+        "default": {},
+        "recompute": {"activation_checkpointing": True, "logprob_chunk_tokens": 5},
+    }
+    adapters = {}
+    for name, section in settings.items():
+        experiment = tmp_path / name
+        experiment.mkdir()
+        for run_id, temperature in (("run_a", 1.0), ("run_b", 0.6)):
+            orch = f"lr = 0.01\nsampling = {{ temperature = {temperature} }}\n"
+            run = make_run(experiment, run_id, orch)
+            write_rollouts(run, random_batch(run_id, 0, 6, seed=4))
+        trainer = make_trainer(experiment, tiny_llama, **section)
+        assert iterate(trainer) == "trained"
+        adapters[name] = {
+            run_id: trainer.manager.get_state_dict_for_run(trainer.manager.id_2_idx[run_id])
+            for run_id in ("run_a", "run_b")
+        }
+        losses = {
+            run_id: read_metrics(experiment / run_id, "trainer")[-1]["loss"]
+            for run_id in ("run_a", "run_b")
+        }
+        if name == "reference":
+            reference_losses = losses
+        else:
+            assert losses == pytest.approx(reference_losses, rel=1e-5)
+    for name in ("default", "recompute"):
+        for run_id, state in adapters[name].items():
+            for key, tensor in state.items():
+                expected = adapters["reference"][run_id][key]
+                torch.testing.assert_close(tensor, expected, rtol=1e-4, atol=1e-6, msg=key)

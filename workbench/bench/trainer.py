@@ -164,8 +164,8 @@ def _peft_step(model, rows, device):
     from peft import LoraConfig, get_peft_model
 
     from workbench.config import LossConfig
+    from workbench.trainer.attention import packed_attention_mask
     from workbench.trainer.loss import compute_logprobs, compute_rl_loss
-    from workbench.trainer.rl import packed_attention_mask
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets))

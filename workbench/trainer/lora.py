@@ -177,6 +177,18 @@ def grouped_mm_supported(device_type: str, dtype: torch.dtype) -> bool:
         torch.randn(3, 16, 8, generator=generator),
     ]
     offsets = torch.tensor(counts).cumsum(0).to(device=device, dtype=torch.int32)
+    # The probe may first run inside a model's forward: under no_grad (it needs gradients),
+    # or inside an activation-checkpointed layer, whose saved-tensor hooks must not count
+    # the probe's tensors (the recomputation, probe cached, would save fewer and fail).
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+        return _probe_grouped_mm(device, dtype, counts, tensors, offsets)
+
+
+def _keep(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _probe_grouped_mm(device, dtype, counts, tensors, offsets) -> bool:
     try:
         grouped = [t.to(device, dtype).clone().requires_grad_() for t in tensors]
         looped = [t.to(device, dtype).clone().requires_grad_() for t in tensors]
@@ -192,7 +204,7 @@ def grouped_mm_supported(device_type: str, dtype: torch.dtype) -> bool:
             torch.allclose(a.float(), b.float(), rtol=tolerance, atol=tolerance) for a, b in pairs
         )
     except Exception as err:  # any failure means "not here": the plain path always works
-        logger.info("grouped LoRA matmul unavailable on %s/%s: %s", device_type, dtype, err)
+        logger.info("grouped LoRA matmul unavailable on %s/%s: %s", device.type, dtype, err)
         return False
 
 
@@ -488,6 +500,10 @@ def apply_lora_to_model(
         )
     for module_name, layer in layers.items():
         manager.register_lora_module(module_name, layer)
+    if path != "plain":
+        # Probe the grouped matmul now rather than in the first forward (see the probe).
+        sample = next(iter(layers.values()))
+        grouped_mm_supported(sample.weight.device.type, sample.lora_A[0].dtype)
     setattr(model, _ROUTING_ATTRIBUTE, routing)
 
     def validate_run_rank(config: OrchestratorConfig) -> tuple[bool, str]:

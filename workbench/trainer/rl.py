@@ -34,8 +34,9 @@ from workbench.metrics import append_metrics
 from workbench.runs import MultiRunManager, setup_multi_run_manager
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer
+from workbench.trainer.compute import ComputePlan, packed_row_logprobs, prepare_model
 from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lora_num_tokens
-from workbench.trainer.loss import compute_logprobs, compute_rl_loss
+from workbench.trainer.loss import compute_rl_loss
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
 from workbench.trainer.packer import MicroBatch, Packer
 
@@ -54,6 +55,7 @@ class Trainer:
     packer: Packer
     device: torch.device
     base_model: str
+    compute: ComputePlan
     stop_requested: bool = False
 
 
@@ -94,6 +96,7 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
     apply_lora_to_model(
         model, manager, section.lora.rank, section.lora.alpha, section.target_modules
     )
+    compute = prepare_model(model, section, device)
     optimizer = MultiLoRAOptimizer(manager)
     scheduler = MultiLoRAScheduler(optimizer)
     checkpointer = RunCheckpointer(manager, optimizer, scheduler)
@@ -107,6 +110,7 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
         packer=Packer(manager, section.seq_len, vocab_size=model.config.vocab_size),
         device=device,
         base_model=config.model.base,
+        compute=compute,
     )
 
     def resume_run(idx: int, run_id: str) -> None:
@@ -139,23 +143,19 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
     ]
     temperatures = torch.ones(manager.max_runs)
     for idx in manager.used_idxs:
-        temperatures[idx] = manager.config[idx].sampling.temperature
+        # Greedy sampling (temperature 0) scales nothing: its log-probs are the model's own.
+        temperatures[idx] = manager.config[idx].sampling.temperature or 1.0
     run_loss = torch.zeros(manager.max_runs, dtype=torch.float64)
 
     for row in rows:
         set_lora_num_tokens(model, row.lora_num_tokens)
         input_ids = row.input_ids.to(device)
-        logits = model(
-            input_ids=input_ids[None],
-            position_ids=row.position_ids.to(device)[None],
-            use_cache=False,
-        ).logits[0]
-        # vLLM reports log-probs after temperature scaling; divide the logits the same way,
-        # per run (runs may sample at different temperatures).
-        if bool((temperatures != 1).any()):
-            per_token = torch.repeat_interleave(temperatures, row.lora_num_tokens).to(device)
-            logits = logits / per_token[:, None].to(logits.dtype)
-        logprobs = compute_logprobs(logits, input_ids)
+        # vLLM reports log-probs after temperature scaling; the trainer's are scaled the same
+        # way, per run (runs may sample at different temperatures).
+        token_temperatures = torch.repeat_interleave(temperatures, row.lora_num_tokens)
+        logprobs = packed_row_logprobs(
+            model, trainer.compute, input_ids, row.position_ids, token_temperatures.to(device)
+        )
         out = compute_rl_loss(
             logprobs,
             row.inference_logprobs.to(device),
@@ -181,21 +181,6 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
         grad_norm={idx: float(norms.get(idx, float("nan"))) for idx in ready},
         lr={idx: trainer.optimizer.get_lr(idx) for idx in ready},
     )
-
-
-def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """Block-diagonal causal mask [1, 1, T, T] (True = may attend) for a packed row.
-
-    Whether Hugging Face models split attention where position_ids restart depends on the
-    version and on flags (measured with transformers 5.19: only with use_cache=False, and
-    a packed sample's logits differ from the sample alone otherwise). An explicit mask
-    makes the trainer's correctness not depend on that: each token attends only to
-    earlier tokens of its own sample.
-    """
-    sample_of_token = torch.cumsum((position_ids == 0).long(), 0)
-    same_sample = sample_of_token[:, None] == sample_of_token[None, :]
-    causal = torch.ones_like(same_sample).tril()
-    return (same_sample & causal)[None, None]
 
 
 def all_reduce_adapter_grads(

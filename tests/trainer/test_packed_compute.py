@@ -1,0 +1,148 @@
+"""How a packed row is computed: attention per sample, chunked LM head, activation
+checkpointing. Each must give every sample exactly what it gets alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.trainer.builders import build_trainer, tiny_causal_lm
+from workbench.config import TrainerSection
+from workbench.trainer import lora
+from workbench.trainer.attention import available_attention_paths, resolve_attention
+from workbench.trainer.compute import (
+    apply_activation_checkpointing,
+    packed_row_logprobs,
+    prepare_model,
+)
+from workbench.trainer.lm_head import chunked_token_logprobs
+from workbench.trainer.lora import set_lora_num_tokens
+from workbench.trainer.loss import compute_logprobs
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def device_paths() -> list[tuple[str, str]]:
+    return [
+        (device, path)
+        for device in DEVICES
+        for path in available_attention_paths(torch.device(device))
+    ]
+
+
+def random_samples(lengths, vocab: int = 64, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=generator) for n in lengths]
+
+
+def packed(samples: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat(samples), torch.cat([torch.arange(len(s)) for s in samples])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize(("device", "path"), device_paths())
+def test_every_attention_path_gives_each_sample_the_logprobs_it_gets_alone(device, path, family):
+    # FlashAttention kernels take half precision only; the CPU checks float32 exactly.
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-5
+    model = tiny_causal_lm(family).to(device, dtype).eval()
+    samples = [s.to(device) for s in random_samples([5, 9, 1, 7, 16])]
+    temperatures = [1.0, 0.7, 1.0, 1.3, 0.5]
+    with torch.no_grad():
+        alone = torch.cat(
+            [
+                compute_logprobs(model(input_ids=s[None]).logits[0], s, t)
+                for s, t in zip(samples, temperatures, strict=True)
+            ]
+        )
+        plan = prepare_model(model, TrainerSection(attention=path, logprob_chunk_tokens=4), device)
+        input_ids, positions = packed(samples)
+        per_token = torch.cat(
+            [torch.full((len(s),), t) for s, t in zip(samples, temperatures, strict=True)]
+        )
+        together = packed_row_logprobs(model, plan, input_ids, positions, per_token.to(device))
+    assert plan.attention == path
+    # The first token of every sample predicts nothing of its own; only the rest count.
+    first = torch.cat([torch.arange(len(s)) == 0 for s in samples]).to(device)
+    torch.testing.assert_close(
+        together[~first], alone[~first].float(), rtol=tolerance, atol=tolerance
+    )
+
+
+def test_auto_attention_costs_per_sample_on_the_cpu_and_never_picks_the_dense_mask():
+    assert resolve_attention("auto", torch.device("cpu")) == "per_sample"
+    assert available_attention_paths(torch.device("cpu"))[-1] == "dense"
+
+
+def test_an_attention_path_the_device_cannot_run_is_an_error_naming_the_key():
+    with pytest.raises(ValueError, match=r"trainer.attention = 'varlen' cannot run on cpu"):
+        resolve_attention("varlen", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_lm_head_equals_full_logits_in_values_and_gradients(bias):
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(11, 16, generator=generator, requires_grad=True)
+    head = nn.Linear(16, 50, bias=bias)
+    head.requires_grad_(True)
+    input_ids = torch.randint(0, 50, (11,), generator=generator)
+    # Three runs' tokens at three temperatures, as in a packed row.
+    temperatures = torch.tensor([1.0] * 4 + [0.6] * 3 + [1.7] * 4)
+    weights = torch.randn(11, generator=generator)
+
+    full = compute_logprobs(head(hidden) / temperatures[:, None], input_ids)
+    (full * weights).sum().backward()
+    expected = [hidden.grad.clone(), head.weight.grad.clone()]
+    if bias:
+        expected.append(head.bias.grad.clone())
+    hidden.grad = None
+    head.zero_grad(set_to_none=True)
+
+    chunked = chunked_token_logprobs(hidden, head, input_ids, temperatures, chunk_tokens=3)
+    (chunked * weights).sum().backward()
+    got = [hidden.grad, head.weight.grad] + ([head.bias.grad] if bias else [])
+    torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-6)
+    for ours, reference in zip(got, expected, strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+
+
+def lora_gradients(trainer, samples, counts, plan) -> dict[str, torch.Tensor]:
+    input_ids, positions = packed(samples)
+    set_lora_num_tokens(trainer.model, counts)
+    logprobs = packed_row_logprobs(
+        trainer.model, plan, input_ids, positions, torch.ones(len(input_ids))
+    )
+    weights = torch.linspace(-1, 1, len(input_ids))
+    (logprobs * weights).sum().backward()
+    return {
+        name: param.grad.clone()
+        for name, param in trainer.model.named_parameters()
+        if param.requires_grad and param.grad is not None
+    }
+
+
+@pytest.mark.parametrize("path", ["auto", "plain"])  # auto probes, then takes "grouped"
+def test_activation_checkpointing_gives_the_same_adapter_gradients_with_several_runs_in_a_row(
+    tmp_path, path
+):
+    runs = {"run_a": "seed = 1\n", "run_b": "seed = 2\n", "run_c": "seed = 3\n"}
+    kept = build_trainer(tmp_path / "kept", runs, path=path)
+    recomputed = build_trainer(tmp_path / "recomputed", runs, path=path)
+    section = TrainerSection(attention="per_sample", activation_checkpointing=False)
+    plan_kept = prepare_model(kept.model, section, torch.device("cpu"))
+    plan_recomputed = prepare_model(recomputed.model, section, torch.device("cpu"))
+    apply_activation_checkpointing(recomputed.model)
+    # The grouped-matmul probe used to run inside the first checkpointed forward and make
+    # the recomputation save fewer tensors than the forward (CheckpointError): re-probe there.
+    lora.grouped_mm_supported.cache_clear()
+
+    samples = random_samples([6, 4, 8, 5, 7])
+    counts = torch.tensor([10, 8, 12])  # run_a: 6 + 4, run_b: 8, run_c: 5 + 7
+    with_recompute = lora_gradients(recomputed, samples, counts, plan_recomputed)
+    reference = lora_gradients(kept, samples, counts, plan_kept)
+    assert reference.keys() == with_recompute.keys() and reference
+    for slot in range(3):  # B starts at zero, so B's gradient is where every run learns
+        assert any(g.abs().sum() > 0 for n, g in reference.items() if f"lora_B.{slot}" in n)
+    for name, grad in reference.items():
+        torch.testing.assert_close(with_recompute[name], grad, rtol=1e-5, atol=1e-7, msg=name)

@@ -1,0 +1,326 @@
+"""Attention over a packed row: each sample attends to its own earlier tokens only.
+
+The trainer packs many samples (of several runs) into one row of up to `seq_len` tokens. A
+dense block-diagonal T x T mask would make attention cost quadratic in the row; the paths
+here cost per sample and never build one:
+
+- "per_sample": one causal `scaled_dot_product_attention` per sample. Exact on any device;
+  the CPU's choice (torch has no CPU varlen kernel and no flex-attention backward on CPU).
+- "varlen":     `torch.nn.attention.varlen.varlen_attn` (FlashAttention's varlen kernel in
+  torch itself; CUDA, torch >= 2.10).
+- "flash":      `flash_attn_varlen_func` from the `flash-attn` package, where it is installed.
+- "flex":       flex attention with a document-causal block mask, compiled (CUDA).
+- "dense":      the explicit T x T block-diagonal mask through SDPA: quadratic, kept only
+  as the reference that `workbench bench trainer` measures the others against.
+
+"auto" picks varlen, then flash, then flex on CUDA, and per_sample elsewhere.
+
+Each path is registered with Hugging Face's `AttentionInterface` under its own name, with a
+mask function that builds nothing, so the model calls it in place of SDPA. The sample
+boundaries reach it as the keyword argument `packed_sequences` of the model's forward,
+which transformers passes down to every attention call; called without it, the model
+treats each batch row as one unpadded sequence.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+AttentionChoice = Literal["auto", "per_sample", "varlen", "flash", "flex", "dense"]
+AttentionPath = Literal["per_sample", "varlen", "flash", "flex", "dense"]
+ATTENTION_PATHS: tuple[AttentionPath, ...] = ("per_sample", "varlen", "flash", "flex", "dense")
+
+_REGISTERED_PREFIX = "workbench_"
+
+
+# ---------------------------------------------------------------------------- sample boundaries
+
+
+@dataclass
+class PackedSequences:
+    """Where each sample of a packed row starts and ends, in the forms the kernels want.
+
+    Built once per row (not per layer) from its position ids, which restart at 0 for every
+    sample. The flex block mask and the dense mask are made on first use and then shared
+    by every layer of the forward (and its recomputation under activation checkpointing).
+    """
+
+    lengths: tuple[int, ...]
+    cu_seqlens: torch.Tensor  # int32 [N + 1] on the row's device
+    max_length: int
+    device: torch.device
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_position_ids(
+        cls, position_ids: torch.Tensor, device: torch.device | str
+    ) -> PackedSequences:
+        positions = position_ids.reshape(-1).cpu()
+        if positions.numel() == 0:
+            raise ValueError("a packed row needs at least one token")
+        if int(positions[0]) != 0:
+            raise ValueError("a packed row's position ids must start at 0")
+        starts = [*torch.nonzero(positions == 0).flatten().tolist(), positions.numel()]
+        lengths = tuple(end - start for start, end in itertools.pairwise(starts))
+        device = torch.device(device)
+        cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        return cls(lengths, cu_seqlens.to(device), max(lengths), device)
+
+    @property
+    def total_tokens(self) -> int:
+        return int(sum(self.lengths))
+
+    def sample_of_token(self) -> torch.Tensor:
+        if "sample_of_token" not in self._cache:
+            ids = torch.repeat_interleave(
+                torch.arange(len(self.lengths)), torch.tensor(self.lengths)
+            )
+            self._cache["sample_of_token"] = ids.to(self.device)
+        return self._cache["sample_of_token"]
+
+    def dense_mask(self) -> torch.Tensor:
+        """[1, 1, T, T] bool, True where a token may attend: the quadratic reference."""
+        if "dense_mask" not in self._cache:
+            sample = self.sample_of_token()
+            same_sample = sample[:, None] == sample[None, :]
+            self._cache["dense_mask"] = same_sample.tril()[None, None]
+        return self._cache["dense_mask"]
+
+    def flex_block_mask(self):
+        if "flex_block_mask" not in self._cache:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            sample = self.sample_of_token()
+
+            def document_causal(batch, head, q_idx, kv_idx):
+                return (sample[q_idx] == sample[kv_idx]) & (q_idx >= kv_idx)
+
+            total = self.total_tokens
+            self._cache["flex_block_mask"] = create_block_mask(
+                document_causal, None, None, total, total, device=self.device
+            )
+        return self._cache["flex_block_mask"]
+
+
+def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """The dense block-diagonal causal mask [1, 1, T, T] of a packed row (True = may attend).
+
+    Quadratic in the row: for the "dense" reference path and for comparing against it.
+    """
+    return PackedSequences.from_position_ids(position_ids, position_ids.device).dense_mask()
+
+
+# ---------------------------------------------------------------------------- the kernels
+#
+# Each takes Hugging Face's attention-function arguments: query [1, Hq, T, D] and key and
+# value [1, Hkv, T, D], and returns ([1, T, Hq, D], None).
+
+
+def _expand_kv(tensor: torch.Tensor, groups: int, dim: int) -> torch.Tensor:
+    return tensor if groups == 1 else tensor.repeat_interleave(groups, dim=dim)
+
+
+def _groups(query: torch.Tensor, key: torch.Tensor, head_dim: int) -> int:
+    return query.shape[head_dim] // key.shape[head_dim]
+
+
+def _per_sample(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
+    groups = _groups(query, key, 1)
+    key, value = _expand_kv(key, groups, 1), _expand_kv(value, groups, 1)
+    outputs = []
+    start = 0
+    for length in packed.lengths:
+        end = start + length
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, start:end],
+                key[:, :, start:end],
+                value[:, :, start:end],
+                is_causal=True,
+                scale=scaling,
+            )
+        )
+        start = end
+    return torch.cat(outputs, dim=2).transpose(1, 2)
+
+
+def _causal(query, key, value, scaling) -> torch.Tensor:
+    groups = _groups(query, key, 1)
+    key, value = _expand_kv(key, groups, 1), _expand_kv(value, groups, 1)
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    return out.transpose(1, 2)
+
+
+def _dense(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
+    groups = _groups(query, key, 1)
+    key, value = _expand_kv(key, groups, 1), _expand_kv(value, groups, 1)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=packed.dense_mask(), scale=scaling
+    )
+    return out.transpose(1, 2)
+
+
+def _varlen(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
+    from torch.nn.attention.varlen import varlen_attn
+
+    # [1, H, T, D] -> [T, H, D], the layout of FlashAttention's varlen kernels.
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    options: dict[str, Any] = {"scale": scaling}
+    accepted = _varlen_parameters()
+    if "enable_gqa" in accepted:
+        options["enable_gqa"] = True
+    else:
+        groups = _groups(q, k, 1)
+        k, v = _expand_kv(k, groups, 1), _expand_kv(v, groups, 1)
+    # torch 2.10/2.11 spell causality `is_causal`; later releases a (left, right) window.
+    if "is_causal" in accepted:
+        options["is_causal"] = True
+    else:
+        options["window_size"] = (-1, 0)
+    cu, longest = packed.cu_seqlens, packed.max_length
+    return varlen_attn(q, k, v, cu, cu, longest, longest, **options)[None]
+
+
+@functools.cache
+def _varlen_parameters() -> frozenset[str]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _flash(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
+    from flash_attn import flash_attn_varlen_func
+
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    cu, longest = packed.cu_seqlens, packed.max_length
+    out = flash_attn_varlen_func(
+        q, k, v, cu, cu, longest, longest, softmax_scale=scaling, causal=True
+    )
+    return out[None]
+
+
+@functools.cache
+def _compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
+    flex = _compiled_flex_attention()
+    enable_gqa = query.shape[1] != key.shape[1]
+    out = flex(
+        query, key, value, block_mask=packed.flex_block_mask(), scale=scaling, enable_gqa=enable_gqa
+    )
+    return out.transpose(1, 2)
+
+
+_KERNELS = {
+    "per_sample": _per_sample,
+    "dense": _dense,
+    "varlen": _varlen,
+    "flash": _flash,
+    "flex": _flex,
+}
+
+
+# ---------------------------------------------------------------------------- choosing a path
+
+
+def available_attention_paths(device: torch.device | str) -> list[AttentionPath]:
+    """The paths that can run on `device`, fastest first (what "auto" takes the first of)."""
+    device = torch.device(device)
+    paths: list[AttentionPath] = []
+    if device.type == "cuda":
+        if importlib.util.find_spec("torch.nn.attention.varlen") is not None:
+            paths.append("varlen")
+        if importlib.util.find_spec("flash_attn") is not None:
+            paths.append("flash")
+        if importlib.util.find_spec("torch.nn.attention.flex_attention") is not None:
+            paths.append("flex")
+    paths += ["per_sample", "dense"]
+    return paths
+
+
+def resolve_attention(choice: AttentionChoice, device: torch.device | str) -> AttentionPath:
+    """The path `choice` means on `device`; a path the device cannot run is a clear error."""
+    device = torch.device(device)
+    available = available_attention_paths(device)
+    if choice == "auto":
+        return available[0]
+    if choice not in available:
+        raise ValueError(
+            f"trainer.attention = {choice!r} cannot run on {device.type} here (needs "
+            f"{_NEEDS[choice]}); choose one of {', '.join(['auto', *available])}"
+        )
+    return choice
+
+
+_NEEDS = {
+    "varlen": "CUDA and torch >= 2.10",
+    "flash": "CUDA and the flash-attn package",
+    "flex": "CUDA (flex attention has no CPU backward)",
+    "per_sample": "nothing",
+    "dense": "nothing",
+}
+
+
+# ---------------------------------------------------------------------------- wiring into the model
+
+
+def attention_implementation_name(path: AttentionPath) -> str:
+    return _REGISTERED_PREFIX + path
+
+
+def _attention_function(path: AttentionPath):
+    kernel = _KERNELS[path]
+
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float | None = None,
+        dropout: float = 0.0,
+        packed_sequences: PackedSequences | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        if packed_sequences is None:
+            # Called as a plain causal LM (a check, a generation): every batch row is one
+            # whole, unpadded sequence.
+            return _causal(query, key, value, scaling), None
+        if query.shape[0] != 1 or query.shape[2] != packed_sequences.total_tokens:
+            raise ValueError(
+                f"a packed row is one sequence of {packed_sequences.total_tokens} tokens; "
+                f"attention got query {tuple(query.shape)}"
+            )
+        return kernel(query, key, value, packed_sequences, scaling), None
+
+    return attention
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    # The kernels know the samples from `packed_sequences`; a mask would be the T x T tensor
+    # this module exists to avoid.
+    return None
+
+
+def use_packed_attention(model: nn.Module, path: AttentionPath) -> None:
+    """Make every attention layer of `model` run `path` over packed rows."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    name = attention_implementation_name(path)
+    AttentionInterface.register(name, _attention_function(path))
+    AttentionMaskInterface.register(name, _no_mask)
+    model.set_attn_implementation(name)

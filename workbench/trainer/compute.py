@@ -1,0 +1,155 @@
+"""How the frozen model computes a packed row: attention, recomputation, compilation, log-probs.
+
+`prepare_model` applies the trainer's compute settings to a plain Hugging Face model, as
+functions over it (torchtitan's way): the attention path for packed rows, activation
+checkpointing of every decoder layer, and optionally `torch.compile` of each layer. It
+returns the `ComputePlan` that `packed_row_logprobs` follows for every row: decoder forward
+with the row's sample boundaries, then the LM head and log-softmax in token chunks
+(`lm_head.py`), so neither a T x T mask nor T x vocab logits exist on the hot path.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from workbench.config import TrainerSection
+from workbench.trainer.attention import (
+    AttentionPath,
+    PackedSequences,
+    resolve_attention,
+    use_packed_attention,
+)
+from workbench.trainer.lm_head import chunkable_lm_head, chunked_token_logprobs
+from workbench.trainer.loss import compute_logprobs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ComputePlan:
+    """The resolved compute settings of one trainer (what "auto" turned into)."""
+
+    attention: AttentionPath
+    logprob_chunk_tokens: int  # 0: the model's full [T, vocab] logits
+    activation_checkpointing: bool
+    compiled: bool
+
+    def describe(self) -> str:
+        chunk = (
+            f"LM head in chunks of {self.logprob_chunk_tokens} tokens"
+            if self.logprob_chunk_tokens
+            else "full logits"
+        )
+        return (
+            f"attention {self.attention}, {chunk}, activation checkpointing "
+            f"{'on' if self.activation_checkpointing else 'off'}, "
+            f"{'compiled' if self.compiled else 'eager'} layers"
+        )
+
+
+def prepare_model(
+    model: nn.Module, section: TrainerSection, device: torch.device | str
+) -> ComputePlan:
+    """Apply `section`'s attention, checkpointing and compile settings to `model` in place.
+
+    Call after the LoRA layers are in place (compilation must see them).
+    """
+    device = torch.device(device)
+    attention = resolve_attention(section.attention, device)
+    use_packed_attention(model, attention)
+    chunk = section.logprob_chunk_tokens
+    if chunk and chunkable_lm_head(model) is None:
+        logger.warning(
+            "this model's logits are not a plain linear head; computing full logits instead"
+        )
+        chunk = 0
+    checkpointing = resolve_activation_checkpointing(section.activation_checkpointing, device)
+    if checkpointing:
+        apply_activation_checkpointing(model)
+    if section.compile:
+        compile_decoder_layers(model)
+    plan = ComputePlan(attention, chunk, checkpointing, section.compile)
+    logger.info("trainer compute: %s", plan.describe())
+    return plan
+
+
+def resolve_activation_checkpointing(setting: bool | str, device: torch.device) -> bool:
+    """ "auto" is on for CUDA, where memory bounds the tokens per update, and off on the CPU,
+    where RAM is plentiful next to compute and recomputing a layer costs a third more time."""
+    if setting == "auto":
+        return device.type == "cuda"
+    return bool(setting)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(
+            f"{type(model).__name__} has no decoder layer list (model.get_decoder().layers); "
+            "activation checkpointing and compile need one"
+        )
+    return layers
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward instead of keeping them.
+
+    Wraps the layer's forward (not the module), so parameter names and the LoRA modules
+    registered with the run manager stay as they are. Non-reentrant checkpointing, which
+    needs the recomputation to save the same tensors as the forward: the multi-LoRA layers
+    read the same routing then (set per row and kept until its backward is done).
+    """
+    for layer in decoder_layers(model):
+        layer.forward = functools.partial(_checkpointed, layer.forward)
+
+
+def _checkpointed(forward, *args, **kwargs):
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def compile_decoder_layers(model: nn.Module) -> None:
+    """`torch.compile` each decoder layer (per block, as torchtitan does): one compiled graph
+    reused by every layer of the same shape; never needed for correctness."""
+    for layer in decoder_layers(model):
+        layer.compile()
+
+
+def packed_row_logprobs(
+    model: nn.Module,
+    plan: ComputePlan,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    temperatures: torch.Tensor,
+) -> torch.Tensor:
+    """Per-token log-probs [T] (float32) of one packed row; `temperatures` [T] per token.
+
+    Every sample attends only to itself, so each gets the log-probs it would get alone.
+    The caller routes the row's tokens to their adapters first (`set_lora_num_tokens`).
+    """
+    packed = PackedSequences.from_position_ids(position_ids, input_ids.device)
+    inputs = {
+        "input_ids": input_ids[None],
+        "position_ids": position_ids.to(input_ids.device)[None],
+        "use_cache": False,
+        "packed_sequences": packed,
+    }
+    if plan.logprob_chunk_tokens:
+        hidden = model.get_decoder()(**inputs).last_hidden_state[0]
+        return chunked_token_logprobs(
+            hidden,
+            model.get_output_embeddings(),
+            input_ids,
+            temperatures,
+            plan.logprob_chunk_tokens,
+        )
+    logits = model(**inputs).logits[0]
+    if bool((temperatures != 1).any()):
+        logits = logits / temperatures.to(device=logits.device, dtype=logits.dtype)[:, None]
+    return compute_logprobs(logits, input_ids)

@@ -1,0 +1,119 @@
+"""Next-token log-probs straight from the last hidden states, a chunk of tokens at a time.
+
+The RL loss needs one number per token, log p(token | earlier tokens), but going through
+the model's logits materialises a [T, vocab] tensor (5 GB in float32 for a 8k-token row
+and Qwen's 151,936-token vocabulary), then its gradient, then a temperature-scaled copy.
+Here the LM head and the log-softmax run `chunk_tokens` rows at a time in both passes: the
+forward keeps one logsumexp per token, the backward recomputes each chunk's logits, so at
+most one chunk of vocabulary-wide values exists at any moment.
+
+Each token has its own sampling temperature (runs sample at different temperatures and
+vLLM reports log-probs of the temperature-scaled distribution), applied inside the chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Config attributes with which a model's logits are not `lm_head(hidden)`; such models keep
+# the full-logits path (`logprob_chunk_tokens = 0`).
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def chunkable_lm_head(model: nn.Module) -> nn.Linear | None:
+    """The model's output linear if its logits are exactly `lm_head(hidden)`, else None."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Linear):
+        return None
+    config = getattr(model, "config", None)
+    for name in _LOGIT_TRANSFORMS:
+        value = getattr(config, name, None)
+        if value not in (None, 1, 1.0):
+            return None
+    return head
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    head: nn.Linear,
+    input_ids: torch.Tensor,
+    temperatures: torch.Tensor,
+    chunk_tokens: int = 1024,
+) -> torch.Tensor:
+    """log p(input_ids[t] | tokens before t) in float32, aligned with `input_ids` [T].
+
+    `hidden` [T, H] are the decoder's last hidden states for `input_ids`; `temperatures` [T]
+    is each token's sampling temperature. Position 0 (and, in a packed row, the first token
+    of each sample, predicted from the previous sample) gets a value that must stay out of
+    the loss mask, as with `loss.compute_logprobs`, which this equals.
+    """
+    if hidden.ndim != 2 or input_ids.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"hidden [T, H] and input_ids [T] must agree, got {tuple(hidden.shape)} and "
+            f"{tuple(input_ids.shape)}"
+        )
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
+    if bool((temperatures <= 0).any()):
+        raise ValueError("temperatures must be positive")
+    # Position t predicts token t + 1; the last position predicts nothing we have.
+    inverse_temperature = 1.0 / temperatures[:-1].to(device=hidden.device, dtype=torch.float32)
+    predicted = _ChunkedLMHeadLogprobs.apply(
+        hidden[:-1], head.weight, head.bias, input_ids[1:], inverse_temperature, chunk_tokens
+    )
+    return torch.cat([predicted.new_zeros(1), predicted])
+
+
+class _ChunkedLMHeadLogprobs(torch.autograd.Function):
+    """log_softmax(hidden W^T + b, scaled by 1/T per row)[target], chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, inverse_temperature, chunk_tokens):  # type: ignore[override]
+        rows = hidden.shape[0]
+        out = torch.empty(rows, dtype=torch.float32, device=hidden.device)
+        logsumexp = torch.empty_like(out)
+        for start in range(0, rows, chunk_tokens):
+            chunk = slice(start, start + chunk_tokens)
+            scaled = _scaled_logits(hidden[chunk], weight, bias, inverse_temperature[chunk])
+            logsumexp[chunk] = torch.logsumexp(scaled, dim=-1)
+            picked = scaled.gather(-1, targets[chunk, None]).squeeze(-1)
+            out[chunk] = picked - logsumexp[chunk]
+        ctx.save_for_backward(hidden, weight, bias, targets, inverse_temperature, logsumexp)
+        ctx.chunk_tokens = chunk_tokens
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        hidden, weight, bias, targets, inverse_temperature, logsumexp = ctx.saved_tensors
+        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if needs_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needs_weight else None
+        grad_bias = (
+            torch.zeros_like(bias, dtype=torch.float32) if needs_bias and bias is not None else None
+        )
+        for start in range(0, hidden.shape[0], ctx.chunk_tokens):
+            chunk = slice(start, start + ctx.chunk_tokens)
+            scaled = _scaled_logits(hidden[chunk], weight, bias, inverse_temperature[chunk])
+            # d/dz of log_softmax(z)[y] is onehot(y) - softmax(z); z = logits / T.
+            grad_scaled = torch.exp(scaled - logsumexp[chunk, None]).mul_(-grad_out[chunk, None])
+            grad_scaled.scatter_add_(-1, targets[chunk, None], grad_out[chunk, None].float())
+            grad_logits = grad_scaled.mul_(inverse_temperature[chunk, None])
+            del scaled, grad_scaled
+            if grad_hidden is not None:
+                grad_hidden[chunk] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight += grad_logits.t() @ hidden[chunk].float()
+            if grad_bias is not None:
+                grad_bias += grad_logits.sum(0)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def _scaled_logits(hidden, weight, bias, inverse_temperature) -> torch.Tensor:
+    """float32 [rows, vocab]: the chunk's logits, as the model computes them, over T."""
+    return F.linear(hidden, weight, bias).float().mul_(inverse_temperature[:, None])
