@@ -63,6 +63,23 @@ def test_shipped_recipe_is_valid_and_has_at_least_two_runs():
     assert len(recipe.run_configs()) >= 2
 
 
+def test_shipped_gpu_recipe_is_valid_and_shares_one_gpu_between_vllm_and_the_trainer():
+    from workbench.supervisor.plan import assign_devices
+    from workbench.trainer.attention import resolve_attention
+
+    recipe = load_recipe(REPO / "recipes" / "reverse_text_qwen3.toml")
+    assert recipe.model.base == "Qwen/Qwen3-0.6B"
+    assert recipe.trainer.dtype == "bfloat16" and recipe.trainer.lora.rank == 16
+    configs = recipe.run_configs()
+    assert len(configs) == recipe.trainer.max_concurrent_runs == 4
+    devices = assign_devices(recipe.inference.gpus, recipe.trainer.gpus, 1, gpu_count=1)
+    assert devices.inference == devices.trainer == [0]
+    assert recipe.inference.gpu_memory_utilization <= 0.5, "the trainer needs the rest"
+    # Every adapter version in flight fits vLLM's LoRA slots: current and next per run.
+    assert recipe.inference.max_loras >= 2 * len(configs)
+    assert resolve_attention(recipe.trainer.attention, "cuda") != "dense"
+
+
 def test_runs_get_defaults_merged_with_their_overrides(tmp_path: Path):
     recipe = load_recipe(write(tmp_path, GOOD_RECIPE))
     configs = recipe.run_configs()

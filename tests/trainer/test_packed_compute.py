@@ -47,8 +47,9 @@ def test_every_attention_path_gives_each_sample_the_logprobs_it_gets_alone(devic
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-5
     model = tiny_causal_lm(family).to(device, dtype).eval()
-    samples = [s.to(device) for s in random_samples([5, 9, 1, 7, 16])]
-    temperatures = [1.0, 0.7, 1.0, 1.3, 0.5]
+    # Out of length order, some of similar length (batched, padded), some alone.
+    samples = [s.to(device) for s in random_samples([5, 9, 16, 1, 8, 14, 7, 15])]
+    temperatures = [1.0, 0.7, 1.0, 1.3, 0.5, 1.0, 0.9, 1.1]
     with torch.no_grad():
         alone = torch.cat(
             [

@@ -37,23 +37,76 @@ def _split_ints(text: str) -> list[int]:
 @bench_app.command("trainer")
 def trainer(
     models: Annotated[
-        str, typer.Option(help="Model shapes, comma separated: tiny, qwen3-0.6b.")
-    ] = ("tiny,qwen3-0.6b"),
+        str, typer.Option(help="Model shapes, comma separated: tiny, qwen3-vocab, qwen3-0.6b.")
+    ] = "tiny,qwen3-0.6b",
     runs: Annotated[str, typer.Option(help="Run counts N, comma separated.")] = "1,2,4,8",
     steps: Annotated[int, typer.Option(min=1, help="Measured updates per configuration.")] = 3,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            help="anchor: the GPU anchor (Qwen3-0.6B shape, rank 16, 16,384 tokens in one "
+            "row, 512-token samples, N = 1, 4, 8); cpu-vocab: Qwen's vocabulary on a small "
+            "body, 4 runs x 2,048 tokens in one 8,192-token row. Other options override it."
+        ),
+    ] = None,
+    tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per update.")] = None,
+    seq_len: Annotated[int | None, typer.Option(min=16, help="Tokens per packed row.")] = None,
+    sample_len: Annotated[int | None, typer.Option(min=2, help="Tokens per sample.")] = None,
+    rank: Annotated[int | None, typer.Option(min=1, help="LoRA rank (alpha = 2 x rank).")] = None,
+    attention: Annotated[
+        str, typer.Option(help="auto, per_sample, varlen, flash, flex or dense.")
+    ] = "auto",
+    activation_checkpointing: Annotated[
+        str, typer.Option(help="auto (on CUDA), on or off.")
+    ] = "auto",
+    logprob_chunk_tokens: Annotated[
+        int, typer.Option(min=0, help="LM head chunk; 0: full logits.")
+    ] = 1024,
+    compile: Annotated[bool, typer.Option(help="torch.compile each decoder layer.")] = False,
+    legacy: Annotated[
+        bool, typer.Option(help="Also measure the legacy compute (dense mask, full logits).")
+    ] = True,
+    separate: Annotated[bool, typer.Option(help="Also measure N separate trainers.")] = True,
+    peft: Annotated[bool, typer.Option(help="Also measure peft with one adapter.")] = True,
 ) -> None:
     """One trainer training N runs vs N separate trainers vs peft, same total tokens.
 
-    Reports tokens/s (median update time) and peak memory (RSS on CPU, CUDA allocator peak
-    on a GPU) for N = 1, 2, 4, 8 on the built-in tiny model's shape and a Qwen3-0.6B shape
-    with random weights.
+    Reports tokens/s (median update time), memory (the CUDA allocator's peak on a GPU; peak
+    RSS and the RSS the updates added on the CPU), MFU on a GPU, and each shared
+    measurement's ratio to peft and to N separate trainers. The "legacy" rows run the
+    compute of earlier releases side by side (the "before").
     """
     from workbench.bench.results import write_result
-    from workbench.bench.trainer import print_table, run_benchmark
+    from workbench.bench.trainer import BenchSettings, print_table, run_benchmark
 
-    measurements = run_benchmark([m.strip() for m in models.split(",")], _split_ints(runs), steps)
+    checkpointing = {"auto": "auto", "on": True, "off": False}.get(activation_checkpointing)
+    if checkpointing is None:
+        raise typer.BadParameter("choose auto, on or off", param_hint="--activation-checkpointing")
+    compute = {
+        "attention": attention,
+        "activation_checkpointing": checkpointing,
+        "logprob_chunk_tokens": logprob_chunk_tokens,
+        "compile": compile,
+    }
+    chosen = {"steps": steps, "compute": compute, "legacy": legacy, "separate": separate}
+    chosen["peft"] = peft
+    for key, value in (("tokens", tokens), ("seq_len", seq_len), ("sample_len", sample_len)):
+        if value is not None:
+            chosen[key] = value
+    if rank is not None:
+        chosen["rank"] = rank
+    try:
+        if preset:
+            settings = BenchSettings.from_preset(preset, **chosen)
+        else:
+            model_list = [m.strip() for m in models.split(",") if m.strip()]
+            settings = BenchSettings(models=model_list, run_counts=_split_ints(runs), **chosen)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    measurements = run_benchmark(settings)
     print_table(measurements)
-    path = write_result("trainer", {"measurements": [asdict(m) for m in measurements]})
+    payload = {"preset": preset, "measurements": [asdict(m) for m in measurements]}
+    path = write_result("trainer", payload)
     typer.echo(f"results: {path}")
 
 

@@ -1,16 +1,31 @@
 """`workbench bench trainer`: one shared trainer with N runs vs N trainers vs peft.
 
 For each model shape and each N, the same total number of tokens per update is trained
-three ways, each in fresh processes so peak memory is clean:
+several ways, each in a fresh process so peak memory is clean:
 
-- shared:   one trainer process holding N runs (our MultiLoRA path: `train_step`);
+- shared:   one trainer process holding N runs (our multi-LoRA path: `build_trainer` +
+            `train_step`) with the compute settings asked for (default: the trainer's);
+- legacy:   the same with the compute of earlier releases (dense T x T attention mask, full
+            logits, no recomputation), measured side by side as the "before";
 - separate: N single-run trainer processes at once, each with 1/N of the tokens (what a
             user without workbench runs); memory is the sum of their peaks;
-- peft:     one run with peft's LoRA and the same loss (N = 1 only), the reference.
+- peft:     one run with peft's LoRA layers, the same compute settings and the same loss
+            (N = 1 only), the reference.
 
 Throughput = total tokens / wall time of one update (median over the measured steps; for
-`separate`, the slowest process's median, since they run side by side). Weights are random:
-shapes, not values, decide speed. No download: models are built from their configs.
+`separate`, the slowest process's median, since they run side by side). Memory: the CUDA
+allocator's peak on a GPU; on the CPU the process's peak RSS and how much the updates added
+to what the process held before them. Weights are random: shapes, not values, decide speed.
+No download: models are built from their configs.
+
+MFU (CUDA only) counts the useful FLOPs of a LoRA update of a frozen model, per token:
+    4 * N_linear                      forward and input gradients of every linear (the
+                                      frozen base computes no weight gradients; the LoRA
+                                      matrices' are negligible), LM head included
+  + 12 * layers * heads * head_dim * context      attention scores and values, forward
+                                      (4 * ...) and backward (8 * ...), with `context` the
+                                      mean attended length, (sample_len + 1) / 2 causally
+and recomputation is not counted, as usual for MFU.
 """
 
 from __future__ import annotations
@@ -23,14 +38,45 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MODEL_SHAPES = ("tiny", "qwen3-0.6b")
-DEFAULT_TOKENS = {"tiny": 16384, "qwen3-0.6b": 1024}
-DEFAULT_SEQ_LEN = {"tiny": 2048, "qwen3-0.6b": 512}
-SAMPLE_LEN = {"tiny": 64, "qwen3-0.6b": 128}
+MODEL_SHAPES = ("tiny", "qwen3-vocab", "qwen3-0.6b")
+DEFAULT_TOKENS = {"tiny": 16384, "qwen3-vocab": 8192, "qwen3-0.6b": 1024}
+DEFAULT_SEQ_LEN = {"tiny": 2048, "qwen3-vocab": 8192, "qwen3-0.6b": 512}
+DEFAULT_SAMPLE_LEN = {"tiny": 64, "qwen3-vocab": 512, "qwen3-0.6b": 128}
+# The compute of releases before per-sample attention and chunked log-probs.
+LEGACY_COMPUTE = {
+    "attention": "dense",
+    "logprob_chunk_tokens": 0,
+    "activation_checkpointing": False,
+}
+# Dense bf16 peak of the GPUs we quote MFU on (tensor cores, no sparsity).
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+@dataclass
+class Preset:
+    """A named configuration: what the issue and README figures are measured with."""
+
+    models: list[str]
+    runs: list[int]
+    tokens: int
+    seq_len: int
+    sample_len: int
+    rank: int
+    about: str
+
+
+PRESETS = {
+    # One H100: Qwen3-0.6B shape, bf16, rank 16 on all 7 projections, 16,384 tokens per
+    # update in one row, 512-token samples.
+    "anchor": Preset(["qwen3-0.6b"], [1, 4, 8], 16384, 16384, 512, 16, "GPU anchor"),
+    # This CPU: Qwen's real 151,936-token vocabulary on a small body, 4 runs x 2,048
+    # tokens (512-token samples) in one 8,192-token row: the logits dominate memory.
+    "cpu-vocab": Preset(["qwen3-vocab"], [4], 8192, 8192, 512, 8, "CPU, Qwen vocabulary"),
+}
 
 
 def model_config(shape: str):
@@ -38,9 +84,21 @@ def model_config(shape: str):
         from workbench.models.tiny_reverse import TinyReverseSpec, llama_config
 
         return llama_config(TinyReverseSpec())
-    if shape == "qwen3-0.6b":
-        from transformers import Qwen3Config
+    from transformers import Qwen3Config
 
+    if shape == "qwen3-vocab":
+        return Qwen3Config(
+            vocab_size=151936,
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            max_position_embeddings=40960,
+            tie_word_embeddings=True,
+        )
+    if shape == "qwen3-0.6b":
         return Qwen3Config(
             vocab_size=151936,
             hidden_size=1024,
@@ -54,6 +112,28 @@ def model_config(shape: str):
             rms_norm_eps=1e-6,
         )
     raise ValueError(f"unknown model shape {shape!r}; choose from {', '.join(MODEL_SHAPES)}")
+
+
+def train_flops_per_token(config, sample_len: int) -> float:
+    """Useful FLOPs per trained token (formula in the module docstring)."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    per_layer = (
+        hidden * heads * head_dim * 2  # q and o
+        + hidden * kv_heads * head_dim * 2  # k and v
+        + hidden * config.intermediate_size * 3  # gate, up, down
+    )
+    linear_params = layers * per_layer + hidden * config.vocab_size
+    context = (sample_len + 1) / 2
+    return 4 * linear_params + 12 * layers * heads * head_dim * context
+
+
+def peak_flops(device_name: str) -> float | None:
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if key in device_name:
+            return flops
+    return None
 
 
 # ------------------------------------------------------------------ the worker (one process)
@@ -87,18 +167,27 @@ def _synthetic_batches(n_runs: int, tokens: int, sample_len: int, vocab: int):
     return batches
 
 
-def _peak_memory_mb(device) -> dict[str, float]:
-    import torch
-
-    peak = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if device.type == "cuda":
-        peak["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return peak
+def _current_rss_mb() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def run_worker(
-    mode: str, shape: str, n_runs: int, tokens: int, seq_len: int, steps: int
-) -> dict[str, Any]:
+@dataclass
+class WorkerSpec:
+    """One worker process's job (passed as JSON on its command line)."""
+
+    mode: str  # shared | peft
+    shape: str
+    runs: int
+    tokens: int
+    seq_len: int
+    sample_len: int
+    rank: int
+    steps: int
+    compute: dict[str, Any] = field(default_factory=dict)
+
+
+def run_worker(spec: WorkerSpec) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -107,20 +196,23 @@ def run_worker(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
-    config = model_config(shape)
+    config = model_config(spec.shape)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     model.config.use_cache = False
     model = model.to(device).eval()
     rows = pack_batches(
-        _synthetic_batches(n_runs, tokens, SAMPLE_LEN[shape], config.vocab_size), seq_len, n_runs
+        _synthetic_batches(spec.runs, spec.tokens, spec.sample_len, config.vocab_size),
+        spec.seq_len,
+        spec.runs,
     )
-    step = (
-        _shared_step(model, rows, n_runs, seq_len, device)
-        if mode != "peft"
-        else _peft_step(model, rows, device)
+    step, described = (_peft_step if spec.mode == "peft" else _shared_step)(
+        model, rows, spec, device
     )
+    baseline_rss = _current_rss_mb()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     times = []
-    for i in range(steps + 1):  # the first step warms up allocators and kernels
+    for i in range(spec.steps + 1):  # the first step warms up allocators and kernels
         if device.type == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
@@ -129,23 +221,44 @@ def run_worker(
             torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - started)
-    trained = sum(row.num_tokens for row in rows)
-    return {"step_s": times, "tokens": trained, **_peak_memory_mb(device)}
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result = {
+        "step_s": times,
+        "tokens": sum(row.num_tokens for row in rows),
+        "rows": len(rows),
+        "compute": described,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "peak_rss_mb": peak_rss,
+        "added_rss_mb": max(0.0, peak_rss - baseline_rss),
+    }
+    if device.type == "cuda":
+        result["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return result
 
 
-def _shared_step(model, rows, n_runs: int, seq_len: int, device):
-    from workbench.config import ModelSection, TrainerConfig, TrainerSection
+def _trainer_section(spec: WorkerSpec):
+    from workbench.config import LoraConfig, TrainerSection
+
+    return TrainerSection(
+        max_concurrent_runs=spec.runs,
+        seq_len=spec.seq_len,
+        lora=LoraConfig(rank=spec.rank, alpha=2 * spec.rank),
+        **spec.compute,
+    )
+
+
+def _shared_step(model, rows, spec: WorkerSpec, device):
+    from workbench.config import ModelSection, TrainerConfig
     from workbench.trainer.rl import build_trainer, train_step
 
     experiment = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
-    for idx in range(n_runs):
+    for idx in range(spec.runs):
         control = experiment / f"run_{idx}" / "control"
         control.mkdir(parents=True)
         (control / "orch.toml").write_text("lr = 1e-4\n")
     config = TrainerConfig(
-        output_dir=experiment,
-        model=ModelSection(base="random"),
-        trainer=TrainerSection(max_concurrent_runs=n_runs, seq_len=seq_len),
+        output_dir=experiment, model=ModelSection(base="random"), trainer=_trainer_section(spec)
     )
     trainer = build_trainer(config, model, device)
     trainer.manager.discover_runs()
@@ -156,33 +269,34 @@ def _shared_step(model, rows, n_runs: int, seq_len: int, device):
             trainer.manager.ready_to_update[idx] = True
         train_step(trainer, rows)
 
-    return step
+    return step, trainer.compute.describe()
 
 
-def _peft_step(model, rows, device):
+def _peft_step(model, rows, spec: WorkerSpec, device):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from workbench.config import LossConfig
-    from workbench.trainer.attention import packed_attention_mask
-    from workbench.trainer.loss import compute_logprobs, compute_rl_loss
+    from workbench.config import LORA_TARGET_MODULES, LossConfig
+    from workbench.trainer.compute import packed_row_logprobs, prepare_model
+    from workbench.trainer.loss import compute_rl_loss
 
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets))
+    # The same attention, log-prob and recomputation settings: only the LoRA layers differ.
+    plan = prepare_model(model, _trainer_section(spec), device)
+    lora = LoraConfig(
+        r=spec.rank, lora_alpha=2 * spec.rank, target_modules=list(LORA_TARGET_MODULES)
+    )
+    peft_model = get_peft_model(model, lora)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4)
 
     def step() -> None:
         for row in rows:
             ids = row.input_ids.to(device)
-            positions = row.position_ids.to(device)
-            logits = peft_model(
-                input_ids=ids[None],
-                position_ids=positions[None],
-                attention_mask=packed_attention_mask(positions),
-            ).logits[0]
+            logprobs = packed_row_logprobs(
+                peft_model, plan, ids, row.position_ids, torch.ones(ids.numel(), device=device)
+            )
             out = compute_rl_loss(
-                compute_logprobs(logits, ids),
+                logprobs,
                 row.inference_logprobs.to(device),
                 row.advantages.to(device),
                 row.loss_mask.to(device),
@@ -195,7 +309,7 @@ def _peft_step(model, rows, device):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return step
+    return step, plan.describe()
 
 
 # ------------------------------------------------------------------ the driver
@@ -212,11 +326,20 @@ class Measurement:
     peak_memory_mb: float
     processes: int
     note: str = ""
+    seq_len: int = 0
+    sample_len: int = 0
+    rank: int = 0
+    compute: str = ""
+    device: str = ""
+    dtype: str = ""
+    added_memory_mb: float = float("nan")  # CPU: RSS the updates added; CUDA: the peak
+    mfu: float | None = None
+    vs_peft: float | None = None
+    vs_separate_speed: float | None = None
+    vs_separate_memory: float | None = None
 
 
-def _spawn(
-    mode: str, shape: str, n_runs: int, tokens: int, seq_len: int, steps: int, threads: int | None
-):
+def _spawn(spec: WorkerSpec, threads: int | None = None):
     env = dict(os.environ)
     # As the supervisor does for its children: several processes computing on the same
     # cores must not spin-wait (see supervisor.plan.shared_cpu_env).
@@ -224,10 +347,12 @@ def _spawn(
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     command = [
-        sys.executable, "-m", "workbench.bench.trainer", "--worker", mode,
-        "--model", shape, "--runs", str(n_runs), "--tokens", str(tokens),
-        "--seq-len", str(seq_len), "--steps", str(steps),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "workbench.bench.trainer",
+        "--worker",
+        json.dumps(spec.__dict__),
+    ]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -240,28 +365,46 @@ def _collect(process: subprocess.Popen) -> dict[str, Any]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def measure(
-    shape: str, mode: str, n_runs: int, tokens: int, seq_len: int, steps: int
-) -> Measurement:
+def _memory(result: dict[str, Any]) -> tuple[float, float]:
+    if "peak_cuda_mb" in result:
+        return result["peak_cuda_mb"], result["peak_cuda_mb"]
+    return result["peak_rss_mb"], result["added_rss_mb"]
+
+
+def measure(spec: WorkerSpec, mode: str) -> Measurement:
+    """Run `spec` as `mode` (shared, legacy, separate or peft) and measure it."""
     from workbench.bench.results import median
 
+    shape = spec.shape
+    common = {"seq_len": spec.seq_len, "sample_len": spec.sample_len, "rank": spec.rank}
     if mode == "separate":
-        # N trainers side by side share the cores, as they would on the user's machine.
-        processes = [
-            _spawn("shared", shape, 1, tokens // n_runs, seq_len, steps, None)
-            for _ in range(n_runs)
-        ]
-        results = [_collect(p) for p in processes]
+        # N trainers side by side share the device, as they would on the user's machine.
+        one = WorkerSpec(**{**spec.__dict__, "mode": "shared", "runs": 1})
+        one.tokens = spec.tokens // spec.runs
+        results = [_collect(p) for p in [_spawn(one) for _ in range(spec.runs)]]
         step_s = max(median(r["step_s"]) for r in results)
-        memory = sum(r.get("peak_cuda_mb", r["peak_rss_mb"]) for r in results)
+        peak = sum(_memory(r)[0] for r in results)
+        added = sum(_memory(r)[1] for r in results)
         trained = sum(r["tokens"] for r in results)
-        return Measurement(shape, mode, n_runs, trained, step_s, trained / step_s, memory, n_runs)
-    result = _collect(_spawn(mode, shape, n_runs, tokens, seq_len, steps, None))
+        first = results[0]
+        return Measurement(
+            shape, mode, spec.runs, trained, step_s, trained / step_s, peak, spec.runs,
+            compute=first["compute"], device=first["device"], dtype=first["dtype"],
+            added_memory_mb=added, **common,
+        )  # fmt: skip
+    worker = WorkerSpec(**{**spec.__dict__, "mode": "peft" if mode == "peft" else "shared"})
+    if mode == "peft":
+        worker.runs = 1
+    if mode == "legacy":
+        worker.compute = dict(LEGACY_COMPUTE)
+    result = _collect(_spawn(worker))
     step_s = median(result["step_s"])
-    memory = result.get("peak_cuda_mb", result["peak_rss_mb"])
+    peak, added = _memory(result)
     return Measurement(
-        shape, mode, n_runs, result["tokens"], step_s, result["tokens"] / step_s, memory, 1
-    )
+        shape, mode, worker.runs, result["tokens"], step_s, result["tokens"] / step_s, peak, 1,
+        compute=result["compute"], device=result["device"], dtype=result["dtype"],
+        added_memory_mb=added, **common,
+    )  # fmt: skip
 
 
 def available_memory_mb() -> float:
@@ -272,86 +415,151 @@ def available_memory_mb() -> float:
     return float("inf")
 
 
-def run_benchmark(
-    models: list[str], run_counts: list[int], steps: int, tokens: dict[str, int] | None = None
-) -> list[Measurement]:
+@dataclass
+class BenchSettings:
+    """What `workbench bench trainer` measures; None fields take each shape's default."""
+
+    models: list[str]
+    run_counts: list[int]
+    steps: int = 3
+    tokens: int | None = None
+    seq_len: int | None = None
+    sample_len: int | None = None
+    rank: int = 8
+    compute: dict[str, Any] = field(default_factory=dict)
+    legacy: bool = True  # also measure the legacy compute, side by side
+    separate: bool = True
+    peft: bool = True
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> BenchSettings:
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+        preset = PRESETS[name]
+        settings = cls(
+            models=preset.models,
+            run_counts=preset.runs,
+            tokens=preset.tokens,
+            seq_len=preset.seq_len,
+            sample_len=preset.sample_len,
+            rank=preset.rank,
+        )
+        for key, value in overrides.items():
+            setattr(settings, key, value)
+        return settings
+
+
+def run_benchmark(settings: BenchSettings) -> list[Measurement]:
     from rich.console import Console
 
     console = Console(stderr=True)
     measurements: list[Measurement] = []
-    for shape in models:
-        total = (tokens or {}).get(shape, DEFAULT_TOKENS[shape])
-        seq_len = DEFAULT_SEQ_LEN[shape]
-        console.print(f"[bold]{shape}[/]: {total} tokens per update, rows of {seq_len}")
-        peft = measure(shape, "peft", 1, total, seq_len, steps)
-        measurements.append(peft)
+    for shape in settings.models:
+        if shape not in MODEL_SHAPES:
+            raise ValueError(
+                f"unknown model shape {shape!r}; choose from {', '.join(MODEL_SHAPES)}"
+            )
+        spec = WorkerSpec(
+            mode="shared",
+            shape=shape,
+            runs=1,
+            tokens=settings.tokens or DEFAULT_TOKENS[shape],
+            seq_len=settings.seq_len or DEFAULT_SEQ_LEN[shape],
+            sample_len=settings.sample_len or DEFAULT_SAMPLE_LEN[shape],
+            rank=settings.rank,
+            steps=settings.steps,
+            compute=dict(settings.compute),
+        )
+        console.print(
+            f"[bold]{shape}[/]: {spec.tokens} tokens per update, rows of {spec.seq_len}, "
+            f"samples of {spec.sample_len}, rank {spec.rank}"
+        )
+
+        def run(mode: str, n: int, spec: WorkerSpec = spec) -> Measurement:
+            console.print(f"  {mode} x{n} ...", end="")
+            m = measure(WorkerSpec(**{**spec.__dict__, "runs": n}), mode)
+            console.print(
+                f" {m.tokens_per_s:,.0f} tok/s, {m.peak_memory_mb:,.0f} MB peak ({m.compute})"
+            )
+            measurements.append(m)
+            return m
+
+        if settings.peft:
+            run("peft", 1)
         single_mb = None
-        for n in run_counts:
-            for mode in ("shared", "separate"):
-                if mode == "separate" and n == 1:
-                    continue  # identical to shared with one run
-                if mode == "separate" and single_mb and single_mb * n > 0.8 * available_memory_mb():
-                    measurements.append(
-                        Measurement(shape, mode, n, total, float("nan"), float("nan"), single_mb * n, n,
-                                    note=f"skipped: needs ~{single_mb * n / 1024:.0f} GiB")
-                    )  # fmt: skip
-                    continue
-                console.print(f"  {mode} x{n} ...", end="")
-                m = measure(shape, mode, n, total, seq_len, steps)
-                console.print(f" {m.tokens_per_s:,.0f} tok/s, {m.peak_memory_mb:,.0f} MB")
-                measurements.append(m)
-                if mode == "shared" and n == 1:
-                    single_mb = m.peak_memory_mb
+        for n in settings.run_counts:
+            shared = run("shared", n)
+            single_mb = single_mb or shared.peak_memory_mb
+            if settings.legacy and n in (settings.run_counts[0], settings.run_counts[-1]):
+                run("legacy", n)
+            if not settings.separate or n == 1:
+                continue  # one separate trainer is the shared one with one run
+            if single_mb * n > 0.8 * available_memory_mb():
+                measurements.append(
+                    Measurement(shape, "separate", n, spec.tokens, float("nan"), float("nan"),
+                                single_mb * n, n, note=f"skipped: needs ~{single_mb * n / 1024:.0f} GiB")
+                )  # fmt: skip
+                continue
+            run("separate", n)
+    add_ratios(measurements)
     return measurements
+
+
+def add_ratios(measurements: list[Measurement]) -> None:
+    """Fill in MFU and each shared measurement's ratios to peft and to N separate trainers."""
+    for m in measurements:
+        flops = peak_flops(m.device)
+        if flops and m.tokens_per_s == m.tokens_per_s:
+            per_token = train_flops_per_token(model_config(m.model), m.sample_len)
+            m.mfu = m.tokens_per_s * per_token / flops
+        if m.mode not in ("shared", "legacy"):
+            continue
+        for other in measurements:
+            if other.model != m.model or other.tokens_per_s != other.tokens_per_s:
+                continue
+            if other.mode == "peft":
+                m.vs_peft = m.tokens_per_s / other.tokens_per_s
+            if other.mode == "separate" and other.runs == m.runs:
+                m.vs_separate_speed = m.tokens_per_s / other.tokens_per_s
+                m.vs_separate_memory = m.peak_memory_mb / other.peak_memory_mb
 
 
 def print_table(measurements: list[Measurement]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="trainer: tokens/s and peak memory per update (same total tokens)")
-    for column in (
-        "model",
-        "mode",
-        "runs",
-        "tokens",
-        "step s",
-        "tokens/s",
-        "vs peft",
-        "peak MB",
-        "note",
-    ):
-        table.add_column(
-            column, justify="right" if column not in ("model", "mode", "note") else "left"
-        )
-    peft = {m.model: m.tokens_per_s for m in measurements if m.mode == "peft"}
+    def ratio(value: float | None) -> str:
+        return f"{value:.2f}x" if value is not None else ""
+
+    table = Table(title="trainer: tokens/s and memory per update (same total tokens)")
+    columns = ("model", "mode", "runs", "tokens", "step s", "tokens/s", "MFU", "peak MB",
+               "added MB", "vs peft", "vs separate (speed / memory)", "compute / note")  # fmt: skip
+    for column in columns:
+        left = column in ("model", "mode", "compute / note")
+        table.add_column(column, justify="left" if left else "right")
     for m in measurements:
-        ratio = (
-            m.tokens_per_s / peft[m.model]
-            if m.model in peft and m.tokens_per_s == m.tokens_per_s
-            else float("nan")
-        )
         table.add_row(
             m.model, m.mode, str(m.runs), str(m.tokens), f"{m.step_s:.3f}", f"{m.tokens_per_s:,.0f}",
-            f"{ratio:.2f}x", f"{m.peak_memory_mb:,.0f}", m.note,
+            f"{m.mfu:.1%}" if m.mfu is not None else "n/a", f"{m.peak_memory_mb:,.0f}",
+            f"{m.added_memory_mb:,.0f}",
+            ratio(m.vs_peft),
+            f"{ratio(m.vs_separate_speed)} / {ratio(m.vs_separate_memory)}" if m.vs_separate_speed else "",
+            m.note or m.compute,
         )  # fmt: skip
     Console().print(table)
+    Console().print(
+        "MFU = tokens/s x (4 x linear params + 12 x layers x heads x head_dim x "
+        "(sample_len + 1) / 2) / peak bf16 FLOP/s (CUDA only). added MB: on the CPU, RSS "
+        "the updates added to the process; on a GPU, the allocator's peak."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--worker", choices=("shared", "peft"))
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--worker", help="a WorkerSpec as JSON (the driver passes it)")
     args = parser.parse_args(argv)
     if args.worker:
-        result = run_worker(
-            args.worker, args.model, args.runs, args.tokens, args.seq_len, args.steps
-        )
-        print(json.dumps(result))
+        print(json.dumps(run_worker(WorkerSpec(**json.loads(args.worker)))))
         return 0
     parser.error("the driver runs through `workbench bench trainer`")
     return 2
