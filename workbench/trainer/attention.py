@@ -197,17 +197,9 @@ def _per_sample(query, key, value, packed: PackedSequences, scaling) -> torch.Te
     heads, head_dim = query.shape[1], query.shape[3]
     outputs = []
     for bucket in packed.length_buckets():
-        count, longest = bucket.count, bucket.longest
-
-        def batched(tensor: torch.Tensor) -> torch.Tensor:
-            # [1, H, T, D] -> [samples, H, longest, D], each sample right-padded.
-            gathered = tensor[0].index_select(1, bucket.gather)
-            return gathered.view(heads, count, longest, head_dim).transpose(0, 1)
-
-        out = F.scaled_dot_product_attention(
-            batched(query), batched(key), batched(value), is_causal=True, scale=scaling
-        )
-        flat = out.transpose(0, 1).reshape(heads, count * longest, head_dim)
+        q, k, v = (_padded_batch(t, bucket) for t in (query, key, value))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
+        flat = out.transpose(0, 1).reshape(heads, bucket.count * bucket.longest, head_dim)
         outputs.append(flat.index_select(1, bucket.real))
     # Buckets hold the samples longest first; put every token back in its row position.
     return torch.cat(outputs, dim=1).index_select(1, packed.bucket_order())[None].transpose(1, 2)
@@ -218,6 +210,13 @@ def _causal(query, key, value, scaling) -> torch.Tensor:
     key, value = _expand_kv(key, groups, 1), _expand_kv(value, groups, 1)
     out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
     return out.transpose(1, 2)
+
+
+def _padded_batch(tensor: torch.Tensor, bucket: LengthBucket) -> torch.Tensor:
+    """[1, H, T, D] -> [samples, H, longest, D]: the bucket's samples, right-padded."""
+    heads, head_dim = tensor.shape[1], tensor.shape[3]
+    gathered = tensor[0].index_select(1, bucket.gather)
+    return gathered.view(heads, bucket.count, bucket.longest, head_dim).transpose(0, 1)
 
 
 def _dense(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
