@@ -146,6 +146,15 @@ class _GroupedLoRA(torch.autograd.Function):
 
 
 def _grouped_lora(x, lora_a, scaled_lora_b, offsets) -> torch.Tensor:
+    if x.dtype != torch.bfloat16 and torch.compiler.is_compiling():
+        # torch.compile's shape propagation for _grouped_mm accepts bfloat16 only (torch
+        # 2.13), while the eager CPU kernel takes float32 too: run this op outside the graph.
+        return _grouped_lora_outside_graph(x, lora_a, scaled_lora_b, offsets)
+    return _GroupedLoRA.apply(x, lora_a, scaled_lora_b, offsets)
+
+
+@torch.compiler.disable
+def _grouped_lora_outside_graph(x, lora_a, scaled_lora_b, offsets) -> torch.Tensor:
     return _GroupedLoRA.apply(x, lora_a, scaled_lora_b, offsets)
 
 
