@@ -184,10 +184,14 @@ class AdapterVersions:
         if held.step is None:  # the base model is never unloaded
             return
         with self._lock:
+            if self._holds[held.step] <= 0:  # `unload_all` came first
+                return
             self._holds[held.step] -= 1
-            if self._holds[held.step] > 0 or held.step not in self._replaced_while_held:
+            if self._holds[held.step]:
                 return
             del self._holds[held.step]
+            if held.step not in self._replaced_while_held:
+                return
             self._replaced_while_held.discard(held.step)
         self._unload(held.step)
 
