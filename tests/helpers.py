@@ -40,6 +40,36 @@ def make_tiny_llama(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
+def random_adapter(model_dir: Path, directory: Path, seed: int) -> Path:
+    """A strong random rank-8 adapter of `model_dir`, written (STABLE) to `directory`: enough
+    to change greedy completions."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workbench.config import LORA_TARGET_MODULES
+    from workbench.trainer.broadcast import write_adapter
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in LORA_TARGET_MODULES:
+            state[f"{name}.lora_A.weight"] = (
+                torch.randn(8, module.in_features, generator=generator) * 0.3
+            )
+            state[f"{name}.lora_B.weight"] = (
+                torch.randn(module.out_features, 8, generator=generator) * 0.3
+            )
+    return write_adapter(
+        directory,
+        state,
+        rank=8,
+        alpha=16,
+        target_modules=list(LORA_TARGET_MODULES),
+        base_model=str(model_dir),
+    )
+
+
 def random_batch(run_id: str, step: int, n: int, seed: int, vocab: int = 64):
     """A rollout batch of `n` samples with varied lengths and advantages."""
     import random

@@ -83,6 +83,35 @@ class SamplingConfig(StrictModel):
     max_tokens: int = Field(64, ge=1, description="completion length limit")
 
 
+class EvalSamplingConfig(StrictModel):
+    """How eval completions are sampled; greedy by default, so scores move with the policy
+    rather than with sampling noise."""
+
+    temperature: float = Field(0.0, ge=0, description="0 is greedy decoding")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1, description="default: the run's sampling.max_tokens")
+
+
+class EvalConfig(StrictModel):
+    """Scoring each new policy version on the environment's held-out prompts."""
+
+    interval: int = Field(
+        10, ge=0, description="score every N policy versions (and the last); 0 disables"
+    )
+    num_prompts: int = Field(32, ge=1, description="held-out prompts, the same ones every time")
+    rollouts_per_prompt: int = Field(1, ge=1)
+    sampling: EvalSamplingConfig = Field(default_factory=EvalSamplingConfig)
+
+    @model_validator(mode="after")
+    def _greedy_takes_one_rollout(self) -> EvalConfig:
+        if self.sampling.temperature == 0 and self.rollouts_per_prompt > 1:
+            raise ValueError(
+                f"rollouts_per_prompt = {self.rollouts_per_prompt} with sampling.temperature = 0 "
+                "asks for the same greedy completion again: use 1 rollout, or a temperature > 0"
+            )
+        return self
+
+
 class OptimizerConfig(StrictModel):
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -124,6 +153,7 @@ class OrchestratorConfig(StrictModel):
     optim: OptimizerConfig = Field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @model_validator(mode="after")
     def _batch_holds_whole_groups(self) -> OrchestratorConfig:

@@ -2,37 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.helpers import random_adapter
 from workbench.inference.client import AdapterVersions, InferenceClient
-from workbench.trainer.broadcast import write_adapter
 
 pytestmark = pytest.mark.slow
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPT = [{"role": "user", "content": "reverse: abcdefghij"}]
-
-
-def random_adapter(model_dir: Path, directory: Path, seed: int) -> Path:
-    """A strong random rank-8 adapter: enough to change greedy completions."""
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    generator = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] in TARGETS:
-            state[f"{name}.lora_A.weight"] = (
-                torch.randn(8, module.in_features, generator=generator) * 0.3
-            )
-            state[f"{name}.lora_B.weight"] = (
-                torch.randn(module.out_features, 8, generator=generator) * 0.3
-            )
-    return write_adapter(
-        directory, state, rank=8, alpha=16, target_modules=TARGETS, base_model=str(model_dir)
-    )
 
 
 def greedy(client: InferenceClient, model: str) -> str:

@@ -11,65 +11,17 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import make_run
+from tests.orchestrator.scripted import ScriptedChat, make_orchestrator, publish_adapter
 from workbench import control, layout
-from workbench.config import OrchestratorConfig
-from workbench.inference.client import AdapterVersions, ChatResult, Completion
 from workbench.metrics import read_metrics
 from workbench.orchestrator.advantages import (
     group_advantages,
     has_learning_signal,
     steps_ahead_allowed,
 )
-from workbench.orchestrator.loop import Orchestrator, RunEvicted
+from workbench.orchestrator.loop import RunEvicted
 from workbench.orchestrator.state import load_state
 from workbench.rollouts import read_rollouts
-
-
-class ScriptedChat:
-    """Stand-in for the inference server: answers with scripted completions, records calls."""
-
-    def __init__(self, answer=lambda prompt_text, i: prompt_text[::-1][: i + 1]):
-        self.answer = answer
-        self.requests: list[dict] = []
-        self.loaded: list[str] = []
-        self.unloaded: list[str] = []
-        self.endpoint = type("E", (), {"model": "base"})()
-
-    def chat(self, messages, *, model, n, max_tokens, temperature, top_p, seed):
-        self.requests.append({"model": model, "n": n, "seed": seed})
-        question = messages[-1]["content"]
-        completions = []
-        for i in range(n):
-            text = self.answer(question, i)
-            ids = [ord(c) % 50 + 3 for c in text] or [2]
-            completions.append(Completion(text, ids, [-0.5] * len(ids), "stop"))
-        return ChatResult(prompt_token_ids=[1, 5, 6, 7], completions=completions)
-
-    def load_adapter(self, name, path):
-        assert layout.is_stable(path)
-        self.loaded.append(name)
-
-    def unload_adapter(self, name):
-        self.unloaded.append(name)
-
-
-def make_orchestrator(run: Path, client: ScriptedChat, **overrides) -> Orchestrator:
-    values = {
-        "batch_size": 8,
-        "rollouts_per_prompt": 4,
-        "max_steps": 3,
-        "async_level": 1,
-        **overrides,
-    }
-    config = OrchestratorConfig(**values)
-    adapters = AdapterVersions(client, run.name)
-    return Orchestrator(run, config, client, adapters, poll_s=0.0, sleep=lambda s: None)
-
-
-def publish_adapter(run: Path, step: int) -> None:
-    directory = layout.broadcast_dir(run, step)
-    with layout.staged_directory(directory) as staging:
-        (staging / "adapter_model.safetensors").write_bytes(b"")
 
 
 def test_advantages_are_reward_minus_group_mean():

@@ -6,7 +6,9 @@ starts just before it is launched, so the curves include everything a user waits
 (vLLM and trainer startup, model cache lookup). Once it exits, every run's `metrics.jsonl`
 is read: each orchestrator line (step, reward_mean, time) is one point of that run's curve,
 at `time` minus the start. A batch the orchestrator dropped for lack of learning signal is
-still a sample of the policy's reward, so it stays on the curve.
+still a sample of the policy's reward, so it stays on the curve. Eval lines (held-out
+reward of a policy version) are reported beside the curve: their reward, how long each eval
+took and how long steps waited for one.
 
 Per run it reports the mean reward of the first 5 and last 5 points, steps per minute once
 the run's first step is in (steady state, without startup), the time to the first step and
@@ -25,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +50,39 @@ class CurvePoint:
     policy_version: int | None  # as the orchestrator recorded it; None if it did not
 
 
+@dataclass(frozen=True)
+class EvalPoint:
+    seconds: float  # when the eval's line was written, since the launch
+    policy_version: int
+    reward_mean: float
+    eval_s: float
+
+
 @dataclass
 class RunCurve:
     run_id: str
     points: list[CurvePoint]
+    evals: list[EvalPoint] = field(default_factory=list)
+    eval_wait_s: float = 0.0  # summed over steps: waits for an eval still running
 
     def summary(self) -> dict[str, Any]:
-        """First-5 vs last-5 mean reward, steps/min after the first step, and times."""
+        """First-5 vs last-5 mean reward, steps/min after the first step, times and evals."""
         if not self.points:
             return {"run_id": self.run_id, "points": 0}
+        return {**self._reward_summary(), **self._eval_summary()}
+
+    def _eval_summary(self) -> dict[str, Any]:
+        if not self.evals:
+            return {"evals": 0}
+        return {
+            "evals": len(self.evals),
+            "eval_reward_first": round(self.evals[0].reward_mean, 4),
+            "eval_reward_last": round(self.evals[-1].reward_mean, 4),
+            "eval_s_median": round(statistics.median(e.eval_s for e in self.evals), 3),
+            "eval_wait_s_total": round(self.eval_wait_s, 3),
+        }
+
+    def _reward_summary(self) -> dict[str, Any]:
         rewards = [p.reward_mean for p in self.points]
         first, last = self.points[0], self.points[-1]
         steady_s = last.seconds - first.seconds
@@ -83,15 +109,7 @@ def read_curves(experiment: Path, started_at: float) -> list[RunCurve]:
 
     curves = []
     for run in layout.list_run_dirs(experiment):
-        records = sorted(
-            (
-                r
-                for r in read_metrics(run, source="orchestrator")
-                if isinstance(r.get("reward_mean"), int | float)
-                and isinstance(r.get("time"), int | float)
-            ),
-            key=lambda r: r["time"],
-        )
+        records = timed(read_metrics(run, source="orchestrator"), "reward_mean")
         points = [
             CurvePoint(
                 seconds=round(r["time"] - started_at, 3),
@@ -101,8 +119,28 @@ def read_curves(experiment: Path, started_at: float) -> list[RunCurve]:
             )
             for r in records
         ]
-        curves.append(RunCurve(run_id=run.name, points=points))
+        evals = [
+            EvalPoint(
+                seconds=round(r["time"] - started_at, 3),
+                policy_version=int(r.get("policy_version", r["step"])),
+                reward_mean=float(r["eval_reward_mean"]),
+                eval_s=float(r.get("eval_s", 0.0)),
+            )
+            for r in timed(read_metrics(run, source="eval"), "eval_reward_mean")
+        ]
+        waited = sum(float(r.get("eval_wait_s") or 0.0) for r in records)
+        curves.append(RunCurve(run.name, points, evals, eval_wait_s=waited))
     return curves
+
+
+def timed(records: list[dict[str, Any]], value_key: str) -> list[dict[str, Any]]:
+    """The records with a numeric `value_key` and `time`, by time."""
+    usable = [
+        r
+        for r in records
+        if isinstance(r.get(value_key), int | float) and isinstance(r.get("time"), int | float)
+    ]
+    return sorted(usable, key=lambda r: r["time"])
 
 
 def plot_curves(curves: list[RunCurve], path: Path, title: str) -> Path:
@@ -116,13 +154,22 @@ def plot_curves(curves: list[RunCurve], path: Path, title: str) -> Path:
     try:
         for curve in curves:
             if curve.points:
-                axes.plot(
+                (line,) = axes.plot(
                     [p.seconds for p in curve.points],
                     [p.reward_mean for p in curve.points],
                     marker="o",
                     markersize=3,
                     label=curve.run_id,
                 )
+                if curve.evals:
+                    axes.plot(
+                        [e.seconds for e in curve.evals],
+                        [e.reward_mean for e in curve.evals],
+                        linestyle="--",
+                        marker="x",
+                        color=line.get_color(),
+                        label=f"{curve.run_id} eval (held-out)",
+                    )
         axes.set_xlabel("wall-clock seconds since `workbench up`")
         axes.set_ylabel("mean reward of the step's batch")
         axes.set_ylim(0, 1)
@@ -166,6 +213,13 @@ def write_e2e_report(
             for curve in curves
         },
         "curve_columns": ["seconds", "step", "reward_mean", "policy_version"],
+        "evals": {
+            curve.run_id: [
+                [e.seconds, e.policy_version, e.reward_mean, e.eval_s] for e in curve.evals
+            ]
+            for curve in curves
+        },
+        "eval_columns": ["seconds", "policy_version", "eval_reward_mean", "eval_s"],
     }
     report["summary"] = summary_rows(runs)
     json_path = write_result("e2e", report, results_dir=results_dir)
@@ -195,6 +249,15 @@ def summary_rows(runs: list[dict[str, Any]]) -> list[dict[str, str]]:
                 "value": f"{run['steps_per_min']} steps/min, {run['wall_s']:.0f} s",
             }
         )
+        if run.get("evals"):
+            rows.append(
+                {
+                    "metric": f"e2e {run['run_id']}: held-out reward first -> last eval",
+                    "value": f"{run['eval_reward_first']:.3f} -> {run['eval_reward_last']:.3f} "
+                    f"({run['evals']} evals, {run['eval_s_median']:.2f} s each, steps waited "
+                    f"{run['eval_wait_s_total']:.2f} s)",
+                }
+            )
     return rows
 
 
@@ -272,10 +335,14 @@ def print_table(report: dict[str, Any]) -> None:
     table.add_column("steps/min", justify="right")
     table.add_column("first step s", justify="right")
     table.add_column("wall s", justify="right")
+    table.add_column("held-out reward", justify="right")
     for run in report["runs"]:
         if not run.get("points"):
-            table.add_row(run["run_id"], "0", "-", "-", "-", "-", "-")
+            table.add_row(run["run_id"], "0", "-", "-", "-", "-", "-", "-")
             continue
+        held_out = "-"
+        if run.get("evals"):
+            held_out = f"{run['eval_reward_first']:.3f} -> {run['eval_reward_last']:.3f}"
         table.add_row(
             run["run_id"],
             str(run["steps"]),
@@ -284,6 +351,7 @@ def print_table(report: dict[str, Any]) -> None:
             str(run["steps_per_min"]),
             f"{run['first_step_s']:.0f}",
             f"{run['wall_s']:.0f}",
+            held_out,
         )
     console = Console()
     console.print(table)

@@ -8,8 +8,9 @@ prompts and reference answers as (prompt, completion) training pairs.
 The dataset is infinite and indexable: prompt number `i` of a `(seed, split)` stream is a pure
 function of those three values and the environment's arguments. An orchestrator's "data
 position" is therefore one integer: checkpoint it, and resuming at that index replays exactly
-the prompts that would have come next. Different splits ("train", "eval") are independent
-streams, so held-out evaluation does not reuse the training stream.
+the prompts that would have come next. The two splits, "train" and "eval", are disjoint by
+construction (`workbench.envs.splits`): a fixed part of the task space is held out, the eval
+stream draws only from it and the training stream never does.
 
 Nothing here imports torch: rewards are pure functions and tests need no model.
 """
@@ -25,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
+
+from workbench.envs import splits
 
 Message = dict[str, str]
 
@@ -135,16 +138,19 @@ class Environment(ABC):
         value = float(self.score(self.parse_answer(completion), prompt))
         return min(1.0, max(0.0, value))
 
+    def task_key(self, task: Task) -> str:
+        """What makes two tasks the same task: the key deciding its split. By default the
+        question, so an eval question is never asked in training; override it when tasks
+        that look different are the same one."""
+        return task.question
+
     def prompt(self, index: int, *, seed: int = 0, split: str = "train") -> Prompt:
         """Prompt number `index` of the `(seed, split)` stream; the same arguments give the same
         prompt in any process."""
         if index < 0:
             raise IndexError(f"prompt index must be >= 0, got {index}")
-        # A string seed goes through SHA-512 in `random.Random`, so it is stable across
-        # processes and Python runs (unlike `hash()`), and each index gets its own stream:
-        # prompt i never depends on how many prompts were drawn before it.
-        rng = random.Random(f"{self.name}|{split}|{seed}|{index}")
-        task = self.make_task(rng)
+        splits.check_split(split)
+        task = self._draw_task(index, seed=seed, split=split)
         return Prompt(
             env=self.name,
             split=split,
@@ -154,6 +160,22 @@ class Environment(ABC):
             answer=task.answer,
             system_prompt=self.system_prompt,
             info=dict(task.info),
+        )
+
+    def _draw_task(self, index: int, *, seed: int, split: str) -> Task:
+        """The first task drawn for this index that belongs to `split`."""
+        # A string seed goes through SHA-512 in `random.Random`, so it is stable across
+        # processes and Python runs (unlike `hash()`), and each index gets its own draws:
+        # prompt i never depends on how many prompts were drawn before it.
+        stream = f"{self.name}|{split}|{seed}|{index}"
+        for draw in range(splits.MAX_DRAWS):
+            task = self.make_task(random.Random(stream if draw == 0 else f"{stream}|{draw}"))
+            if splits.split_of(self.task_key(task)) == split:
+                return task
+        raise EnvironmentConfigError(
+            f"environment {self.name!r}: no {split!r} prompt in {splits.MAX_DRAWS} draws; its "
+            f"task space is too small to hold out 1/{splits.HELD_OUT_BUCKETS} of it for "
+            "evaluation (make it larger with env_args, e.g. longer texts or a larger alphabet)"
         )
 
     def dataset(self, *, seed: int = 0, split: str = "train") -> PromptDataset:

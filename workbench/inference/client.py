@@ -12,6 +12,8 @@ previous version is unloaded once the new one is in.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,12 +133,20 @@ class InferenceClient:
 
 
 class AdapterVersions:
-    """The adapter versions one run has loaded; serves the newest, unloads the older."""
+    """The adapter versions one run has loaded; serves the newest, unloads the older.
+
+    A version someone still uses (an eval running in the background holds it) is unloaded
+    when they let it go rather than when a newer one replaces it, so their requests never
+    name an adapter that is gone. Holds are taken and released from different threads.
+    """
 
     def __init__(self, client: InferenceClient, run_id: str):
         self.client = client
         self.run_id = run_id
         self.current_step: int | None = None
+        self._lock = threading.Lock()
+        self._holds: Counter[int] = Counter()
+        self._replaced_while_held: set[int] = set()
 
     @property
     def current_name(self) -> str | None:
@@ -147,22 +157,71 @@ class AdapterVersions:
         return self.current_name or self.client.endpoint.model
 
     def load(self, step: int, path: Path) -> str:
-        """Load `broadcast/step_N` as a new version, then unload the previous one."""
+        """Load `broadcast/step_N` as a new version, then unload the previous one (or leave
+        that to `release` while it is held)."""
         name = adapter_name(self.run_id, step)
-        previous = self.current_name
         self.client.load_adapter(name, path)
-        self.current_step = step
-        if previous is not None and previous != name:
-            try:
-                self.client.unload_adapter(previous)
-            except InferenceError as err:  # an old version left loaded only costs memory
-                logger.warning("could not unload %s: %s", previous, err)
+        with self._lock:
+            previous, self.current_step = self.current_step, step
+            if previous == step:
+                previous = None
+            elif previous is not None and self._holds[previous]:
+                self._replaced_while_held.add(previous)
+                previous = None
+        if previous is not None:
+            self._unload(previous)
         return name
 
+    def hold_current(self) -> HeldVersion:
+        """The version requests go to now, kept loaded until `release(held)`."""
+        with self._lock:
+            step = self.current_step
+            if step is not None:
+                self._holds[step] += 1
+            return HeldVersion(step=step, model=self.model_for_requests())
+
+    def release(self, held: HeldVersion) -> None:
+        if held.step is None:  # the base model is never unloaded
+            return
+        with self._lock:
+            if self._holds[held.step] <= 0:  # `unload_all` came first
+                return
+            self._holds[held.step] -= 1
+            if self._holds[held.step]:
+                return
+            del self._holds[held.step]
+            if held.step not in self._replaced_while_held:
+                return
+            self._replaced_while_held.discard(held.step)
+        self._unload(held.step)
+
     def unload_all(self) -> None:
-        if self.current_name is not None:
-            try:
-                self.client.unload_adapter(self.current_name)
-            except (InferenceError, httpx.HTTPError) as err:
-                logger.warning("could not unload %s: %s", self.current_name, err)
+        """Unload every version this run has in vLLM, held ones included (it is stopping)."""
+        with self._lock:
+            steps = sorted(self._replaced_while_held)
+            if self.current_step is not None:
+                steps.append(self.current_step)
+            self._replaced_while_held.clear()
+            self._holds.clear()
             self.current_step = None
+        for step in steps:
+            self._unload(step)
+
+    def _unload(self, step: int) -> None:
+        name = adapter_name(self.run_id, step)
+        try:
+            self.client.unload_adapter(name)
+        except (InferenceError, httpx.HTTPError) as err:  # a version left loaded costs memory
+            logger.warning("could not unload %s: %s", name, err)
+
+
+@dataclass(frozen=True)
+class HeldVersion:
+    """A policy version kept loaded for its holder: `step` None is the base model."""
+
+    step: int | None
+    model: str
+
+    @property
+    def policy_version(self) -> int:
+        return self.step or 0

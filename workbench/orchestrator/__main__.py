@@ -16,6 +16,7 @@ from pathlib import Path
 
 from workbench import control, layout
 from workbench.config import ConfigError, load_orchestrator_config
+from workbench.envs import EnvironmentConfigError
 from workbench.inference.client import AdapterVersions, InferenceClient
 from workbench.inference.endpoint import read_endpoint
 from workbench.inference.readiness import is_healthy
@@ -87,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                 Orchestrator(run, config, client, adapters, poll_s=args.poll_s).run_until_done()
             finally:
                 adapters.unload_all()
-    except ConfigError as err:
+    except (ConfigError, EnvironmentConfigError) as err:
+        # A bad env or env_args (or a task space too small to hold out eval prompts) fails
+        # the same way on every restart: report it as a config error, not a crash.
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     except RunEvicted as err:

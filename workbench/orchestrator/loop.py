@@ -9,7 +9,9 @@ Each iteration:
 4. score them, compute GRPO advantages; a batch without learning signal is dropped and
    retried with new prompts, and three in a row evict the run;
 5. write `rollouts/step_N` atomically, append a metrics line, checkpoint its state.
-At `max_steps` it waits for the trainer's last adapter, marks the run finished and exits.
+Between 2 and 3, when the loaded policy version is due for evaluation (`eval.interval`), an
+eval of it starts in the background (`evaluation`). At `max_steps` it waits for the
+trainer's last adapter, evaluates it, marks the run finished and exits.
 """
 
 from __future__ import annotations
@@ -18,10 +20,8 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from workbench import control, layout
 from workbench.config import OrchestratorConfig
@@ -34,6 +34,8 @@ from workbench.orchestrator.advantages import (
     has_learning_signal,
     steps_ahead_allowed,
 )
+from workbench.orchestrator.evaluation import PolicyEvaluator
+from workbench.orchestrator.generation import ChatClient, complete_prompts
 from workbench.orchestrator.state import OrchestratorState, load_state, save_state
 from workbench.rollouts import RolloutBatch, Sample, write_rollouts
 
@@ -44,16 +46,6 @@ MAX_EMPTY_BATCH_ATTEMPTS = 3
 
 class RunEvicted(RuntimeError):
     """The run was evicted; the message is the reason."""
-
-
-class ChatClient(Protocol):
-    """What the loop needs from the inference server (`InferenceClient` is the real one)."""
-
-    def chat(self, messages, *, model, n, max_tokens, temperature, top_p, seed) -> ChatResult: ...
-
-    def load_adapter(self, name: str, path: Path) -> None: ...
-
-    def unload_adapter(self, name: str) -> None: ...
 
 
 @dataclass
@@ -85,6 +77,7 @@ class Orchestrator:
         self.dataset = self.env.dataset(seed=config.seed, split="train")
         self.state = self._resume()
         self.rng = self.state.rng(config.seed)
+        self.evaluator = PolicyEvaluator(run, config, self.env, client, adapters)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -111,6 +104,10 @@ class Orchestrator:
         while self.state.step < self.config.max_steps:
             self.step_once()
         self._wait_for_final_adapter()
+        if self.evaluator.enabled:
+            self._load_newest_adapter()
+            self.evaluator.start_if_due(last=True)
+            self.evaluator.wait()
         control.mark_finished(self.run, self.config.max_steps)
         logger.info("%s finished %d steps", self.run_id, self.config.max_steps)
 
@@ -125,6 +122,7 @@ class Orchestrator:
         self.check_evicted()
         step = self.state.step
         wait_s = self._wait_for_policy(step)
+        eval_wait_s = self.evaluator.start_if_due()
         prompts = self.dataset.take(self.state.data_position, self.config.prompts_per_step)
         self.state.data_position += len(prompts)
         started = time.monotonic()
@@ -182,6 +180,7 @@ class Orchestrator:
             truncated_frac=truncated / len(lengths),
             generation_s=round(generation_s, 3),
             wait_s=round(wait_s, 3),
+            eval_wait_s=round(eval_wait_s, 3),
             policy_version=self._policy_version(),
             written=written,
         )
@@ -199,23 +198,16 @@ class Orchestrator:
 
     def _generate(self, prompts: list[Prompt], model: str) -> list[ChatResult]:
         sampling = self.config.sampling
-        seeds = [self.rng.randrange(2**31) for _ in prompts]
-
-        def one(args: tuple[Prompt, int]) -> ChatResult:
-            prompt, seed = args
-            return self.client.chat(
-                prompt.messages,
-                model=model,
-                n=self.config.rollouts_per_prompt,
-                max_tokens=sampling.max_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                seed=seed,
-            )
-
-        # One request per prompt, all in flight at once so vLLM batches them.
-        with ThreadPoolExecutor(max_workers=min(32, len(prompts))) as pool:
-            return list(pool.map(one, zip(prompts, seeds, strict=True)))
+        return complete_prompts(
+            self.client,
+            prompts,
+            [self.rng.randrange(2**31) for _ in prompts],
+            model=model,
+            n=self.config.rollouts_per_prompt,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+        )
 
     # ------------------------------------------------------------------ policy versions
 

@@ -1,0 +1,40 @@
+"""The end-to-end benchmark reports each run's held-out evals beside its reward curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench.bench.e2e import write_e2e_report
+
+STARTED_AT = 1_700_000_000.0
+
+
+def test_e2e_report_gives_each_runs_eval_rewards_their_duration_and_the_steps_wait(
+    tmp_path: Path,
+):
+    run = tmp_path / "exp" / "run_a"
+    run.mkdir(parents=True)
+    lines = [
+        {"source": "orchestrator", "step": step, "time": STARTED_AT + 10 * step,
+         "reward_mean": 0.5, "policy_version": step, "eval_wait_s": 0.25}
+        for step in range(4)
+    ] + [
+        {"source": "eval", "step": version, "time": STARTED_AT + 10 * version + 3,
+         "policy_version": version, "eval_reward_mean": reward, "eval_s": seconds}
+        for version, reward, seconds in [(0, 0.4, 1.0), (2, 0.6, 2.0), (4, 0.7, 4.0)]
+    ]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    report = write_e2e_report(run.parent, STARTED_AT, recipe=Path("r.toml"), results_dir=tmp_path)
+
+    (summary,) = report["runs"]
+    assert summary["evals"] == 3
+    assert (summary["eval_reward_first"], summary["eval_reward_last"]) == (0.4, 0.7)
+    assert summary["eval_s_median"] == 2.0
+    assert summary["eval_wait_s_total"] == pytest.approx(1.0)
+    assert report["evals"]["run_a"][1] == [23.0, 2, 0.6, 2.0]
+    assert "e2e run_a: held-out reward first -> last eval" in {
+        row["metric"] for row in report["summary"]
+    }
