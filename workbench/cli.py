@@ -18,11 +18,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from tomlkit import TOMLDocument
 
 from workbench import control, layout
 from workbench.bench.cli import bench_app
 from workbench.config import (
     ConfigError,
+    Recipe,
     deep_merge,
     nest_dotted,
     parse_assignment,
@@ -47,6 +49,8 @@ from workbench.supervisor.client import (
     running_supervisor_pid,
 )
 from workbench.supervisor.control import ControlError, new_run_config
+from workbench.sweep import scheduler
+from workbench.sweep.expand import describe_values, planned_runs
 
 app = typer.Typer(
     name="workbench",
@@ -61,7 +65,14 @@ runs_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode="rich",
 )
+sweep_app = typer.Typer(
+    name="sweep",
+    help="Sweeps: preview the runs a recipe's [sweep] expands to.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
 app.add_typer(runs_app, name="runs")
+app.add_typer(sweep_app, name="sweep")
 app.add_typer(bench_app, name="bench")
 console = Console()
 err_console = Console(stderr=True)
@@ -114,6 +125,14 @@ def up(
         int | None,
         typer.Option(min=1, help="Override \\[defaults] max_steps for every run."),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Check the recipe and print its runs (a sweep expanded, in the order they "
+            "get trainer slots) without writing or starting anything.",
+        ),
+    ] = False,
 ) -> None:
     """Start an experiment from RECIPE: its directory, the supervisor and every process.
 
@@ -133,14 +152,15 @@ def up(
 
     A second `up` on an experiment whose supervisor is running is refused, naming its pid.
     Running `up` again after `down` resumes every run from its last checkpoint.
+
+    With --dry-run, the runs are printed (id and the values each sets over [defaults]) and
+    nothing is written or started; `workbench sweep plan RECIPE` does the same.
     """
-    try:
-        document = parse_toml(_read_text(recipe), recipe)
-        if max_steps is not None:
-            document.setdefault("defaults", {})["max_steps"] = max_steps
-        resolved = recipe_from_document(document, recipe)
-    except ConfigError as err:
-        raise _fail(f"invalid recipe\n{err}", EXIT_BAD_INPUT) from None
+    document, resolved = _load_recipe_or_fail(recipe, max_steps)
+    if dry_run:
+        _print_run_plan(recipe, resolved, as_json=False)
+        console.print("nothing was written or started (--dry-run)", highlight=False)
+        return
     running = running_supervisor_pid(resolved.output_dir)
     if running is not None:
         raise _fail(launch.already_running_message(resolved.output_dir, running))
@@ -174,6 +194,34 @@ def up(
         _print_how_to_reach(experiment)
 
 
+@sweep_app.command("plan")
+def sweep_plan(
+    recipe: Annotated[Path, typer.Argument(help="Recipe TOML file with a [sweep] table.")],
+    max_steps: Annotated[
+        int | None,
+        typer.Option(min=1, help="Override \\[defaults] max_steps, as `up --max-steps` would."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """Print the runs RECIPE makes, a [sweep] expanded, without writing or starting anything.
+
+    One row per run in the order runs get trainer slots: the [[runs]] tables in file order,
+    then the sweep's runs in expansion order (repeats, then random samples, then grid
+    combinations); the first trainer.max_concurrent_runs start at once, the others wait and
+    start as slots free. Each row shows the run id and the values it sets over [defaults].
+    With a [sweep.scheduler], its rungs are listed too.
+
+    The recipe is checked as `workbench up` checks it: errors name the file, line and key,
+    all at once, and exit with status 2.
+
+    --json prints {"recipe", "slots", "runs": [{"id", "source", "position", "values"}],
+    "early_stopping": null or {"kind", "metric", "mode", "grace_steps", "reduction_factor",
+    "min_runs", "rung_steps"}}.
+    """
+    _, resolved = _load_recipe_or_fail(recipe, max_steps)
+    _print_run_plan(recipe, resolved, as_json=as_json)
+
+
 @app.command()
 def status(
     experiment: ExperimentArg = None,
@@ -189,9 +237,14 @@ def status(
     backoff, stopping, exited, failed, stopped. When the supervisor is not running, its last
     recorded states are shown without pids.
 
+    A sweep adds the values each run varies and, under early stopping, each run's highest
+    rung so far and its rank there (rank 1 is the best; `6/8`: sixth of the eight runs that
+    had recorded the rung when it was judged).
+
     --json prints {"experiment", "supervisor": {"running", "pid", "status"}, "runs": [{"id",
-    "status", "step", "reason", ...}], "processes": [{"name", "state", "pid", "restarts",
-    "uptime_s", "reason", "last_exit", ...}]}.
+    "status", "step", "reason", "values", "asha": null or {"rung", "step", "value",
+    "cutoff", "rank", "of", "decision"}, ...}], "processes": [{"name", "state", "pid",
+    "restarts", "uptime_s", "reason", "last_exit", ...}]}.
     """
     try:
         path = resolve_experiment(experiment)
@@ -220,13 +273,23 @@ def status(
         )
         return
     table = Table(title=str(path), title_justify="left")
-    for column in ("run", "status", "step", "slot", "reason"):
+    show_values = any(run.values for run in runs)
+    show_asha = any(run.asha for run in runs)
+    columns = ["run", "status", "step", "slot"]
+    columns += ["values"] if show_values else []
+    columns += ["rung", "rank"] if show_asha else []
+    for column in [*columns, "reason"]:
         table.add_column(column, overflow="fold")
     for run in runs:
         steps = f"{run.step}/{run.max_steps}" if run.max_steps else str(run.step)
         slot = "" if run.slot is None else str(run.slot)
         reason = (run.reason or "").splitlines()[0] if run.reason else ""
-        table.add_row(run.id, run.status, steps, slot, reason)
+        cells = [run.id, run.status, steps, slot]
+        if show_values:
+            cells.append(escape(describe_values(run.values or {})))
+        if show_asha:
+            cells += _asha_cells(run.asha)
+        table.add_row(*cells, escape(reason))
     console.print(table)
     _print_processes(supervisor, processes)
 
@@ -821,6 +884,76 @@ def _duration(seconds: float | None) -> str:
     if seconds < 86400:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def _load_recipe_or_fail(path: Path, max_steps: int | None) -> tuple[TOMLDocument, Recipe]:
+    """The recipe (with `--max-steps` applied), or exit 2 listing every problem."""
+    try:
+        document = parse_toml(_read_text(path), path)
+        if max_steps is not None:
+            document.setdefault("defaults", {})["max_steps"] = max_steps
+        return document, recipe_from_document(document, path)
+    except ConfigError as err:
+        raise _fail(f"invalid recipe\n{err}", EXIT_BAD_INPUT) from None
+
+
+def _print_run_plan(path: Path, recipe: Recipe, *, as_json: bool) -> None:
+    runs = planned_runs(recipe)
+    slots = recipe.trainer.max_concurrent_runs
+    spec = recipe.sweep.scheduler if recipe.sweep is not None else None
+    if as_json:
+        stopping = None
+        if spec is not None:
+            stopping = {
+                **spec.model_dump(mode="json"),
+                "rung_steps": spec.rung_steps(recipe.defaults.max_steps),
+            }
+        payload = {
+            "recipe": str(path),
+            "slots": slots,
+            "runs": [
+                {"id": run.run_id, "source": run.source, "position": i, "values": run.values}
+                for i, run in enumerate(runs)
+            ],
+            "early_stopping": stopping,
+        }
+        print(json.dumps(payload, indent=2))
+        return
+    swept = sum(1 for run in runs if run.source == "sweep")
+    waiting = max(0, len(runs) - slots)
+    console.print(
+        f"{path}: {len(runs)} runs ({len(runs) - swept} from \\[\\[runs]], {swept} from "
+        f"\\[sweep]); {slots} trainer slots"
+        + (f": {waiting} wait and start in this order as slots free" if waiting else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    table = Table(box=None, pad_edge=False)
+    table.add_column("#")
+    table.add_column("run", no_wrap=True)
+    table.add_column("starts", no_wrap=True)
+    table.add_column("values over \\[defaults]", overflow="fold")
+    for position, run in enumerate(runs):
+        starts = "at once" if position < slots else f"waits ({position - slots + 1})"
+        table.add_row(
+            str(position + 1), run.run_id, starts, escape(describe_values(run.values) or "-")
+        )
+    console.print(table)
+    if spec is not None:
+        console.print(
+            escape(f"early stopping: {scheduler.describe(spec, recipe.defaults.max_steps)}"),
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _asha_cells(standing: dict | None) -> list[str]:
+    if not standing:
+        return ["", ""]
+    rung = f"{standing['rung']} (step {standing['step']})"
+    if standing["rank"] is None:
+        return [rung, standing["decision"].replace("_", " ")]
+    return [rung, f"{standing['rank']}/{standing['of']}"]
 
 
 def _read_text(path: Path) -> str:

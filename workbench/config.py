@@ -5,7 +5,8 @@ message names the file, the key and, where the source gives it, the line, and sa
 do. Nothing here touches a process: the supervisor, trainer and orchestrators import it.
 
 - `Recipe`: what a user writes (`recipes/*.toml`): experiment, model, inference, trainer,
-  `[defaults]` for every run's orchestrator and `[[runs]]` overriding them.
+  `[defaults]` for every run's orchestrator, `[[runs]]` overriding them and a `[sweep]`
+  that expands into more runs (`workbench.sweep`).
 - `OrchestratorConfig`: one run's `control/orch.toml`. Every field has a default, so an
   empty file is a valid run that takes all defaults.
 - `TrainerConfig`, `InferenceConfig`: what the supervisor hands the trainer and vLLM.
@@ -16,6 +17,8 @@ from __future__ import annotations
 import copy
 import difflib
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +27,7 @@ import tomlkit.exceptions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from workbench import layout
+from workbench.sweep.spec import SweepSection
 
 # ------------------------------------------------------------------------- errors
 
@@ -235,6 +239,7 @@ class Recipe(StrictModel):
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     defaults: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     runs: list[RunSpec] = Field(default_factory=list)
+    sweep: SweepSection | None = None  # its runs are already in `runs`, after [[runs]]
 
     @property
     def output_dir(self) -> Path:
@@ -377,6 +382,7 @@ def recipe_from_document(
             _problem(("runs",), "must be an array of tables: write each run as [[runs]]", text)
         )
         runs_raw = []
+    sweep_raw = raw.pop("sweep", None)
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as err:
@@ -427,10 +433,24 @@ def recipe_from_document(
                     problems.append(_problem(("defaults", *inner), message, text))
         specs.append(RunSpec(id=run_id, overrides=table))
 
+    sweep = None
+    if sweep_raw is not None:
+        # workbench.sweep builds on this module's models, hence the late import.
+        from workbench.sweep.expand import plan_sweep
+
+        try:
+            valid_defaults = OrchestratorConfig.model_validate(defaults).model_dump(mode="json")
+        except ValidationError:
+            valid_defaults = None  # already reported; checking swept values would repeat it
+        sweep, sweep_runs, sweep_problems = plan_sweep(sweep_raw, valid_defaults, seen, text)
+        problems.extend(sweep_problems)
+        specs += [RunSpec(id=run.run_id, overrides=run.overrides) for run in sweep_runs]
+
     if problems:
         raise ConfigError(path, _dedupe(problems))
     assert recipe is not None
     recipe.runs = specs
+    recipe.sweep = sweep
     return recipe
 
 
@@ -522,7 +542,7 @@ def _allowed_keys(model_cls: type[BaseModel], loc: tuple) -> list[str]:
         if isinstance(part, int) or current is None:
             continue
         field = getattr(current, "model_fields", {}).get(part)
-        current = field.annotation if field is not None else None
+        current = _optional_inner(field.annotation) if field is not None else None
         if current is not None and not (
             isinstance(current, type) and issubclass(current, BaseModel)
         ):
@@ -530,6 +550,24 @@ def _allowed_keys(model_cls: type[BaseModel], loc: tuple) -> list[str]:
     if isinstance(current, type) and issubclass(current, BaseModel):
         return sorted(current.model_fields)
     return []
+
+
+def _optional_inner(annotation: Any) -> Any:
+    """`X | None` -> X, so the keys of an optional table are listed too."""
+    members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if isinstance(annotation, types.UnionType) and len(members) == 1:
+        return members[0]
+    return annotation
+
+
+def problem_at(loc: tuple, message: str, text: str | None) -> ConfigProblem:
+    """A problem at a key of a TOML text (its line found in `text`); for workbench.sweep."""
+    return _problem(loc, message, text)
+
+
+def explain_error(item: dict[str, Any], model_cls: type[BaseModel], loc: tuple) -> str:
+    """What one pydantic error means, in the words of every config error; for workbench.sweep."""
+    return _explain(item, model_cls, loc)
 
 
 def _problem(loc: tuple, message: str, text: str | None) -> ConfigProblem:

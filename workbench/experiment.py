@@ -6,6 +6,8 @@ a directory a run (SPEC section 3), so it is written last and atomically.
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +15,8 @@ import tomlkit
 
 from workbench import layout
 from workbench.config import OrchestratorConfig, Recipe, model_to_toml, normalize_run_id
+from workbench.sweep.expand import describe_values, planned_runs
+from workbench.sweep.files import write_plan
 
 DEFAULT_OUTPUTS = Path("outputs")
 
@@ -21,32 +25,68 @@ class RunLookupError(LookupError):
     """A run id that names no run, or more than one."""
 
 
-def orch_toml_text(run_id: str, config: OrchestratorConfig) -> str:
+def orch_toml_text(run_id: str, config: OrchestratorConfig, note: str | None = None) -> str:
     header = (
         f"Orchestrator config of {run_id}, written by workbench.\n"
         "Edit before the run starts; the trainer validates it when it discovers the run."
     )
+    if note:
+        header += "\n" + note
     return model_to_toml(config, header=header)
 
 
 def write_run(experiment: Path, run_id: str, config: OrchestratorConfig) -> Path:
     """Create `run_<id>/` with its `control/orch.toml`; an identical file is left untouched."""
+    return _write_run(experiment, run_id, config)[0]
+
+
+def _write_run(
+    experiment: Path, run_id: str, config: OrchestratorConfig, note: str | None = None
+) -> tuple[Path, bool]:
     run = layout.run_dir(experiment, run_id)
     path = layout.orch_config_path(run)
-    text = orch_toml_text(run_id, config)
-    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
-        layout.atomic_write_text(path, text)
-    return run
+    text = orch_toml_text(run_id, config, note)
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return run, False
+    layout.atomic_write_text(path, text)
+    return run, True
 
 
 def create_experiment(recipe: Recipe, document: tomlkit.TOMLDocument) -> Path:
-    """Write `recipe.toml` (the resolved recipe, comments kept) and one run directory per run."""
+    """Write `recipe.toml` (the resolved recipe, comments kept), one run directory per run
+    (`[[runs]]`, then the sweep's) and, for a sweep, `sweep/plan.json`."""
     experiment = recipe.output_dir
     experiment.mkdir(parents=True, exist_ok=True)
     layout.atomic_write_text(layout.recipe_path(experiment), tomlkit.dumps(document))
+    planned = {run.run_id: run for run in planned_runs(recipe)}
+    written = []
     for run_id, config in recipe.run_configs().items():
-        write_run(experiment, run_id, config)
+        run_plan = planned[run_id]
+        note = (
+            f"Sweep values: {describe_values(run_plan.values)}"
+            if run_plan.source == "sweep"
+            else None
+        )
+        run, changed = _write_run(experiment, run_id, config, note)
+        if changed:
+            written.append(layout.orch_config_path(run))
+    queue_in_order(written)
+    if recipe.sweep is not None:
+        write_plan(experiment, list(planned.values()), recipe.trainer.max_concurrent_runs)
     return experiment
+
+
+def queue_in_order(orch_tomls: list[Path]) -> None:
+    """Give the runs' `orch.toml` files increasing modification times in list order.
+
+    The trainer admits waiting runs oldest config first (ties by run id); files written in
+    one loop often share a clock tick, which would put a sweep's runs in id order rather
+    than the recipe's. Each gets a distinct time, 1 us apart, all in the past.
+    """
+    now = time.time_ns()
+    for position, path in enumerate(orch_tomls):
+        stamp = now - (len(orch_tomls) - position) * 1000
+        os.utime(path, ns=(stamp, stamp))
 
 
 def is_experiment(path: Path) -> bool:

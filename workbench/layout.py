@@ -9,6 +9,7 @@ come from here, so a rename is a one-line change.
       supervisor/               state.json, control socket, pid file
       logs/                     inference.log, trainer.log, supervisor.log
       trainer/runs.json         the trainer's view: which run holds which slot, progress
+      sweep/                    plan.json (runs and their swept values), asha.json (rungs)
       run_<id>/
         control/orch.toml, config_validation_error.txt, evicted.txt, finished.txt
         checkpoints/step_N/{trainer,orchestrator}/   rollouts/step_N/   broadcast/step_N/
@@ -65,6 +66,20 @@ def process_log_path(experiment: Path, name: str) -> Path:
 def trainer_state_path(experiment: Path) -> Path:
     """Written by the trainer's master rank after every synchronisation: slots and progress."""
     return experiment / "trainer" / "runs.json"
+
+
+def sweep_dir(experiment: Path) -> Path:
+    return experiment / "sweep"
+
+
+def sweep_plan_path(experiment: Path) -> Path:
+    """Written by `workbench up` for a recipe with a [sweep]: every run and its values."""
+    return sweep_dir(experiment) / "plan.json"
+
+
+def asha_state_path(experiment: Path) -> Path:
+    """Written by the supervisor's early stopping: every rung decision so far."""
+    return sweep_dir(experiment) / "asha.json"
 
 
 def run_dir(experiment: Path, run_id: str) -> Path:

@@ -8,6 +8,9 @@ Precedence: evicted > rejected > finished > active > waiting.
 - finished: `control/finished.txt` exists
 - active:   the trainer (alive) holds a slot for it (`trainer/runs.json`)
 - waiting:  anything else: no trainer yet, all slots used, or no `orch.toml` yet
+
+A sweep adds what each run varies (`values`, from `sweep/plan.json`) and its standing in
+early stopping (`asha`: its highest rung so far, from `sweep/asha.json`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import tomlkit
 from workbench import control, layout
 from workbench.config import OrchestratorConfig
 from workbench.supervisor.process import process_is_alive
+from workbench.sweep.asha import RungResult, latest_by_run
+from workbench.sweep.files import read_asha, read_plan_values
 
 STATUSES = ("waiting", "active", "rejected", "evicted", "finished")
 
@@ -37,6 +42,8 @@ class RunStatus:
     slot: int | None = None
     total_tokens: int = 0
     total_samples: int = 0
+    values: dict[str, Any] | None = None  # what a sweep run varies (dotted keys)
+    asha: dict[str, Any] | None = None  # rung, step, value, cutoff, rank, of, decision
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,7 +65,29 @@ def run_statuses(experiment: Path) -> list[RunStatus]:
     trainer = read_trainer_state(experiment) or {}
     slots = {run_id: int(idx) for idx, run_id in trainer.get("slots", {}).items()}
     progress = trainer.get("progress", {})
-    return [_run_status(run, slots, progress) for run in layout.list_run_dirs(experiment)]
+    values = read_plan_values(experiment)
+    asha = read_asha(experiment)
+    standings = latest_by_run(asha.results) if asha is not None else {}
+    statuses = []
+    for run in layout.list_run_dirs(experiment):
+        status = _run_status(run, slots, progress)
+        status.values = values.get(run.name)
+        if run.name in standings:
+            status.asha = _standing(standings[run.name])
+        statuses.append(status)
+    return statuses
+
+
+def _standing(result: RungResult) -> dict[str, Any]:
+    return {
+        "rung": result.rung,
+        "step": result.step,
+        "value": result.value,
+        "cutoff": result.cutoff,
+        "rank": result.rank,
+        "of": result.of,
+        "decision": result.decision,
+    }
 
 
 def _run_status(run: Path, slots: dict[str, int], progress: dict[str, Any]) -> RunStatus:

@@ -64,6 +64,7 @@ from workbench.supervisor.process import (
     SupervisedProcess,
     now_iso,
 )
+from workbench.sweep.scheduler import EVICTED_BY, EarlyStopping
 
 log = logging.getLogger("workbench.supervisor")
 
@@ -151,6 +152,11 @@ class Supervisor:
         self.control: ControlServer | None = None
         self.watcher: RunDirectoryWatcher | None = None
         self._faults: dict[str, float] = {}
+        self.early_stopping = (
+            EarlyStopping(self.experiment, plan.early_stopping)
+            if plan.early_stopping is not None
+            else None
+        )
 
     # -------------------------------------------------------------- loop
 
@@ -199,6 +205,7 @@ class Supervisor:
         else:
             if self._discovery_due or now >= self._next_rescan:
                 self._discover(now)
+            self._stop_early(now)
             self._start_due(now)
             if self.status == "starting" and all(
                 self.processes[name].state not in ("waiting", "starting") for name in self._fixed
@@ -392,6 +399,19 @@ class Supervisor:
                 preflight=lambda: problem,
             )
 
+    def _stop_early(self, now: float) -> None:
+        """Evict the runs early stopping gave up on; its faults never stall the loop."""
+        if self.early_stopping is None:
+            return
+        try:
+            for eviction in self.early_stopping.poll(now):
+                if run_control.read_eviction(layout.run_dir(self.experiment, eviction.run_id)):
+                    continue
+                self.evict_run(eviction.run_id, eviction.reason, by=EVICTED_BY, now=now)
+                self.early_stopping.evicted(eviction)
+        except Exception as err:
+            self._log_fault(err)
+
     def _stop_when_done(self) -> None:
         fixed_failed = [name for name in self._fixed if self.processes[name].state == "failed"]
         if fixed_failed:
@@ -456,11 +476,22 @@ class Supervisor:
         return run_id, run
 
     def _evict(self, request: dict[str, Any], now: float) -> dict[str, Any]:
-        run_id, run = self._existing_run(_field(request, "run_id"))
+        run_id, _ = self._existing_run(_field(request, "run_id"))
         reason = str(request.get("reason") or "evicted by the user")
+        already, stopping = self.evict_run(
+            run_id, reason, by=str(request.get("by") or "user"), now=now
+        )
+        return {"ok": True, "run_id": run_id, "already_evicted": already, "stopped": stopping}
+
+    def evict_run(self, run_id: str, reason: str, *, by: str, now: float) -> tuple[bool, bool]:
+        """The one eviction path: write `evicted.txt` (unless there is one) and stop the
+        run's orchestrator; the trainer frees its slot at its next discovery. Returns
+        (already evicted, an orchestrator was stopping)."""
+        run = layout.run_dir(self.experiment, run_id)
         existing = run_control.read_eviction(run)
         if existing is None:
-            run_control.write_eviction(run, reason, by=str(request.get("by") or "user"))
+            run_control.write_eviction(run, reason, by=by)
+            log.info("%s: evicted by %s: %s", run_id, by, reason)
         else:
             reason = existing.reason
         proc = self.processes.get(run_id)
@@ -468,12 +499,7 @@ class Supervisor:
         if proc is not None:
             proc.begin_stop(now, f"evicted: {reason}", hold=True)
         self._discovery_due = True
-        return {
-            "ok": True,
-            "run_id": run_id,
-            "already_evicted": existing is not None,
-            "stopped": stopping,
-        }
+        return existing is not None, stopping
 
     def _restart_run(self, raw_id: str, now: float) -> dict[str, Any]:
         run_id, run = self._existing_run(raw_id)

@@ -33,6 +33,8 @@ from workbench.inference import endpoint
 from workbench.supervisor import paths
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec
+from workbench.sweep import scheduler
+from workbench.sweep.spec import AshaSpec
 
 DEFAULT_PLAN = "workbench.supervisor.plan:plan_from_recipe"
 INFERENCE_MODULE = "workbench.inference"
@@ -65,11 +67,13 @@ class Plan:
 
     orchestrator(run_id, run_dir) builds the spec of a run's orchestrator when discovery
     finds the run. notes are logged by the supervisor at start (choices it made).
+    early_stopping, when set, has the supervisor evict runs that fall behind at a rung.
     """
 
     processes: list[ProcessSpec]
     orchestrator: Callable[[str, Path], ProcessSpec]
     notes: list[str] = field(default_factory=list)
+    early_stopping: AshaSpec | None = None
 
 
 PlanFactory = Callable[[Path], Plan]
@@ -295,6 +299,11 @@ def plan_from_recipe(experiment: Path) -> Plan:
         notes.append("no GPU: inference and trainer run on the CPU")
     else:
         notes.append(f"GPUs: inference {devices.inference}, trainer {devices.trainer}")
+    early_stopping = recipe.sweep.scheduler if recipe.sweep is not None else None
+    if early_stopping is not None:
+        notes.append(
+            f"early stopping: {scheduler.describe(early_stopping, recipe.defaults.max_steps)}"
+        )
 
     inference_config = recipe.inference_config()
     inference_config.output_dir = experiment
@@ -363,6 +372,7 @@ def plan_from_recipe(experiment: Path) -> Plan:
         processes=[inference, trainer],
         orchestrator=lambda run_id, run_dir: orchestrator_spec(run_id, run_dir, orchestrator_env),
         notes=notes,
+        early_stopping=early_stopping,
     )
 
 

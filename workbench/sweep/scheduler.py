@@ -1,0 +1,226 @@
+"""The supervisor's early stopping: follow each run's metrics, ask ASHA, hand back evictions.
+
+`EarlyStopping.poll` runs on the supervisor's loop (at most once a second). It reads what
+each `run_*/metrics.jsonl` gained since the last poll (complete lines only), builds each
+run's curve of the metric, lets `workbench.sweep.asha.advance` decide, and writes every
+new decision to `sweep/asha.json` before returning the evictions to carry out. The
+supervisor evicts through its one eviction path and reports back with `evicted`, which
+is written down too; a supervisor that restarts reads the file, so decisions already made
+stand, and a stop decided but not carried out (a crash in between) is carried out then.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench import control, layout
+from workbench.config import ConfigError, load_orchestrator_config
+from workbench.sweep.asha import MetricPoint, RunCurve, RungResult, advance
+from workbench.sweep.files import AshaRecord, read_asha, write_asha
+from workbench.sweep.spec import AshaSpec
+
+log = logging.getLogger("workbench.supervisor")
+
+POLL_INTERVAL_S = 1.0
+EVICTED_BY = "asha"
+
+
+@dataclass(frozen=True)
+class EarlyEviction:
+    run_id: str
+    rung: int
+    reason: str
+
+
+@dataclass
+class _FollowedRun:
+    """The part of one run's metrics.jsonl read so far, and the metric's points in it."""
+
+    inode: int | None = None
+    offset: int = 0
+    partial: bytes = b""
+    points: list[MetricPoint] = field(default_factory=list)
+    last_step: int = -1  # of any record, to tell "no such metric" from "not there yet"
+    config_signature: tuple[int, int] | None = None
+    max_steps: int | None = None
+
+
+class EarlyStopping:
+    def __init__(self, experiment: Path, spec: AshaSpec, *, interval_s: float = POLL_INTERVAL_S):
+        self.experiment = Path(experiment)
+        self.spec = spec
+        self.interval_s = interval_s
+        self._runs: dict[str, _FollowedRun] = {}
+        self._next_poll = 0.0
+        self._warned: set[str] = set()
+        self.record = self._load()
+
+    def _load(self) -> AshaRecord:
+        record = read_asha(self.experiment)
+        if record is None:
+            return AshaRecord(self.spec, [], {})
+        if record.spec != self.spec:
+            # Ranks under other rungs or another metric would not compare: start afresh.
+            # Runs evicted under the old settings stay evicted (their evicted.txt stays).
+            log.warning(
+                "early stopping settings changed (%s -> %s): earlier rung decisions are set aside",
+                record.spec.model_dump(),
+                self.spec.model_dump(),
+            )
+            return AshaRecord(self.spec, [], {})
+        return record
+
+    # ---------------------------------------------------------------- each tick
+
+    def poll(self, now: float) -> list[EarlyEviction]:
+        """New evictions to carry out (at most every `interval_s` of `now`, a monotonic time)."""
+        if now < self._next_poll:
+            return []
+        self._next_poll = now + self.interval_s
+        curves = []
+        for run in layout.list_run_dirs(self.experiment):
+            followed = self._runs.setdefault(run.name, _FollowedRun())
+            self._read_new_records(run, followed)
+            max_steps = self._max_steps(run, followed)
+            if max_steps is None:
+                continue  # no valid orch.toml: not a run the trainer would take
+            self._warn_if_metric_missing(run.name, followed, max_steps)
+            curves.append(
+                RunCurve(
+                    run.name,
+                    tuple(followed.points),
+                    max_steps,
+                    finished=control.is_finished(run),
+                    evicted=control.read_eviction(run) is not None,
+                )
+            )
+        new = advance(self.record.results, curves, self.spec)
+        for result in new:
+            self._log_decision(result)
+        self.record.results.extend(new)
+        evictions = self._due_evictions()
+        if new or evictions:
+            write_asha(self.experiment, self.record)  # decisions are on disk before any act
+        return evictions
+
+    def evicted(self, eviction: EarlyEviction) -> None:
+        """The supervisor carried out `eviction`."""
+        self.record.actions[(eviction.run_id, eviction.rung)] = "evicted"
+        write_asha(self.experiment, self.record)
+
+    def _due_evictions(self) -> list[EarlyEviction]:
+        """Stops not yet carried out; those with nothing to do are marked done here."""
+        due: list[EarlyEviction] = []
+        for result in self.record.results:
+            key = (result.run_id, result.rung)
+            if result.decision != "stop" or key in self.record.actions:
+                continue
+            run = layout.run_dir(self.experiment, result.run_id)
+            if control.read_eviction(run) is not None:
+                self.record.actions[key] = "already evicted"
+            elif control.is_finished(run) or not run.is_dir():
+                self.record.actions[key] = "finished" if run.is_dir() else "run deleted"
+            else:
+                reason = result.reason(self.spec.metric, self.spec.mode)
+                due.append(EarlyEviction(result.run_id, result.rung, reason))
+        return due
+
+    # ---------------------------------------------------------------- reading a run
+
+    def _read_new_records(self, run: Path, followed: _FollowedRun) -> None:
+        path = layout.metrics_path(run)
+        try:
+            stat = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if stat.st_ino != followed.inode or stat.st_size < followed.offset:
+            # A new file (the run directory was replaced) or a truncated one: read afresh.
+            followed.inode, followed.offset, followed.partial = stat.st_ino, 0, b""
+            followed.points.clear()
+            followed.last_step = -1
+        if stat.st_size == followed.offset:
+            return
+        with open(path, "rb") as handle:
+            handle.seek(followed.offset)
+            chunk = handle.read(stat.st_size - followed.offset)
+        followed.offset += len(chunk)
+        data = followed.partial + chunk
+        *lines, followed.partial = data.split(b"\n")  # the last piece may be half a line
+        for line in lines:
+            self._take_record(line, followed)
+
+    def _take_record(self, line: bytes, followed: _FollowedRun) -> None:
+        try:
+            record: Any = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            return
+        followed.last_step = max(followed.last_step, record["step"])
+        value = record.get(self.spec.metric)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            stamp = record.get("time")
+            when = float(stamp) if isinstance(stamp, int | float) else 0.0
+            followed.points.append(MetricPoint(record["step"], float(value), when))
+
+    def _max_steps(self, run: Path, followed: _FollowedRun) -> int | None:
+        path = layout.orch_config_path(run)
+        try:
+            stat = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        signature = (stat.st_mtime_ns, stat.st_size)
+        if signature != followed.config_signature:
+            followed.config_signature = signature
+            try:
+                followed.max_steps = load_orchestrator_config(path).max_steps
+            except (ConfigError, OSError):
+                followed.max_steps = None
+        return followed.max_steps
+
+    def _warn_if_metric_missing(self, run_id: str, followed: _FollowedRun, max_steps: int) -> None:
+        rungs = self.spec.rung_steps(max_steps)
+        if not rungs or followed.points or run_id in self._warned:
+            return
+        # Records well past the first rung and none of the metric: a typo, or no eval.
+        if followed.last_step >= 2 * rungs[0]:
+            self._warned.add(run_id)
+            log.warning(
+                "%s: step %d and no %r in its metrics.jsonl yet: early stopping cannot judge "
+                "it (is evaluation on? [sweep.scheduler] metric names the key to rank by)",
+                run_id,
+                followed.last_step,
+                self.spec.metric,
+            )
+
+    def _log_decision(self, result: RungResult) -> None:
+        if result.decision == "stop":
+            log.info("%s: %s", result.run_id, result.reason(self.spec.metric, self.spec.mode))
+            return
+        shown = "no value" if result.value is None else f"{self.spec.metric} {result.value:.4g}"
+        rank = f", rank {result.rank}/{result.of}" if result.rank is not None else ""
+        log.info(
+            "%s: asha rung %d (step %d): %s%s: %s",
+            result.run_id,
+            result.rung,
+            result.step,
+            shown,
+            rank,
+            result.decision.replace("_", " "),
+        )
+
+
+def describe(spec: AshaSpec, max_steps: int) -> str:
+    """One line for logs and `workbench sweep plan`: what is ranked and where."""
+    steps = spec.rung_steps(max_steps)
+    where = ", ".join(str(s) for s in steps) if steps else f"none below max_steps {max_steps}"
+    keep = f"top 1/{spec.reduction_factor}"
+    return (
+        f"asha on {spec.metric} ({spec.mode}), rungs at steps {where}; {keep} of the runs at "
+        f"a rung go on once {spec.min_runs} have reached it"
+    )

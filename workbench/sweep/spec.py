@@ -1,0 +1,160 @@
+"""The `[sweep]` table of a recipe: what to vary, how many runs, and early stopping.
+
+Only the shape lives here (pydantic models); `workbench.sweep.expand` checks the keys
+against the orchestrator's config and expands the table into runs. This module imports
+nothing of workbench so that `workbench.config` can use it.
+
+    [sweep]
+    repeats = 2            # runs of each configuration, with seeds seed, seed + 1, ...
+    num_samples = 4        # draws of [sweep.random]
+    seed = 0               # seeds the draws
+    max_runs = 64          # refuse a sweep that expands to more runs
+    ids = "auto"           # auto | values | index
+
+    [sweep.grid]           # every combination of these lists
+    lr = [1e-4, 3e-4]
+    lora.rank = [4, 8]
+
+    [sweep.random]         # one draw per sample
+    "sampling.temperature" = { distribution = "uniform", low = 0.7, high = 1.2 }
+
+    [sweep.scheduler]
+    kind = "asha"
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Above this, a typo in a grid (a list of 1000 values) is likelier than a real plan.
+MAX_RUNS_LIMIT = 1000
+DEFAULT_MAX_RUNS = 64
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- distributions
+
+
+class Choice(_Strict):
+    """One of `values`, each equally likely."""
+
+    distribution: Literal["choice"]
+    values: list[Any] = Field(min_length=1)
+
+
+class Uniform(_Strict):
+    """A float drawn evenly from [low, high]."""
+
+    distribution: Literal["uniform"]
+    low: float
+    high: float
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> Uniform:
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
+        return self
+
+
+class LogUniform(_Strict):
+    """A float whose logarithm is drawn evenly: as likely in [1e-4, 1e-3] as in [1e-3, 1e-2]."""
+
+    distribution: Literal["log_uniform"]
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> LogUniform:
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
+        return self
+
+
+class IntRange(_Strict):
+    """An integer drawn evenly from low..high, both included."""
+
+    distribution: Literal["int"]
+    low: int
+    high: int
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> IntRange:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must not be above high ({self.high})")
+        return self
+
+
+Distribution = Choice | Uniform | LogUniform | IntRange
+DISTRIBUTIONS: dict[str, type[BaseModel]] = {
+    "choice": Choice,
+    "uniform": Uniform,
+    "log_uniform": LogUniform,
+    "int": IntRange,
+}
+
+
+def bounds_of(distribution: Distribution) -> list[Any]:
+    """The values that stand for a distribution when checking them as config values."""
+    if isinstance(distribution, Choice):
+        return list(distribution.values)
+    return [distribution.low, distribution.high]
+
+
+def is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ---------------------------------------------------------------- early stopping
+
+
+class AshaSpec(_Strict):
+    """`[sweep.scheduler]`: asynchronous successive halving (Ray Tune's ASHA).
+
+    Rungs sit at steps grace_steps * reduction_factor**k below a run's max_steps. When a
+    run reaches a rung, its metric there is ranked against every run that recorded that
+    rung so far; it is evicted if it falls in the bottom (1 - 1/reduction_factor).
+    """
+
+    kind: Literal["asha"] = "asha"
+    grace_steps: int = Field(5, ge=1, description="the first rung's step")
+    reduction_factor: int = Field(2, ge=2, description="rungs grow, and survivors shrink, by it")
+    metric: str = Field(
+        "eval_reward_mean", min_length=1, description="a key of the runs' metrics.jsonl records"
+    )
+    mode: Literal["max", "min"] = "max"
+    min_runs: int = Field(
+        3, ge=1, description="fewer runs at a rung (itself included) never stop a run"
+    )
+
+    def rung_steps(self, max_steps: int) -> list[int]:
+        """The steps of the rungs below `max_steps`: grace, grace*rf, grace*rf**2, ..."""
+        steps = []
+        step = self.grace_steps
+        while step < max_steps:
+            steps.append(step)
+            step *= self.reduction_factor
+        return steps
+
+
+# ---------------------------------------------------------------- the table
+
+
+class SweepSection(_Strict):
+    """`[sweep]`: grid and random keys are any `[defaults]` key, dotted for nested ones."""
+
+    grid: dict[str, Any] = Field(default_factory=dict, description="key -> list of values")
+    random: dict[str, Any] = Field(default_factory=dict, description="key -> distribution")
+    num_samples: int | None = Field(None, ge=1, description="draws of [sweep.random]")
+    seed: int = Field(0, description="seeds the draws of [sweep.random]")
+    repeats: int = Field(
+        1, ge=1, description="runs of each configuration; repeat r adds r to its seed"
+    )
+    max_runs: int = Field(DEFAULT_MAX_RUNS, ge=1, le=MAX_RUNS_LIMIT)
+    ids: Literal["auto", "values", "index"] = "auto"
+    scheduler: AshaSpec | None = None
