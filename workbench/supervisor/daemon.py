@@ -224,7 +224,8 @@ class Supervisor:
             log.exception("supervisor tick failed (children keep running): %s", message)
 
     def request_stop(self, reason: str) -> None:
-        """Stop everything and exit (safe from a signal handler or another thread)."""
+        """Stop everything and exit (safe from another thread; signal handlers go through
+        `_outside_handler`)."""
         if self._stop_reason is None:
             self._stop_reason = reason
         self._wake.set()
@@ -670,16 +671,25 @@ def run_daemon(experiment: Path, *, plan: str = DEFAULT_PLAN, exit_when_done: bo
         lock.release()
 
 
+def _outside_handler(action) -> None:
+    """Run `action` on a new thread. A signal handler runs on the main thread between two
+    bytecodes, possibly while that thread holds the wake Event's lock (inside its set,
+    clear or wait); setting the Event from the handler would then wait on that lock
+    forever. Seen: the supervisor hung in Event.clear with a SIGCHLD handler inside."""
+    threading.Thread(target=action, name="signal", daemon=True).start()
+
+
 def _install_signal_handlers(supervisor: Supervisor) -> None:
     def stop(signum: int, _frame: object) -> None:
-        supervisor.request_stop(f"received {signal.Signals(signum).name}")
+        reason = f"received {signal.Signals(signum).name}"
+        _outside_handler(lambda: supervisor.request_stop(reason))
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     # The daemon has no terminal; a hang-up must not kill it.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # Wake the loop as soon as a child exits instead of at the next tick.
-    signal.signal(signal.SIGCHLD, lambda _signum, _frame: supervisor.wake())
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: _outside_handler(supervisor.wake))
 
 
 def _configure_logging() -> None:
