@@ -983,10 +983,7 @@ def _print_sweep_report(report: SweepReport) -> None:
     for column in ("rank", "run", report.metric, "step", "rung", "evicted", "differences"):
         table.add_column(column, overflow="fold")
     for run in report.runs:
-        if run.value is None:
-            value = run.note or ""
-        else:
-            value = f"{run.value:.4g} (step {run.eval_step})"
+        value = (run.note or "") if run.value is None else f"{run.value:.4g} @ {run.eval_step}"
         rung = "" if run.rung is None else f"{run.rung} (step {run.rung_step})"
         table.add_row(
             str(run.rank),
