@@ -51,6 +51,7 @@ from workbench.supervisor.client import (
 from workbench.supervisor.control import ControlError, new_run_config
 from workbench.sweep import scheduler
 from workbench.sweep.expand import describe_values, planned_runs
+from workbench.sweep.report import SweepReport, build_report, write_report
 
 app = typer.Typer(
     name="workbench",
@@ -67,7 +68,7 @@ runs_app = typer.Typer(
 )
 sweep_app = typer.Typer(
     name="sweep",
-    help="Sweeps: preview the runs a recipe's [sweep] expands to.",
+    help="Sweeps: preview the runs a recipe's [sweep] expands to; rank them once they ran.",
     no_args_is_help=True,
     rich_markup_mode="rich",
 )
@@ -220,6 +221,36 @@ def sweep_plan(
     """
     _, resolved = _load_recipe_or_fail(recipe, max_steps)
     _print_run_plan(recipe, resolved, as_json=as_json)
+
+
+@sweep_app.command("report")
+def sweep_report(
+    experiment: ExperimentArg = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """Rank the runs of an experiment by eval_reward_mean at their last eval.
+
+    One row per run, best first: rank, run id, the metric at its last eval (and that eval's
+    step), the step it reached, the highest early-stopping rung it was judged at, whether
+    early stopping evicted it, and the values its control/orch.toml sets over the recipe's
+    [defaults]. A run without eval records ranks last and says so. The best configuration
+    follows the table.
+
+    Also writes sweep_report.json (the same as --json) and sweep_report.png (every run's
+    eval curve; evicted runs dashed) into the experiment directory.
+
+    --json prints {"experiment", "metric", "mode", "runs": [{"id", "rank", "value",
+    "eval_step", "step", "rung", "rung_step", "evicted_by_scheduler", "differences",
+    "evals": [[step, value]], "note"}], "best": null or {"id", "value", "differences"}}.
+    """
+    path = _experiment_or_fail(experiment)
+    report = build_report(path)
+    written = write_report(report)
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+        return
+    _print_sweep_report(report)
+    console.print("written: " + ", ".join(str(p) for p in written), highlight=False)
 
 
 @app.command()
@@ -945,6 +976,37 @@ def _print_run_plan(path: Path, recipe: Recipe, *, as_json: bool) -> None:
             highlight=False,
             soft_wrap=True,
         )
+
+
+def _print_sweep_report(report: SweepReport) -> None:
+    table = Table(title=f"{report.experiment}: {report.metric}", title_justify="left")
+    for column in ("rank", "run", report.metric, "step", "rung", "evicted", "differences"):
+        table.add_column(column, overflow="fold")
+    for run in report.runs:
+        value = (run.note or "") if run.value is None else f"{run.value:.4g} @ {run.eval_step}"
+        rung = "" if run.rung is None else f"{run.rung} (step {run.rung_step})"
+        table.add_row(
+            str(run.rank),
+            run.id,
+            escape(value),
+            str(run.step),
+            rung,
+            "yes" if run.evicted_by_scheduler else "",
+            escape(describe_values(run.differences) or "-"),
+        )
+    console.print(table)
+    best = report.best
+    if best is None:
+        console.print("best: none (no run has eval records yet)", highlight=False)
+        return
+    console.print(
+        escape(
+            f"best: {best.id} ({report.metric} {best.value:.4g}): "
+            f"{describe_values(best.differences) or 'the recipe defaults'}"
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _asha_cells(standing: dict | None) -> list[str]:

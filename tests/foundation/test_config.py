@@ -63,6 +63,24 @@ def test_shipped_recipe_is_valid_and_has_at_least_two_runs():
     assert len(recipe.run_configs()) >= 2
 
 
+def test_shipped_sweep_recipe_expands_to_a_learning_rate_by_rank_grid_with_early_stopping():
+    from workbench.sweep.expand import planned_runs
+
+    recipe = load_recipe(REPO / "recipes" / "reverse_text_sweep.toml")
+    runs = planned_runs(recipe)
+    assert len(runs) >= 8
+    assert {run.values["lora.rank"] for run in runs} == {4, 8}
+    rates = sorted({run.values["lr"] for run in runs})
+    assert rates[0] <= 3e-4 and rates[-1] >= 3e-2
+    assert recipe.trainer.max_concurrent_runs == 4
+    spec = recipe.sweep.scheduler
+    assert spec is not None and spec.metric == "eval_reward_mean"
+    # Losers stop early: the first rung comes well before the end, and eval records land on it.
+    max_steps = recipe.defaults.max_steps
+    assert spec.rung_steps(max_steps) and spec.grace_steps <= max_steps // 4
+    assert spec.grace_steps % recipe.defaults.eval.interval == 0
+
+
 def test_shipped_gpu_recipe_is_valid_and_shares_one_gpu_between_vllm_and_the_trainer():
     from workbench.supervisor.plan import assign_devices
     from workbench.trainer.attention import resolve_attention
