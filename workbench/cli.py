@@ -50,8 +50,9 @@ from workbench.supervisor.client import (
 )
 from workbench.supervisor.control import ControlError, new_run_config
 from workbench.sweep import scheduler
-from workbench.sweep.expand import describe_values, planned_runs
+from workbench.sweep.expand import planned_runs
 from workbench.sweep.report import SweepReport, build_report, write_report
+from workbench.sweep.values import describe_values
 
 app = typer.Typer(
     name="workbench",

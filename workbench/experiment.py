@@ -15,8 +15,9 @@ import tomlkit
 
 from workbench import layout
 from workbench.config import OrchestratorConfig, Recipe, model_to_toml, normalize_run_id
-from workbench.sweep.expand import describe_values, planned_runs
+from workbench.sweep.expand import planned_runs
 from workbench.sweep.files import write_plan
+from workbench.sweep.values import describe_values
 
 DEFAULT_OUTPUTS = Path("outputs")
 

@@ -7,11 +7,17 @@ lines from several processes never interleave):
 
     <unix time> <name> start <pid>
     <unix time> <name> ready | crash <code> | sigterm | finished
+
+An orchestrator stand-in given `--write-metrics` appends the values of
+`{run_dir}/standin_metrics.json` (`{"metric", "values", "interval_s"}`) to the run's
+metrics.jsonl, one step per interval, and, like a real orchestrator waiting for the
+trainer's adapters, only while the trainer holds a slot for its run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -34,6 +40,25 @@ def next_attempt(counter: Path) -> int:
     return attempt
 
 
+def holds_slot(run_dir: Path) -> bool:
+    try:
+        state = json.loads((run_dir.parent / "trainer" / "runs.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    return run_dir.name in state.get("slots", {}).values()
+
+
+def write_metrics(run_dir: Path) -> None:
+    from workbench.metrics import append_metrics
+
+    plan = json.loads((run_dir / "standin_metrics.json").read_text())
+    for step, value in enumerate(plan["values"]):
+        while not holds_slot(run_dir):
+            time.sleep(0.02)
+        append_metrics(run_dir, "eval", step, **{plan["metric"]: value})
+        time.sleep(plan["interval_s"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", required=True)
@@ -47,6 +72,7 @@ def main() -> None:
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--run-dir", type=Path, help="orchestrator stand-ins: the run")
     parser.add_argument("--finish-after", type=float, help="mark the run finished, exit 0")
+    parser.add_argument("--write-metrics", action="store_true", help="see the docstring")
     args = parser.parse_args()
 
     if args.ignore_sigterm:
@@ -81,6 +107,9 @@ def main() -> None:
         args.ready_file.parent.mkdir(parents=True, exist_ok=True)
         args.ready_file.touch()
         event(args.events, f"{args.name} ready")
+
+    if args.write_metrics and args.run_dir is not None:
+        write_metrics(args.run_dir)
 
     if args.finish_after is not None and args.run_dir is not None:
         time.sleep(args.finish_after)

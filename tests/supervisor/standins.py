@@ -8,6 +8,8 @@ the real daemon (own session, lock, socket, watchdog) around small Python stand-
                     "args": ["--ready-after", "0.5"], "restart": {...}}, ...],
      "orchestrator": {"args": [...], "requires_ready": ["inference"], "restart": {...}}}
 
+The recipe's `[sweep.scheduler]`, if any, turns on early stopping as in the real plan.
+
 A process entry may give `argv` (a full command, e.g. `python -c ...`) instead of `args`,
 and `module` to check, as the real plan does, that a module exists before starting.
 `ready: true` gives it a file readiness check on `{experiment}/ready/<name>`, which the
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
+from workbench.config import load_recipe
 from workbench.supervisor.plan import Plan, module_problem
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import FileReady, ProcessSpec
@@ -99,4 +102,13 @@ def plan(experiment: Path) -> Plan:
             stop_timeout_s=orchestrator.get("stop_timeout_s", 5.0),
         )
 
-    return Plan(processes=fixed, orchestrator=orchestrator_spec, notes=["stand-in plan"])
+    early_stopping = None
+    if layout.recipe_path(experiment).is_file():
+        recipe = load_recipe(layout.recipe_path(experiment))
+        early_stopping = recipe.sweep.scheduler if recipe.sweep is not None else None
+    return Plan(
+        processes=fixed,
+        orchestrator=orchestrator_spec,
+        notes=["stand-in plan"],
+        early_stopping=early_stopping,
+    )

@@ -130,7 +130,10 @@ def test_the_report_files_are_written_into_the_experiment(experiment: Path):
 
 def test_the_command_prints_the_ranking_and_the_best_configuration(experiment, monkeypatch):
     monkeypatch.chdir(experiment.parent.parent)
-    result = CliRunner().invoke(app, ["sweep", "report"], catch_exceptions=False)
+    # A wide terminal: the table must not fold the note it is checked for.
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
+        app, ["sweep", "report"], catch_exceptions=False
+    )
     assert result.exit_code == 0
     lines = result.output
     assert lines.index("run_lr1e-2") < lines.index("run_lr3e-3") < lines.index("run_late")

@@ -26,8 +26,8 @@ from workbench import control, layout
 from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_config, read_toml
 from workbench.metrics import read_metrics
 from workbench.sweep.asha import RungResult, latest_by_run
-from workbench.sweep.expand import flatten_values
 from workbench.sweep.files import AshaRecord, read_asha
+from workbench.sweep.values import flatten_values
 
 DEFAULT_METRIC = "eval_reward_mean"
 REPORT_JSON = "sweep_report.json"

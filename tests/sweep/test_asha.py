@@ -1,0 +1,252 @@
+"""ASHA early stopping, the pure decision: rungs, cutoffs, ranks, and the runs that crash,
+join late or are evicted by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from workbench.sweep.asha import (
+    MetricPoint,
+    RunCurve,
+    RungResult,
+    advance,
+    judge,
+    latest_by_run,
+    quantile,
+    value_at,
+)
+from workbench.sweep.spec import AshaSpec
+
+SPEC = AshaSpec(grace_steps=5, reduction_factor=2, metric="eval_reward_mean", min_runs=3)
+
+
+def curve(
+    run_id: str,
+    values: dict[int, float],
+    *,
+    start: float = 0.0,
+    max_steps: int = 40,
+    finished: bool = False,
+    evicted: bool = False,
+) -> RunCurve:
+    """A run whose metric at step s is values[s], recorded at time start + s."""
+    points = tuple(MetricPoint(step, value, start + step) for step, value in sorted(values.items()))
+    return RunCurve(run_id, points, max_steps, finished=finished, evicted=evicted)
+
+
+def linear(slope: float, steps: Sequence[int] = range(0, 41, 5)) -> dict[int, float]:
+    return {step: round(slope * step, 6) for step in steps}
+
+
+def decisions(results: list[RungResult]) -> list[tuple[str, int, str]]:
+    return [(r.run_id, r.rung, r.decision) for r in results]
+
+
+def test_rungs_sit_at_grace_times_powers_of_the_factor_below_max_steps():
+    assert SPEC.rung_steps(40) == [5, 10, 20]
+    assert SPEC.rung_steps(41) == [5, 10, 20, 40]
+    assert AshaSpec(grace_steps=3, reduction_factor=3).rung_steps(100) == [3, 9, 27, 81]
+    assert SPEC.rung_steps(5) == [], "a rung at max_steps would judge finished runs"
+
+
+def test_the_eviction_reason_names_rung_metric_cutoff_and_rank():
+    result = RungResult("run_x", 2, 20, 0.41, 6, 8, 0.55, "stop", 100.0)
+    assert result.reason("eval_reward_mean", "max") == (
+        "asha rung 2 (step 20): eval_reward_mean 0.41 < cutoff 0.55, rank 6/8"
+    )
+    lower = RungResult("run_x", 0, 5, 2.5, 3, 3, 1.25, "stop", 1.0)
+    assert lower.reason("loss", "min") == "asha rung 0 (step 5): loss 2.5 > cutoff 1.25, rank 3/3"
+
+
+def test_numbers_in_a_reason_get_the_digits_that_tell_them_apart():
+    result = RungResult("run_x", 0, 5, 0.54999, 2, 3, 0.55, "stop", 1.0)
+    assert "0.54999 < cutoff 0.55," in result.reason("m", "max")
+
+
+def test_the_bottom_half_of_eight_runs_stops_when_the_factor_is_two():
+    values = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
+    stops = []
+    for value in values:
+        others = [v for v in values if v != value]
+        rank, count, cutoff, decision = judge(others, value, SPEC)
+        assert count == 8 and cutoff == quantile(values, 0.5) == 0.55
+        stops.append((rank, decision))
+    assert stops == [
+        (1, "continue"),
+        (2, "continue"),
+        (3, "continue"),
+        (4, "continue"),
+        (5, "stop"),
+        (6, "stop"),
+        (7, "stop"),
+        (8, "stop"),
+    ]
+
+
+def test_a_factor_of_three_keeps_the_top_third():
+    values = [float(v) for v in range(1, 10)]
+    spec = AshaSpec(reduction_factor=3, min_runs=3)
+    kept = [v for v in values if judge([o for o in values if o != v], v, spec)[3] == "continue"]
+    assert kept == [7.0, 8.0, 9.0]
+
+
+def test_mode_min_keeps_the_lowest_values():
+    spec = AshaSpec(metric="loss", mode="min", min_runs=3)
+    assert judge([1.0, 2.0, 3.0], 4.0, spec)[3] == "stop"
+    assert judge([2.0, 3.0, 4.0], 1.0, spec)[3] == "continue"
+    assert judge([2.0, 3.0, 4.0], 1.0, spec)[0] == 1, "rank 1 is the lowest loss"
+
+
+def test_ties_never_stop_a_run_and_share_a_rank():
+    assert judge([0.5, 0.5, 0.5], 0.5, SPEC) == (1, 4, 0.5, "continue")
+    rank, _, _, decision = judge([0.9, 0.5, 0.5], 0.5, SPEC)
+    assert (rank, decision) == (2, "continue"), "0.5 equals the cutoff: it goes on"
+
+
+def test_too_few_runs_at_a_rung_stop_nobody():
+    assert judge([0.9], 0.1, SPEC) == (2, 2, None, "too_few")
+    assert judge([0.9, 0.8], 0.1, SPEC)[3] == "stop", "the third run meets min_runs"
+
+
+def test_the_value_at_a_rung_is_the_latest_record_at_or_before_its_step():
+    points = [MetricPoint(0, 0.1, 0), MetricPoint(4, 0.4, 1), MetricPoint(8, 0.8, 2)]
+    assert value_at(points, 5) == 0.4
+    assert value_at(points, 8) == 0.8
+    assert value_at(points, -1) is None
+    resumed = [*points, MetricPoint(4, 0.45, 3)]
+    assert value_at(resumed, 5) == 0.45, "a step recorded again counts as last written"
+
+
+def test_asynchronous_each_run_is_judged_on_arrival_against_those_before_it():
+    runs = [
+        curve("run_a", {5: 0.5}, start=0),
+        curve("run_b", {5: 0.3}, start=1),
+        curve("run_c", {5: 0.1}, start=2),
+        curve("run_d", {5: 0.9}, start=3),
+        curve("run_e", {5: 0.2}, start=4),
+    ]
+    results = advance([], runs, SPEC)
+    assert decisions(results) == [
+        ("run_a", 0, "too_few"),
+        ("run_b", 0, "too_few"),
+        ("run_c", 0, "stop"),
+        ("run_d", 0, "continue"),
+        ("run_e", 0, "stop"),
+    ]
+    assert [(r.rank, r.of) for r in results] == [(1, 1), (2, 2), (3, 3), (1, 4), (4, 5)]
+    assert results[2].cutoff == 0.3
+
+
+def test_a_run_that_joins_late_is_compared_with_every_run_recorded_so_far():
+    early = [curve(f"run_{i}", {5: 0.1 * i}, start=i) for i in range(1, 5)]
+    results = advance([], early, SPEC)
+    late = curve("run_late", {5: 0.15}, start=1000)
+    new = advance(results, [*early, late], SPEC)
+    assert decisions(new) == [("run_late", 0, "stop")]
+    assert (new[0].rank, new[0].of) == (4, 5)
+    assert new[0].cutoff == 0.2, "the median of 0.1, 0.15, 0.2, 0.3, 0.4"
+
+
+def test_decisions_are_never_revisited_and_a_replay_adds_nothing():
+    runs = [curve(f"run_{i}", linear(0.01 * i)) for i in range(1, 7)]
+    first = advance([], runs, SPEC)
+    assert advance(first, runs, SPEC) == []
+    assert advance([], runs, SPEC) == first, "the same records give the same decisions"
+
+
+def test_a_run_is_judged_only_once_it_has_a_record_at_or_past_the_rung():
+    before = curve("run_a", {0: 0.2, 4: 0.3})
+    assert advance([], [before], SPEC) == []
+    after = curve("run_a", {0: 0.2, 4: 0.3, 6: 0.35})
+    [result] = advance([], [after], SPEC)
+    assert (result.rung, result.step, result.value) == (0, 5, 0.3)
+
+
+def test_a_run_without_a_record_before_the_rung_is_not_judged_there():
+    runs = [
+        curve("run_sparse", {10: 0.9}),
+        *(curve(f"run_{i}", {5: 0.5, 10: 0.5}) for i in range(3)),
+    ]
+    results = advance([], runs, SPEC)
+    sparse = [r for r in results if r.run_id == "run_sparse"]
+    assert [(r.rung, r.decision, r.value) for r in sparse] == [
+        (0, "no_value", None),
+        (1, "continue", 0.9),
+    ]
+    assert all(r.of <= 3 for r in results if r.rung == 0), "no value, no count"
+
+
+def test_a_finished_run_reaches_its_remaining_rungs_with_its_last_values():
+    finished = curve("run_f", {0: 0.1, 7: 0.7}, max_steps=12, finished=True)
+    results = advance([], [finished], SPEC)
+    assert [(r.rung, r.value) for r in results] == [(0, 0.1), (1, 0.7)]
+
+
+def test_a_stopped_run_is_not_judged_at_later_rungs_while_it_stays_evicted():
+    runs = [curve(f"run_{i}", linear(0.1 * i)) for i in range(1, 4)]
+    runs[0] = RunCurve("run_1", (MetricPoint(5, 0.0, 99.0),), 40)  # worst, and last at rung 0
+    first = advance([], runs, SPEC)
+    assert ("run_1", 0, "stop") in decisions(first)
+    more = RunCurve(
+        "run_1", (MetricPoint(5, 0.0, 99.0), MetricPoint(12, 9.0, 120.0)), 40, evicted=True
+    )
+    assert [r for r in advance(first, [runs[1], runs[2], more], SPEC) if r.run_id == "run_1"] == []
+
+
+def test_a_stopped_run_that_the_user_restarted_is_judged_again_from_the_next_rung():
+    runs = [curve("run_2", linear(0.2)), curve("run_3", linear(0.3))]
+    slow = RunCurve("run_1", (MetricPoint(5, 0.0, 99.0),), 40)
+    first = advance([], [*runs, slow], SPEC)
+    assert ("run_1", 0, "stop") in decisions(first)
+    restarted = RunCurve(
+        "run_1", (MetricPoint(5, 0.0, 99.0), MetricPoint(10, 5.0, 200.0)), 40, evicted=False
+    )
+    new = [r for r in advance(first, [*runs, restarted], SPEC) if r.run_id == "run_1"]
+    assert [(r.rung, r.decision) for r in new] == [(1, "continue")]
+
+
+def test_a_run_stopped_at_one_rung_is_not_judged_at_the_next_in_the_same_pass():
+    runs = [curve("run_a", linear(0.3), start=-100), curve("run_b", linear(0.2), start=-100)]
+    lagging = curve("run_c", linear(0.01), start=0)  # reaches rungs 0 and 1 in one read
+    results = advance([], [*runs, lagging], SPEC)
+    assert [(r.rung, r.decision) for r in results if r.run_id == "run_c"] == [(0, "stop")]
+
+
+def test_runs_that_crashed_or_were_evicted_by_hand_still_count_at_their_rungs():
+    crashed = curve("run_crashed", {0: 0.1, 5: 0.9})  # no record after step 5: it died
+    by_hand = curve("run_by_hand", {0: 0.1, 5: 0.8}, start=1, evicted=True)
+    results = advance([], [crashed, by_hand], SPEC)
+    assert [(r.run_id, r.rung) for r in results] == [("run_crashed", 0), ("run_by_hand", 0)]
+    newcomer = curve("run_new", {5: 0.5}, start=50)
+    [judged] = advance(results, [crashed, by_hand, newcomer], SPEC)
+    assert (judged.rank, judged.of, judged.decision) == (3, 3, "stop")
+    assert judged.cutoff == 0.8
+
+
+def test_synthetic_curves_leave_the_steepest_runs_standing():
+    # Eight runs learning at different speeds, with noise that never reorders them by
+    # more than a neighbour; they start together, so each rung sees them in step order.
+    slopes = [0.010, 0.020, 0.015, 0.030, 0.005, 0.025, 0.035, 0.012]
+    noise = [0.01, -0.01, 0.0, 0.005, -0.005, 0.0, 0.01, -0.01]
+    runs = [
+        curve(f"run_{i}", {s: slope * s + n for s in range(0, 41)}, start=0.001 * i)
+        for i, (slope, n) in enumerate(zip(slopes, noise, strict=True))
+    ]
+    results = advance([], runs, SPEC)
+    stopped = {r.run_id for r in results if r.decision == "stop"}
+    survivors = {f"run_{i}" for i in range(8)} - stopped
+    assert "run_6" in survivors and "run_3" in survivors, "the two steepest go the distance"
+    assert "run_4" in stopped, "the flattest is stopped"
+    assert all(r.rung <= 2 for r in results)
+    at_last_rung = latest_by_run(results)
+    assert all(at_last_rung[run].rung == 2 for run in survivors)
+
+
+def test_latest_by_run_gives_each_runs_highest_rung():
+    results = [
+        RungResult("run_a", 0, 5, 0.1, 1, 1, None, "too_few", 1.0),
+        RungResult("run_b", 0, 5, 0.2, 1, 2, None, "too_few", 2.0),
+        RungResult("run_a", 1, 10, 0.3, 1, 1, None, "too_few", 3.0),
+    ]
+    latest = latest_by_run(results)
+    assert latest["run_a"].rung == 1 and latest["run_b"].rung == 0
