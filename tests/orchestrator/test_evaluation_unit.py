@@ -9,12 +9,16 @@ against the real server.
 from __future__ import annotations
 
 import logging
+import string
 import threading
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import make_run
 from tests.orchestrator.scripted import ScriptedChat, make_orchestrator, publish_adapter
 from workbench import control, layout
+from workbench.envs import EnvironmentConfigError
 from workbench.envs.splits import split_of
 from workbench.metrics import read_metrics
 from workbench.orchestrator.evaluation import next_due_version
@@ -163,3 +167,16 @@ def test_interval_0_turns_evals_off(experiment: Path):
     orchestrator = make_orchestrator(run, client, max_steps=3, eval={"interval": 0})
     train_to_the_end(orchestrator, run)
     assert evaluated(run) == [] and all(r["temperature"] != 0 for r in client.requests)
+
+
+def test_a_task_space_with_nothing_held_out_fails_at_the_start_unless_evals_are_off(
+    experiment: Path,
+):
+    # A one-letter alphabet and length: a single task, here one the training split keeps.
+    letter = next(c for c in string.ascii_lowercase if split_of(c) == "train")
+    tiny = {"min_length": 1, "max_length": 1, "alphabet": letter}
+    run = make_run(experiment, "run_a")
+    with pytest.raises(EnvironmentConfigError, match="no 'eval' prompt"):
+        make_orchestrator(run, ScriptedChat(), env_args=tiny, eval=EVERY_2)
+    orchestrator = make_orchestrator(run, ScriptedChat(), env_args=tiny, eval={"interval": 0})
+    assert orchestrator.dataset[0].question == letter

@@ -293,6 +293,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[SummaryRow]]] = {
         "inference", "workbench.bench.inference", "run_inference_benchmark"
     ),
     "e2e": _external_summary("e2e", "workbench.bench.e2e", "run_e2e_benchmark"),
+    "eval": _external_summary("eval", "workbench.bench.evaluation", "run_eval_benchmark"),
     "supervisor": _supervisor_summary,
 }
 
@@ -312,7 +313,7 @@ def all_benchmarks(
 ) -> None:
     """Every benchmark of the project, then one summary table (`just bench`).
 
-    Runs trainer, inference, e2e and supervisor in turn; each writes its own JSON under
+    Runs trainer, inference, e2e, eval and supervisor in turn; each writes its own JSON under
     benchmarks/results/, and the summary goes to benchmarks/results/summary-latest.json.
     A benchmark not written yet is skipped; one that fails is reported and the others
     still run; the exit code is 1 if any failed.
@@ -393,3 +394,22 @@ def e2e(
         typer.echo(f"experiment directory: {report['scratch_dir']}")
     if report["exit_code"] != 0:
         raise typer.Exit(1)
+
+
+@bench_app.command("eval")
+def evaluation(
+    recipe: Annotated[Path, typer.Argument(help="Recipe TOML file.")] = Path(
+        "recipes/reverse_text.toml"
+    ),
+    quick: Annotated[bool, typer.Option(help="Fewer repetitions.")] = False,
+) -> None:
+    """What an eval of held-out prompts costs training, against a real vLLM server.
+
+    With RECIPE's first run config: an eval alone, a training step's generation alone,
+    and that generation with an eval beside it (as the orchestrator runs them); medians
+    of alternating repetitions.
+    """
+    from workbench.bench.evaluation import run_eval_benchmark
+
+    report = run_eval_benchmark(recipe, quick=quick)
+    typer.echo(f"results: {report['path']}")

@@ -90,7 +90,10 @@ class PolicyEvaluator:
         self.env = env
         self.client = client
         self.adapters = adapters
-        self.prompts = env.dataset(seed=config.seed, split="eval").take(0, self.config.num_prompts)
+        # Drawn up front, so a task space too small to hold out prompts fails at the start
+        # (EnvironmentConfigError), not at the first eval.
+        count = self.config.num_prompts if self.enabled else 0
+        self.prompts = env.dataset(seed=config.seed, split="eval").take(0, count)
         seeds = random.Random(f"eval|{config.seed}")
         self.seeds = [seeds.randrange(2**31) for _ in self.prompts]
         # The newest version evaluated or being evaluated.

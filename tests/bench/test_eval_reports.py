@@ -1,4 +1,5 @@
-"""The end-to-end benchmark reports each run's held-out evals beside its reward curve."""
+"""Benchmark reports about evals: the e2e report's held-out rewards per run, and what an
+eval costs a training step (`bench eval`), on synthetic figures."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from workbench.bench.e2e import write_e2e_report
+from workbench.bench.evaluation import summary_rows
+from workbench.config import OrchestratorConfig
 
 STARTED_AT = 1_700_000_000.0
 
@@ -38,3 +41,10 @@ def test_e2e_report_gives_each_runs_eval_rewards_their_duration_and_the_steps_wa
     assert "e2e run_a: held-out reward first -> last eval" in {
         row["metric"] for row in report["summary"]
     }
+
+
+def test_eval_cost_is_the_extra_time_of_a_step_with_an_eval_beside_it_spread_over_the_interval():
+    medians = {"eval_alone": 0.3, "step_generation_alone": 0.6, "step_generation_with_eval": 0.9}
+    rows = summary_rows(medians, OrchestratorConfig(eval={"interval": 10}))
+    assert rows[0]["value"] == "0.300 s"
+    assert rows[1]["value"] == "0.600 s / 0.900 s (+0.300 s, 0.030 s per step at eval.interval 10)"
