@@ -116,12 +116,13 @@ def test_up_headless_counts_a_run_stopped_early_as_an_outcome_not_a_failure(
     recipe = tmp_path / "recipe.toml"
     runs = '[[runs]]\nid = "a"\n\n[[runs]]\nid = "b"\n'
     recipe.write_text(layout.recipe_path(standin.path).read_text() + runs + SCHEDULER)
-    for run_id, values, interval in (("run_a", [0.5, 0.6, 0.7], 0.05), ("run_b", [0.1] * 3, 0.4)):
+    for run_id, values, interval in (("run_a", [0.5, 0.6, 0.7], 0.05), ("run_b", [0.1] * 10, 0.3)):
         (standin.path / run_id).mkdir()
         curve(standin.path / run_id, values, interval)
 
     result = CliRunner().invoke(app, ["up", str(recipe), "--headless"], catch_exceptions=False)
-    [evicted] = [line for line in result.output.splitlines() if "run_b: evicted" in line]
-    assert evicted.endswith("asha rung 0 (step 2): eval_reward_mean 0.1 < cutoff 0.4, rank 2/2")
+    evicted = [line for line in result.output.splitlines() if "run_b: evicted" in line]
+    assert len(evicted) == 1, result.output
+    assert evicted[0].endswith("asha rung 0 (step 2): eval_reward_mean 0.1 < cutoff 0.4, rank 2/2")
     assert "every run finished (1, 1 stopped early by asha)" in result.output
     assert result.exit_code == 0, result.output
