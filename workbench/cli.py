@@ -52,6 +52,7 @@ from workbench.supervisor.control import ControlError, new_run_config
 from workbench.sweep import scheduler
 from workbench.sweep.expand import planned_runs
 from workbench.sweep.report import SweepReport, build_report, write_report
+from workbench.sweep.scheduler import EVICTED_BY
 from workbench.sweep.values import describe_values
 
 app = typer.Typer(
@@ -835,9 +836,13 @@ def _follow(
 
 def _report_outcome(experiment: Path) -> int:
     runs = run_statuses(experiment)
-    unfinished = [run for run in runs if run.status != "finished"]
+    # A run early stopping gave up on is an outcome of the sweep, not a failure.
+    stopped_early = [r for r in runs if r.status == "evicted" and r.evicted_by == EVICTED_BY]
+    unfinished = [r for r in runs if r.status != "finished" and r not in stopped_early]
     if not unfinished:
-        console.print(f"every run finished ({len(runs)})", highlight=False, soft_wrap=True)
+        finished = len(runs) - len(stopped_early)
+        early = f", {len(stopped_early)} stopped early by {EVICTED_BY}" if stopped_early else ""
+        console.print(f"every run finished ({finished}{early})", highlight=False, soft_wrap=True)
         return 0
     for run in unfinished:
         reason = f": {run.reason.splitlines()[0]}" if run.reason else ""

@@ -442,7 +442,8 @@ def recipe_from_document(
             valid_defaults = OrchestratorConfig.model_validate(defaults).model_dump(mode="json")
         except ValidationError:
             valid_defaults = None  # already reported; checking swept values would repeat it
-        sweep, sweep_runs, sweep_problems = plan_sweep(sweep_raw, valid_defaults, seen, text)
+        rank = recipe.trainer.lora.rank if recipe is not None else None
+        sweep, sweep_runs, sweep_problems = plan_sweep(sweep_raw, valid_defaults, seen, text, rank)
         problems.extend(sweep_problems)
         specs += [RunSpec(id=run.run_id, overrides=run.overrides) for run in sweep_runs]
 

@@ -42,6 +42,7 @@ class RunStatus:
     slot: int | None = None
     total_tokens: int = 0
     total_samples: int = 0
+    evicted_by: str | None = None  # user, tui, trainer, orchestrator or asha
     values: dict[str, Any] | None = None  # what a sweep run varies (dotted keys)
     asha: dict[str, Any] | None = None  # rung, step, value, cutoff, rank, of, decision
 
@@ -107,6 +108,7 @@ def _run_status(run: Path, slots: dict[str, int], progress: dict[str, Any]) -> R
     rejection = control.read_validation_error(run)
     if eviction is not None:
         status.status, status.reason, status.slot = "evicted", eviction.reason, None
+        status.evicted_by = eviction.evicted_by
     elif rejection is not None:
         status.status, status.reason, status.slot = "rejected", rejection, None
     elif control.is_finished(run):

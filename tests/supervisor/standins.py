@@ -18,13 +18,14 @@ stand-in creates when passed `--ready-file` (added automatically).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from workbench import layout
-from workbench.config import load_recipe
+from workbench.config import ConfigError, load_recipe
 from workbench.supervisor.plan import Plan, module_problem
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import FileReady, ProcessSpec
@@ -103,7 +104,7 @@ def plan(experiment: Path) -> Plan:
         )
 
     early_stopping = None
-    if layout.recipe_path(experiment).is_file():
+    with contextlib.suppress(ConfigError):  # stand-ins need no recipe otherwise
         recipe = load_recipe(layout.recipe_path(experiment))
         early_stopping = recipe.sweep.scheduler if recipe.sweep is not None else None
     return Plan(

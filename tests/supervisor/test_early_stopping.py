@@ -12,11 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from tests.supervisor import standins
 from tests.supervisor.conftest import StandinExperiment, wait_for
 from workbench import control, layout
 from workbench.cli import app
+from workbench.supervisor.launch import PLAN_ENV
 from workbench.sweep.files import read_asha
 
 STANDIN_TRAINER = Path(__file__).with_name("standin_trainer.py")
@@ -42,29 +45,24 @@ def curve(run: Path, values: list[float], interval_s: float) -> None:
     (run / "standin_metrics.json").write_text(json.dumps(plan))
 
 
+def with_slots(standin: StandinExperiment, slots: int, orchestrator_args: list[str]) -> None:
+    """Stand-ins, with a trainer that keeps `slots` slots as the real one does."""
+    trainer = [sys.executable, STANDIN_TRAINER, "--experiment", standin.path, "--max-runs", slots]
+    standin.configure(
+        processes=[
+            {"name": "inference", "kind": "inference", "ready": True},
+            {"name": "trainer", "kind": "trainer", "argv": [str(arg) for arg in trainer]},
+        ],
+        orchestrator={"args": orchestrator_args},
+    )
+
+
 def test_a_run_behind_at_a_rung_is_evicted_and_the_waiting_run_takes_its_slot(
     standin: StandinExperiment,
 ):
     recipe = layout.recipe_path(standin.path)
     recipe.write_text(recipe.read_text() + SCHEDULER)
-    standin.configure(
-        processes=[
-            {"name": "inference", "kind": "inference", "ready": True},
-            {
-                "name": "trainer",
-                "kind": "trainer",
-                "argv": [
-                    sys.executable,
-                    str(STANDIN_TRAINER),
-                    "--experiment",
-                    str(standin.path),
-                    "--max-runs",
-                    "2",
-                ],
-            },
-        ],
-        orchestrator={"args": ["--write-metrics"]},
-    )
+    with_slots(standin, 2, ["--write-metrics"])
     run_a, run_b, run_c = standin.add_runs("run_a", "run_b", "run_c")
     # run_a learns fast and reaches step 2 first; run_b is slow and poor; run_c waits.
     curve(run_a, [0.5, 0.6, 0.7, 0.8, 0.9], interval_s=0.05)
@@ -107,3 +105,24 @@ def test_a_run_behind_at_a_rung_is_evicted_and_the_waiting_run_takes_its_slot(
     assert runs["run_a"]["asha"]["rung"] >= 0
     table = CliRunner().invoke(app, ["status", str(standin.path)], env={"COLUMNS": "200"})
     assert "rung" in table.output and "2/2" in table.output
+
+
+def test_up_headless_counts_a_run_stopped_early_as_an_outcome_not_a_failure(
+    standin: StandinExperiment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(PLAN_ENV, standins.PLAN_REFERENCE)
+    with_slots(standin, 2, ["--write-metrics", "--finish-after", "0"])
+    recipe = tmp_path / "recipe.toml"
+    runs = '[[runs]]\nid = "a"\n\n[[runs]]\nid = "b"\n'
+    recipe.write_text(layout.recipe_path(standin.path).read_text() + runs + SCHEDULER)
+    for run_id, values, interval in (("run_a", [0.5, 0.6, 0.7], 0.05), ("run_b", [0.1] * 10, 0.3)):
+        (standin.path / run_id).mkdir()
+        curve(standin.path / run_id, values, interval)
+
+    result = CliRunner().invoke(app, ["up", str(recipe), "--headless"], catch_exceptions=False)
+    evicted = [line for line in result.output.splitlines() if "run_b: evicted" in line]
+    assert len(evicted) == 1, result.output
+    assert evicted[0].endswith("asha rung 0 (step 2): eval_reward_mean 0.1 < cutoff 0.4, rank 2/2")
+    assert "every run finished (1, 1 stopped early by asha)" in result.output
+    assert result.exit_code == 0, result.output

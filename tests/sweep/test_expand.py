@@ -286,6 +286,17 @@ def test_bad_distributions_are_named_with_their_key(tmp_path: Path):
     assert error.problems[0].line == line_of(text, "lr = {")
 
 
+def test_a_swept_rank_above_the_trainers_slots_is_an_error(tmp_path: Path):
+    error = problems(tmp_path, "[sweep.grid]\nlora.rank = [4, 16]\n")
+    [problem] = error.problems
+    assert problem.key == "sweep.grid.lora.rank"
+    assert "rank 16 is larger than the trainer's adapter slots ([trainer] lora.rank = 8)" in (
+        problem.message
+    )
+    body = "[trainer.lora]\nrank = 16\n\n[sweep.grid]\nlora.rank = [4, 16]\n"
+    assert len(planned_runs(load(tmp_path, body))) == 2
+
+
 def test_too_many_runs_is_an_error_that_shows_the_arithmetic(tmp_path: Path):
     body = "[sweep]\nrepeats = 3\n\n[sweep.grid]\nlr = [1, 2, 3, 4, 5]\nseed = [1, 2, 3, 4, 5]\n"
     error = problems(tmp_path, body.replace("seed", "max_steps"))

@@ -75,6 +75,19 @@ def test_a_stop_decided_but_not_carried_out_is_carried_out_after_a_restart(exper
     assert eviction.run_id == "run_c"
 
 
+def test_a_run_whose_stop_is_not_carried_out_yet_is_not_judged_further(experiment: Path):
+    runs = three_runs_at_rung_zero(experiment)
+    scheduler = EarlyStopping(experiment, SPEC)
+    [eviction] = scheduler.poll(TICK)
+    for at, (name, value) in enumerate((("run_a", 0.7), ("run_b", 0.6), ("run_c", 0.9))):
+        record(runs[name], 10, value, at=10.0 + at)
+    assert scheduler.poll(2 * TICK) == [eviction], "still to be carried out"
+    assert [(r.run_id, r.rung) for r in scheduler.record.results[3:]] == [
+        ("run_a", 1),
+        ("run_b", 1),
+    ]
+
+
 def test_metrics_are_read_as_they_grow_and_half_written_lines_wait(experiment: Path):
     runs = three_runs_at_rung_zero(experiment)
     run_d = add_run(experiment, "run_d")

@@ -322,6 +322,31 @@ def rule_problems(
     return problems
 
 
+def rank_problems(
+    params: list[Param], trainer_rank: int | None, text: str | None
+) -> list[ConfigProblem]:
+    """A swept `lora.rank` above the trainer's slots would be rejected by the trainer at
+    run time: say so now."""
+    if trainer_rank is None:
+        return []
+    problems = []
+    for param in params:
+        if param.key != "lora.rank":
+            continue
+        values = bounds_of(param.distribution) if param.distribution else param.values
+        too_big = [v for v in values if isinstance(v, int) and v > trainer_rank]
+        if too_big:
+            problems.append(
+                problem_at(
+                    param.loc,
+                    f"rank {too_big[0]} is larger than the trainer's adapter slots ([trainer] "
+                    f"lora.rank = {trainer_rank}); raise that or ask for at most {trainer_rank}",
+                    text,
+                )
+            )
+    return problems
+
+
 def count_runs(section: SweepSection, grid: list[Param], sampled: list[Param]) -> int:
     if not grid and not sampled and section.repeats == 1:
         return 0  # a [sweep] with only a scheduler adds no runs

@@ -39,6 +39,7 @@ from workbench.sweep.checks import (
     Param,
     config_problems,
     count_runs,
+    rank_problems,
     read_params,
     rule_problems,
 )
@@ -69,14 +70,19 @@ class PlannedRun:
 
 
 def plan_sweep(
-    raw: Any, defaults: dict[str, Any] | None, taken_ids: dict[str, int], text: str | None
+    raw: Any,
+    defaults: dict[str, Any] | None,
+    taken_ids: dict[str, int],
+    text: str | None,
+    trainer_rank: int | None = None,
 ) -> tuple[SweepSection | None, list[PlannedRun], list[ConfigProblem]]:
     """Check a raw `[sweep]` table and expand it.
 
     `defaults` is the recipe's full `[defaults]` (None when they are invalid themselves:
     then the swept values are not checked, to avoid a second report of the same fault);
-    `taken_ids` are the `[[runs]]` ids (full id -> index). Returns the section, the runs
-    and the problems; the runs are empty whenever there is a problem.
+    `taken_ids` are the `[[runs]]` ids (full id -> index); `trainer_rank` the rank of the
+    trainer's adapter slots, the most a run may ask for. Returns the section, the runs and
+    the problems; the runs are empty whenever there is a problem.
     """
     if not isinstance(raw, dict):
         return None, [], [problem_at(("sweep",), "must be a table: write [sweep]", text)]
@@ -94,7 +100,7 @@ def plan_sweep(
     # The swept keys are checked even when another key of [sweep] is wrong: every
     # problem is reported at once.
     grid, sampled, param_problems = read_params(raw, defaults, text)
-    problems += param_problems
+    problems += param_problems + rank_problems(grid + sampled, trainer_rank, text)
     if section is None or problems:  # the rules below count and compare values
         return section, [], problems
     problems += rule_problems(section, grid, sampled, text)

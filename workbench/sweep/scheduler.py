@@ -48,6 +48,8 @@ class _FollowedRun:
     last_step: int = -1  # of any record, to tell "no such metric" from "not there yet"
     config_signature: tuple[int, int] | None = None
     max_steps: int | None = None
+    # What ASHA saw last time; a run with the same points and flags has nothing new.
+    seen: tuple[int, int | None, bool, bool] | None = None
 
 
 class EarlyStopping:
@@ -82,6 +84,9 @@ class EarlyStopping:
         if now < self._next_poll:
             return []
         self._next_poll = now + self.interval_s
+        actions = dict(self.record.actions)
+        # A stop not carried out yet counts as evicted: the run is out of the race.
+        pending = {e.run_id for e in self._due_evictions()}
         curves = []
         for run in layout.list_run_dirs(self.experiment):
             followed = self._runs.setdefault(run.name, _FollowedRun())
@@ -90,21 +95,19 @@ class EarlyStopping:
             if max_steps is None:
                 continue  # no valid orch.toml: not a run the trainer would take
             self._warn_if_metric_missing(run.name, followed, max_steps)
-            curves.append(
-                RunCurve(
-                    run.name,
-                    tuple(followed.points),
-                    max_steps,
-                    finished=control.is_finished(run),
-                    evicted=control.read_eviction(run) is not None,
-                )
-            )
+            finished = control.is_finished(run)
+            evicted = run.name in pending or control.read_eviction(run) is not None
+            seen = (len(followed.points), max_steps, finished, evicted)
+            if seen == followed.seen:
+                continue  # nothing new: whatever it could be judged on, it was
+            followed.seen = seen
+            curves.append(RunCurve(run.name, tuple(followed.points), max_steps, finished, evicted))
         new = advance(self.record.results, curves, self.spec)
         for result in new:
             self._log_decision(result)
         self.record.results.extend(new)
         evictions = self._due_evictions()
-        if new or evictions:
+        if new or evictions or actions != self.record.actions:
             write_asha(self.experiment, self.record)  # decisions are on disk before any act
         return evictions
 

@@ -48,32 +48,29 @@ class Choice(_Strict):
     values: list[Any] = Field(min_length=1)
 
 
-class Uniform(_Strict):
-    """A float drawn evenly from [low, high]."""
-
-    distribution: Literal["uniform"]
+class _FloatRange(_Strict):
     low: float
     high: float
 
     @model_validator(mode="after")
-    def _bounds_in_order(self) -> Uniform:
+    def _bounds_in_order(self) -> _FloatRange:
         if not self.low < self.high:
             raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
         return self
 
 
-class LogUniform(_Strict):
+class Uniform(_FloatRange):
+    """A float drawn evenly from [low, high]."""
+
+    distribution: Literal["uniform"]
+
+
+class LogUniform(_FloatRange):
     """A float whose logarithm is drawn evenly: as likely in [1e-4, 1e-3] as in [1e-3, 1e-2]."""
 
     distribution: Literal["log_uniform"]
     low: float = Field(gt=0)
     high: float = Field(gt=0)
-
-    @model_validator(mode="after")
-    def _bounds_in_order(self) -> LogUniform:
-        if not self.low < self.high:
-            raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
-        return self
 
 
 class IntRange(_Strict):
