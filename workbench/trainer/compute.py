@@ -130,6 +130,8 @@ def packed_row_logprobs(
 ) -> torch.Tensor:
     """Per-token log-probs [T] (float32) of one packed row; `temperatures` [T] per token.
 
+    Pass `temperatures` on the CPU: they are checked there, so a GPU row costs no host sync.
+
     Every sample attends only to itself, so each gets the log-probs it would get alone.
     The caller routes the row's tokens to their adapters first (`set_lora_num_tokens`).
     """

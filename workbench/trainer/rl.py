@@ -154,7 +154,7 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
         # way, per run (runs may sample at different temperatures).
         token_temperatures = torch.repeat_interleave(temperatures, row.lora_num_tokens)
         logprobs = packed_row_logprobs(
-            model, trainer.compute, input_ids, row.position_ids, token_temperatures.to(device)
+            model, trainer.compute, input_ids, row.position_ids, token_temperatures
         )
         out = compute_rl_loss(
             logprobs,
