@@ -38,6 +38,7 @@ from workbench.config import (
     check_run_id,
     load_orchestrator_config,
 )
+from workbench.trainer import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +90,8 @@ class MultiRunManager:
             raise ValueError(f"max_runs must be at least 1, got {max_runs}")
         self.output_dir = Path(output_dir)
         self.max_runs = max_runs
-        distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if distributed else 0
-        self.world_size = dist.get_world_size() if distributed else 1
+        self.rank = distributed.rank()
+        self.world_size = distributed.world_size()
         self._store = store
         if self._store is None and self.world_size > 1:
             self._store = dist.distributed_c10d._get_default_store()
@@ -126,6 +126,7 @@ class MultiRunManager:
 
     @property
     def is_master(self) -> bool:
+        """The rank that discovers runs; the same rank as `distributed.is_master()`."""
         return self.rank == 0
 
     @property
