@@ -1,6 +1,6 @@
 """The multi-run manager: which run holds which adapter slot, on every trainer rank.
 
-Names and behaviour follow prime-rl's Multi Run Manager (seed 000):
+Names and behaviour follow prime-rl's `MultiRunManager` (`prime_rl.trainer.runs`):
 
 - the master rank scans the experiment directory (`discover_runs`): deleted and evicted
   runs are forgotten, new `run_*` directories with a valid `control/orch.toml` get a free
