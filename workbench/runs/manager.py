@@ -144,9 +144,6 @@ class MultiRunManager:
     def get_run_dir(self, idx: int) -> Path:
         return layout.run_dir(self.output_dir, self.idx_2_id[idx])
 
-    def run_dirs(self) -> list[Path]:
-        return [self.get_run_dir(idx) for idx in self.used_idxs]
-
     # ------------------------------------------------------------------ hooks
 
     def register_discovered_hook(self, hook: DiscoveredHook) -> None:
