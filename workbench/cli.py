@@ -29,6 +29,7 @@ from workbench.config import (
     nest_dotted,
     parse_assignment,
     parse_toml,
+    read_toml,
     recipe_from_document,
 )
 from workbench.experiment import (
@@ -491,9 +492,20 @@ def runs_add(
             show_default=False,
         ),
     ] = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--from",
+            metavar="ORCH_TOML",
+            help="A file of orchestrator settings (the keys of [defaults], e.g. "
+            "configs/orch.toml) over the recipe's defaults; --set values win over it.",
+            show_default=False,
+        ),
+    ] = None,
     experiment: ExperimentOption = None,
 ) -> None:
-    """Add a run: write run_<id>/control/orch.toml from the recipe's defaults and --set values.
+    """Add a run: write run_<id>/control/orch.toml from the recipe's defaults, the --from
+    file's keys and --set values, in that order.
 
     Values are read as TOML (1e-3 is a number, true a boolean); anything else is a string.
     The config is validated before anything is written: an unknown key or a bad value exits
@@ -505,6 +517,11 @@ def runs_add(
     """
     path = _experiment_or_fail(experiment)
     overrides: dict = {}
+    if from_file is not None:
+        try:
+            overrides = read_toml(from_file)[0].unwrap()
+        except ConfigError as err:
+            raise _fail(str(err), EXIT_BAD_INPUT) from None
     for assignment in settings or []:
         try:
             key, value = parse_assignment(assignment)
