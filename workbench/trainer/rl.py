@@ -259,12 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = distributed.init_process_group()
     try:
-        return run(args.config, device)
+        return train_from_config(args.config, device)
     finally:
         distributed.destroy_process_group()
 
 
-def run(config_path: Path, device: torch.device) -> int:
+def train_from_config(config_path: Path, device: torch.device) -> int:
     """The trainer on this rank, once the process group (if any) is up; returns the exit status."""
     rank = distributed.rank()
     logging.basicConfig(
