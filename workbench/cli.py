@@ -29,6 +29,7 @@ from workbench.config import (
     nest_dotted,
     parse_assignment,
     parse_toml,
+    read_toml,
     recipe_from_document,
 )
 from workbench.experiment import (
@@ -175,7 +176,8 @@ def up(
     )
     for run_id in resolved.run_configs():
         console.print(
-            f"  {run_id}: {experiment / run_id / 'control' / 'orch.toml'}", highlight=False
+            f"  {run_id}: {layout.orch_config_path(layout.run_dir(experiment, run_id))}",
+            highlight=False,
         )
     try:
         started = launch.start_daemon(experiment, exit_when_done=headless)
@@ -377,7 +379,7 @@ def attach(experiment: ExperimentArg = None) -> None:
     if running_supervisor_pid(path) is None:
         raise _fail(
             f"no supervisor is running for {path}; start it with "
-            f"`workbench up {path / 'recipe.toml'}` (see `workbench status {path}`)"
+            f"`workbench up {layout.recipe_path(path)}` (see `workbench status {path}`)"
         )
     run_tui = _load_tui()
     if run_tui is None:
@@ -490,9 +492,20 @@ def runs_add(
             show_default=False,
         ),
     ] = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--from",
+            metavar="ORCH_TOML",
+            help="A file of orchestrator settings (the keys of [defaults], e.g. "
+            "configs/orch.toml) over the recipe's defaults; --set values win over it.",
+            show_default=False,
+        ),
+    ] = None,
     experiment: ExperimentOption = None,
 ) -> None:
-    """Add a run: write run_<id>/control/orch.toml from the recipe's defaults and --set values.
+    """Add a run: write run_<id>/control/orch.toml from the recipe's defaults, the --from
+    file's keys and --set values, in that order.
 
     Values are read as TOML (1e-3 is a number, true a boolean); anything else is a string.
     The config is validated before anything is written: an unknown key or a bad value exits
@@ -504,6 +517,11 @@ def runs_add(
     """
     path = _experiment_or_fail(experiment)
     overrides: dict = {}
+    if from_file is not None:
+        try:
+            overrides = read_toml(from_file)[0].unwrap()
+        except ConfigError as err:
+            raise _fail(str(err), EXIT_BAD_INPUT) from None
     for assignment in settings or []:
         try:
             key, value = parse_assignment(assignment)
@@ -726,6 +744,7 @@ def model_build(
     directory (~/.cache/workbench/models on Linux).
     """
     from workbench.models import ModelResolutionError, is_builtin, resolve_model
+    from workbench.models.tiny_reverse import read_build_info
 
     if not is_builtin(name):
         raise _fail(f"{name!r} is not a builtin model (builtin:tiny-reverse)", EXIT_BAD_INPUT)
@@ -733,8 +752,7 @@ def model_build(
         path = resolve_model(name, console=err_console)
     except ModelResolutionError as err:
         raise _fail(str(err)) from None
-    info_path = path / "build.json"
-    info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    info = read_build_info(path) or {}
     if as_json:
         print(json.dumps({"path": str(path), **info}, indent=2))
         return
@@ -759,7 +777,7 @@ def _running_client(experiment: Path) -> SupervisorClient:
     if not client.is_running():
         raise _fail(
             f"no supervisor is running for {experiment}; start it with "
-            f"`workbench up {experiment / 'recipe.toml'}`"
+            f"`workbench up {layout.recipe_path(experiment)}`"
         )
     return client
 

@@ -70,41 +70,78 @@ class StrictModel(BaseModel):
 
 
 class LoraConfig(StrictModel):
-    rank: int = Field(8, ge=1, description="LoRA rank r")
+    rank: int = Field(
+        8,
+        ge=1,
+        description="LoRA rank r; in `[trainer]` the rank of every adapter slot, the most a "
+        "run may ask for",
+    )
     alpha: float = Field(16.0, gt=0, description="LoRA alpha; the update is scaled by alpha / rank")
 
 
 class RunLoraConfig(StrictModel):
     """A run may ask for a smaller rank than the trainer's slots; None takes the trainer's."""
 
-    rank: int | None = Field(None, ge=1)
-    alpha: float | None = Field(None, gt=0)
+    rank: int | None = Field(
+        None, ge=1, description="this run's LoRA rank, at most the trainer's; unset: the trainer's"
+    )
+    alpha: float | None = Field(
+        None, gt=0, description="this run's LoRA alpha; unset: the trainer's"
+    )
 
 
 class SamplingConfig(StrictModel):
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(64, ge=1, description="completion length limit")
+    temperature: float = Field(
+        1.0,
+        ge=0,
+        description="sampling temperature; the trainer scales its log-probs by the same one "
+        "(0: greedy, unscaled)",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="nucleus sampling: draw from the most likely tokens that make up this "
+        "much probability; 1 keeps them all",
+    )
+    max_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
 
 
 class EvalSamplingConfig(StrictModel):
     """How eval completions are sampled; greedy by default, so scores move with the policy
     rather than with sampling noise."""
 
-    temperature: float = Field(0.0, ge=0, description="0 is greedy decoding")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int | None = Field(None, ge=1, description="default: the run's sampling.max_tokens")
+    temperature: float = Field(
+        0.0, ge=0, description="0 is greedy decoding, and then takes `rollouts_per_prompt = 1`"
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling, as in `sampling.top_p`")
+    max_tokens: int | None = Field(
+        None, ge=1, description="default: the run's `sampling.max_tokens`"
+    )
 
 
 class EvalConfig(StrictModel):
     """Scoring each new policy version on the environment's held-out prompts."""
 
     interval: int = Field(
-        10, ge=0, description="score every N policy versions (and the last); 0 disables"
+        10,
+        ge=0,
+        description="score every N policy versions from the base model (version 0), and the "
+        "run's last version; 0 disables evals",
     )
-    num_prompts: int = Field(32, ge=1, description="held-out prompts, the same ones every time")
-    rollouts_per_prompt: int = Field(1, ge=1)
-    sampling: EvalSamplingConfig = Field(default_factory=EvalSamplingConfig)
+    num_prompts: int = Field(
+        32,
+        ge=1,
+        description="held-out prompts, the same ones every time (never used in training)",
+    )
+    rollouts_per_prompt: int = Field(
+        1, ge=1, description="completions per prompt; more than 1 needs a temperature above 0"
+    )
+    sampling: EvalSamplingConfig = Field(
+        default_factory=EvalSamplingConfig,
+        description="how eval completions are sampled: greedy by default, so scores move with "
+        "the policy rather than with sampling noise",
+    )
 
     @model_validator(mode="after")
     def _greedy_takes_one_rollout(self) -> EvalConfig:
@@ -117,47 +154,117 @@ class EvalConfig(StrictModel):
 
 
 class OptimizerConfig(StrictModel):
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    max_norm: float = Field(1.0, gt=0, description="per-run gradient clipping norm")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's (beta1, beta2)")
+    eps: float = Field(1e-8, gt=0, description="AdamW's epsilon")
+    max_norm: float = Field(
+        1.0,
+        gt=0,
+        description="gradient clipping norm; each run is clipped by its own norm, so one "
+        "run's large loss cannot shrink another's update",
+    )
 
 
 class SchedulerConfig(StrictModel):
-    kind: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    kind: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="after warm-up: stay at `lr` (constant), or decay from `lr` to "
+        "`min_lr_ratio * lr` (linear, cosine), reached one update past `max_steps`",
+    )
+    warmup_steps: int = Field(
+        0, ge=0, description="updates over which `lr` rises linearly (the first at `lr / N`)"
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="where linear and cosine decay end, as a fraction of `lr`"
+    )
 
 
 class LossConfig(StrictModel):
     """Importance-ratio policy loss with token masking and a small KL-style penalty."""
 
-    mask_ratio_low: float = Field(0.125, gt=0, description="mask tokens whose ratio fell below")
-    mask_ratio_high: float = Field(8.0, gt=1, description="mask tokens whose ratio rose above")
+    mask_ratio_low: float = Field(
+        0.125,
+        gt=0,
+        description="mask a token of negative advantage whose importance ratio (trainer / "
+        "inference probability) fell below this",
+    )
+    mask_ratio_high: float = Field(
+        8.0,
+        gt=1,
+        description="mask a token of positive advantage whose importance ratio rose above this",
+    )
     mask_both_sides: bool = Field(
         False, description="mask outside the band whatever the advantage's sign (prime-rl)"
     )
-    kl_coef: float = Field(1e-3, ge=0)
+    kl_coef: float = Field(
+        1e-3,
+        ge=0,
+        description="weight of the penalty (log ratio)^2 / 2 that keeps the policy near the "
+        "one that sampled",
+    )
 
 
 class OrchestratorConfig(StrictModel):
     """One run's `control/orch.toml`. Every field has a default: an empty file is valid."""
 
-    env: str = Field("reverse_text", description="environment name (workbench.envs)")
-    env_args: dict[str, Any] = Field(default_factory=dict)
-    max_steps: int = Field(30, ge=1)
-    batch_size: int = Field(64, ge=1, description="samples (completions) per training step")
-    rollouts_per_prompt: int = Field(8, ge=1)
-    lr: float = Field(3e-4, gt=0)
-    async_level: int = Field(1, ge=0, description="steps the orchestrator may run ahead")
-    seed: int = 0
-    checkpoint_interval: int = Field(10, ge=0, description="0 keeps only the final checkpoint")
-    lora: RunLoraConfig = Field(default_factory=RunLoraConfig)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    optim: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
-    loss: LossConfig = Field(default_factory=LossConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
+    env: str = Field(
+        "reverse_text",
+        description="environment: a built-in name (`reverse_text`, `letter_count`) or "
+        "`package.module:ClassName`",
+    )
+    env_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the environment's arguments (see `env_args` of each environment below)",
+    )
+    max_steps: int = Field(30, ge=1, description="training steps; the run finishes after the last")
+    batch_size: int = Field(
+        64, ge=1, description="completions per step, a multiple of `rollouts_per_prompt`"
+    )
+    rollouts_per_prompt: int = Field(
+        8,
+        ge=1,
+        description="completions of each prompt; a completion's advantage is its reward "
+        "minus its group's mean",
+    )
+    lr: float = Field(3e-4, gt=0, description="the run's learning rate (the schedule's peak)")
+    async_level: int = Field(
+        1,
+        ge=0,
+        description="steps the orchestrator may run ahead of its adapter: step n may sample "
+        "with any version >= `n - async_level`",
+    )
+    seed: int = Field(
+        0,
+        description="seeds the run's prompt order, sampling seeds, eval prompts and the "
+        "adapter's initial weights",
+    )
+    checkpoint_interval: int = Field(
+        10,
+        ge=0,
+        description="trainer checkpoint every N steps, besides the last step, shutdown and "
+        "leaving the trainer; 0: only those",
+    )
+    lora: RunLoraConfig = Field(
+        default_factory=RunLoraConfig,
+        description="this run's adapter: rank at most the trainer's `lora.rank`",
+    )
+    sampling: SamplingConfig = Field(
+        default_factory=SamplingConfig, description="how training completions are sampled"
+    )
+    optim: OptimizerConfig = Field(
+        default_factory=OptimizerConfig, description="the run's own AdamW"
+    )
+    scheduler: SchedulerConfig = Field(
+        default_factory=SchedulerConfig, description="the run's learning-rate schedule"
+    )
+    loss: LossConfig = Field(
+        default_factory=LossConfig,
+        description="the policy loss: masked importance sampling with a small KL-style penalty",
+    )
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig,
+        description="scoring the policy on the environment's held-out prompts",
+    )
 
     @model_validator(mode="after")
     def _batch_holds_whole_groups(self) -> OrchestratorConfig:
@@ -174,58 +281,111 @@ class OrchestratorConfig(StrictModel):
 
 
 class ExperimentSection(StrictModel):
-    name: str = "experiment"
-    output_dir: Path | None = Field(None, description="default: outputs/<name>")
+    name: str = Field("experiment", description="the experiment's name")
+    output_dir: Path | None = Field(
+        None, description="the experiment directory; default: `outputs/<name>`"
+    )
 
 
 class ModelSection(StrictModel):
-    base: str = Field(description="builtin:tiny-reverse, a local directory or a hub id")
+    base: str = Field(description="`builtin:tiny-reverse`, a local model directory or a hub id")
 
 
 class InferenceSection(StrictModel):
-    host: str = "127.0.0.1"
+    host: str = Field(
+        "127.0.0.1",
+        description="the address vLLM binds, loopback by default; requests need the "
+        "experiment's random API key",
+    )
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
     max_loras: int = Field(4, ge=1, description="adapters vLLM keeps loaded at once")
     max_lora_rank: int | None = Field(None, ge=1, description="default: the trainer's rank")
-    max_model_len: int = Field(512, ge=16)
-    gpus: list[int] = Field(default_factory=list)
-    gpu_memory_utilization: float = Field(0.45, gt=0, le=1)
-    dtype: str = Field("auto", description="auto: the trainer's dtype, so log-probs agree")
-    startup_timeout_s: float = Field(600.0, gt=0)
-    extra_args: list[str] = Field(default_factory=list)
+    max_model_len: int = Field(
+        512, ge=16, description="longest prompt plus completion vLLM accepts, in tokens"
+    )
+    gpus: list[int] = Field(
+        default_factory=list,
+        description="CUDA device ids for vLLM; empty: GPU 0; ignored on a machine without GPUs",
+    )
+    gpu_memory_utilization: float = Field(
+        0.45,
+        gt=0,
+        le=1,
+        description="the fraction of GPU memory vLLM may take; lower it when the trainer "
+        "shares the GPU",
+    )
+    dtype: str = Field(
+        "auto", description="`auto`: the trainer's dtype, so log-probs agree with the trainer's"
+    )
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="give up, quoting vLLM's log, if not ready by then"
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="passed to vLLM's server as they are"
+    )
 
 
 class TrainerSection(StrictModel):
-    max_concurrent_runs: int = Field(4, ge=1, description="adapter slots in the trainer")
-    lora: LoraConfig = Field(default_factory=LoraConfig)
-    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGET_MODULES))
-    gpus: list[int] = Field(default_factory=list)
+    max_concurrent_runs: int = Field(
+        4, ge=1, description="adapter slots; extra runs wait for a free slot"
+    )
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="rank and alpha of every adapter slot; a run may ask for a smaller rank",
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGET_MODULES),
+        description="the linear layers that get adapters, by the last part of their name",
+    )
+    gpus: list[int] = Field(
+        default_factory=list,
+        description="CUDA device ids for the trainer's ranks; empty: those inference leaves "
+        "(shared when too few); ignored on a machine without GPUs",
+    )
     nproc_per_node: int = Field(1, ge=1, description="trainer ranks (data parallel)")
     seq_len: int = Field(512, ge=16, description="tokens per packed micro-batch row")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    poll_interval_s: float = Field(0.2, gt=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="the base model's and adapters' precision"
+    )
+    poll_interval_s: float = Field(
+        0.2, gt=0, description="how often an idle trainer looks for runs and batches"
+    )
     attention: Literal["auto", "per_sample", "varlen", "flash", "flex", "dense"] = Field(
         "auto",
-        description="packed-row attention: auto picks varlen > flash > flex on CUDA, "
-        "per_sample elsewhere; dense is the quadratic T x T mask, for comparison only",
+        description="how packed rows attend, each sample to its own earlier tokens only: "
+        "`per_sample` runs causal attention per sample; on CUDA `auto` takes `varlen` (torch "
+        ">= 2.10), else `flash` (the flash-attn package), else `flex`; elsewhere `per_sample`. "
+        "`dense` is the quadratic T x T mask, for comparison only",
     )
     logprob_chunk_tokens: int = Field(
         1024,
         ge=0,
         description="LM head and log-softmax run this many tokens at a time (forward and "
-        "backward); 0 materialises the full [T, vocab] logits",
+        "backward), each run's temperature applied inside; 0 materialises the full "
+        "[tokens, vocabulary] logits",
     )
     activation_checkpointing: bool | Literal["auto"] = Field(
-        "auto", description="recompute decoder layers in backward; auto: on CUDA only"
+        "auto",
+        description="recompute decoder layers in backward instead of keeping their "
+        "activations; `auto`: on CUDA, where memory bounds an update, off on the CPU",
     )
-    compile: bool = Field(False, description="torch.compile each decoder layer")
+    compile: bool = Field(
+        False, description="torch.compile each decoder layer (optional, never needed)"
+    )
 
 
 class RunSpec(BaseModel):
     """One `[[runs]]` table: an id and any orchestrator keys that override `[defaults]`."""
 
-    id: str
-    overrides: dict[str, Any] = Field(default_factory=dict)
+    id: str = Field(
+        description="letters, digits, `_` and `-`; `lr1e-3` becomes the directory and id "
+        "`run_lr1e-3` (an id already starting with `run_` is kept)"
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="any other key is a `[defaults]` key this run overrides; nested tables "
+        "merge key by key",
+    )
 
     @property
     def run_id(self) -> str:
@@ -233,13 +393,28 @@ class RunSpec(BaseModel):
 
 
 class Recipe(StrictModel):
-    experiment: ExperimentSection = Field(default_factory=ExperimentSection)
-    model: ModelSection
-    inference: InferenceSection = Field(default_factory=InferenceSection)
-    trainer: TrainerSection = Field(default_factory=TrainerSection)
-    defaults: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
-    runs: list[RunSpec] = Field(default_factory=list)
-    sweep: SweepSection | None = None  # its runs are already in `runs`, after [[runs]]
+    experiment: ExperimentSection = Field(
+        default_factory=ExperimentSection, description="the experiment's name and directory"
+    )
+    model: ModelSection = Field(description="the frozen base model every run adapts")
+    inference: InferenceSection = Field(
+        default_factory=InferenceSection, description="the vLLM server"
+    )
+    trainer: TrainerSection = Field(
+        default_factory=TrainerSection, description="the one trainer shared by all runs"
+    )
+    defaults: OrchestratorConfig = Field(
+        default_factory=OrchestratorConfig,
+        description="every run's `control/orch.toml` starts from this",
+    )
+    runs: list[RunSpec] = Field(
+        default_factory=list,
+        description="the runs, each an id and the `[defaults]` keys it overrides",
+    )
+    # Once loaded, the sweep's runs are already in `runs`, after the [[runs]].
+    sweep: SweepSection | None = Field(
+        None, description="runs made by varying `[defaults]` keys, after the `[[runs]]`"
+    )
 
     @property
     def output_dir(self) -> Path:
@@ -273,16 +448,25 @@ class Recipe(StrictModel):
 class TrainerConfig(StrictModel):
     """What `torchrun -m workbench.trainer.rl --config` reads (written by the supervisor)."""
 
-    output_dir: Path
-    model: ModelSection
-    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    output_dir: Path = Field(description="the experiment directory, where the runs are")
+    model: ModelSection = Field(description="the base model")
+    trainer: TrainerSection = Field(
+        default_factory=TrainerSection, description="the recipe's [trainer]"
+    )
 
 
 class InferenceConfig(StrictModel):
-    output_dir: Path
-    model: ModelSection
-    inference: InferenceSection = Field(default_factory=InferenceSection)
-    max_lora_rank: int = Field(8, ge=1)
+    """What `python -m workbench.inference --config` reads (written by the supervisor)."""
+
+    output_dir: Path = Field(description="the experiment directory")
+    model: ModelSection = Field(description="the base model vLLM serves")
+    inference: InferenceSection = Field(
+        default_factory=InferenceSection,
+        description="the recipe's [inference], with the port set (the supervisor picks one for 0)",
+    )
+    max_lora_rank: int = Field(
+        8, ge=1, description="the largest adapter rank vLLM accepts (the trainer's by default)"
+    )
 
 
 # ------------------------------------------------------------------------- run ids

@@ -1,7 +1,7 @@
 """Reading and writing a run's control files: eviction, rejection, finish.
 
 These small files are how every process tells the others what happened to a run
-(SPEC section 3). They are plain text a user can `cat`; each is written atomically.
+(docs/contracts.md). They are plain text a user can `cat`; each is written atomically.
 The module has no heavy imports so the CLI and TUI stay quick to start.
 
 `evicted.txt` holds the reason first (possibly several lines), then two metadata lines:

@@ -1,7 +1,7 @@
 """Creating an experiment directory from a recipe, and finding experiments and runs in it.
 
 Used by the CLI and the supervisor. Writing `control/orch.toml` is the handshake that makes
-a directory a run (SPEC section 3), so it is written last and atomically.
+a directory a run (docs/contracts.md), so it is written last and atomically.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Every path of the experiment directory, the one atomic-write helper, and STABLE markers.
 
 The experiment directory is the contract between the supervisor, the trainer, the
-orchestrators and the TUI (SPEC section 3). Nobody builds these paths by hand: they
-come from here, so a rename is a one-line change.
+orchestrators and the TUI (its files are described in docs/contracts.md). Nobody builds
+these paths by hand: they come from here, so a rename is a one-line change.
 
     {experiment}/
       recipe.toml

@@ -18,11 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.helpers import make_run
-from tests.supervisor import standins
 from tests.supervisor.conftest import StandinExperiment, wait_for
 from workbench import control, layout
 from workbench.cli import app
 from workbench.config import load_orchestrator_config
+from workbench.supervisor import standins
 from workbench.supervisor.launch import PLAN_ENV
 from workbench.supervisor.process import process_is_alive
 

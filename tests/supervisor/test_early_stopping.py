@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.supervisor import standins
 from tests.supervisor.conftest import StandinExperiment, wait_for
 from workbench import control, layout
 from workbench.cli import app
+from workbench.supervisor import standins
 from workbench.supervisor.launch import PLAN_ENV
 from workbench.sweep.files import read_asha
 

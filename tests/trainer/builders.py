@@ -14,7 +14,12 @@ import transformers
 from tests.helpers import make_run
 from workbench import layout
 from workbench.runs import MultiRunManager
-from workbench.trainer.lora import LoRAPath, apply_lora_to_model, set_lora_num_tokens
+from workbench.trainer.lora import (
+    LoRAPath,
+    MultiLoRALinear,
+    apply_lora_to_model,
+    set_lora_num_tokens,
+)
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
 
 TINY_SHAPE = {
@@ -108,3 +113,25 @@ def packed_logits(
     input_ids, position_ids = packed_inputs(samples)
     set_lora_num_tokens(model, torch.tensor(list(lora_num_tokens)))
     return model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+
+
+def load_state_dict_for_run(
+    manager: MultiRunManager, idx: int, state_dict: dict[str, torch.Tensor]
+) -> None:
+    """Put a state dict from `manager.get_state_dict_for_run(idx)` (or peft's, without its
+    prefix) back into slot `idx`, layer by layer: how these tests give a slot chosen weights."""
+    modules = manager.lora_modules
+    by_module: dict[str, dict[str, torch.Tensor]] = {name: {} for name in modules}
+    for key, tensor in state_dict.items():
+        module_name, _, param_key = key.rpartition(".lora_")
+        if module_name not in by_module:
+            raise KeyError(f"{key!r} names no registered LoRA module")
+        by_module[module_name]["lora_" + param_key] = tensor
+    missing = [name for name, entries in by_module.items() if len(entries) != 2]
+    if missing:
+        raise KeyError(f"state dict lacks lora_A/lora_B for {missing[:3]} ({len(missing)} modules)")
+    for name, entries in by_module.items():
+        module = modules[name]
+        if not isinstance(module, MultiLoRALinear):
+            raise TypeError(f"{name} is a {type(module).__name__}, not a MultiLoRALinear")
+        module.load_state_dict_for_adapter(idx, entries)

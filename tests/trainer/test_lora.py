@@ -10,13 +10,17 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
-from tests.trainer.builders import build_trainer, packed_logits, tiny_causal_lm
+from tests.trainer.builders import (
+    build_trainer,
+    load_state_dict_for_run,
+    packed_logits,
+    tiny_causal_lm,
+)
 from workbench import control
 from workbench.trainer.lora import (
     DEFAULT_TARGET_MODULES,
     MultiLoRALinear,
     grouped_mm_supported,
-    load_state_dict_for_run,
     set_lora_num_tokens,
 )
 

@@ -11,12 +11,10 @@ import pytest
 
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
+from workbench.supervisor import standins
 from workbench.tui.commands import NOT_RUNNING, SupervisorCommands
 from workbench.tui.data import ExperimentReader
 
-standins = pytest.importorskip(
-    "tests.supervisor.standins", reason="the supervisor's stand-in plan is not in the tree"
-)
 launch = pytest.importorskip("workbench.supervisor.launch")
 
 RECIPE = """\

@@ -3,7 +3,7 @@
 Three measurements, each against the real thing on this machine:
 
 - discovery latency: a real supervisor (daemon, watchdog, state.json) runs the stand-in plan
-  of the supervisor tests (`tests/supervisor/standins.py`: small Python processes instead of
+  of the supervisor tests (`workbench/supervisor/standins.py`: small Python processes instead of
   vLLM, torchrun and orchestrators, so the supervisor's own latency is what is timed). A new
   `run_*` directory with a valid `control/orch.toml` appears, either the way `workbench runs
   add` writes it (`write_run`: the directory, then orch.toml atomically) or moved into place
@@ -46,9 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
+from workbench.supervisor import standins
 
-# The stand-in plan lives with the supervisor tests; benchmarks run from a source checkout.
-STANDIN_PLAN_FILE = Path(__file__).resolve().parents[2] / "tests" / "supervisor" / "standins.py"
 RECIPE = """\
 [experiment]
 name = "{name}"
@@ -196,22 +195,13 @@ def is_live(experiment: Path, name: str) -> bool:
 # ---------------------------------------------------------------- a supervisor on stand-ins
 
 
-def standin_plan_reference() -> str:
-    if not STANDIN_PLAN_FILE.is_file():
-        raise FileNotFoundError(
-            f"the supervisor benchmark needs the stand-in plan at {STANDIN_PLAN_FILE}: "
-            "run it from a source checkout of workbench"
-        )
-    return f"{STANDIN_PLAN_FILE}:plan"
-
-
 def new_standin_experiment(root: Path, name: str) -> Path:
     experiment = root / name
     experiment.mkdir(parents=True)
     layout.atomic_write_text(
         layout.recipe_path(experiment), RECIPE.format(name=name, output_dir=experiment)
     )
-    layout.atomic_write_text(experiment / "standins.json", json.dumps(STANDINS))
+    layout.atomic_write_text(standins.config_path(experiment), json.dumps(STANDINS))
     return experiment
 
 
@@ -220,7 +210,7 @@ def running_supervisor(experiment: Path) -> Iterator[int]:
     """A real supervisor on the stand-in plan, inference ready; stopped (no orphans) after."""
     from workbench.supervisor.launch import start_daemon, stop_experiment
 
-    started = start_daemon(experiment, plan=standin_plan_reference())
+    started = start_daemon(experiment, plan=standins.PLAN_REFERENCE)
     try:
         wait_until(
             lambda: process_record(experiment, "inference").get("state") == "ready",

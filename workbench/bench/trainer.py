@@ -249,14 +249,13 @@ def _trainer_section(spec: WorkerSpec):
 
 
 def _shared_step(model, rows, spec: WorkerSpec, device):
-    from workbench.config import ModelSection, TrainerConfig
+    from workbench.config import ModelSection, OrchestratorConfig, TrainerConfig
+    from workbench.experiment import write_run
     from workbench.trainer.rl import build_trainer, train_step
 
     experiment = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
     for idx in range(spec.runs):
-        control = experiment / f"run_{idx}" / "control"
-        control.mkdir(parents=True)
-        (control / "orch.toml").write_text("lr = 1e-4\n")
+        write_run(experiment, f"run_{idx}", OrchestratorConfig(lr=1e-4))
     config = TrainerConfig(
         output_dir=experiment, model=ModelSection(base="random"), trainer=_trainer_section(spec)
     )

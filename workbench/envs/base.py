@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from workbench.envs import splits
 
@@ -46,8 +46,9 @@ class EnvArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    system_prompt: str | None = None
-    """Replaces the environment's default system prompt; "" removes it."""
+    system_prompt: str | None = Field(
+        None, description='replaces the environment\'s default system prompt; `""` removes it'
+    )
 
 
 @dataclass(frozen=True)

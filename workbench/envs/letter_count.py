@@ -19,9 +19,13 @@ _INTEGER = re.compile(r"-?\d+")
 
 
 class LetterCountArgs(EnvArgs):
-    min_length: int = Field(3, ge=1)
-    max_length: int = Field(10, ge=1)
-    alphabet: str = Field(string.ascii_lowercase, min_length=1)
+    min_length: int = Field(3, ge=1, description="shortest word, in letters")
+    max_length: int = Field(10, ge=1, description="longest word, in letters")
+    alphabet: str = Field(
+        string.ascii_lowercase,
+        min_length=1,
+        description="the letters words are made of, and asked about",
+    )
 
     @model_validator(mode="after")
     def _lengths_ordered(self) -> LetterCountArgs:

@@ -35,7 +35,9 @@ ANSWER_TAG = "reversed_text"
 class ReverseTextArgs(EnvArgs):
     min_length: int = Field(8, ge=1, description="shortest text, in characters")
     max_length: int = Field(14, ge=1, description="longest text, in characters")
-    alphabet: str = Field(string.ascii_lowercase, min_length=1)
+    alphabet: str = Field(
+        string.ascii_lowercase, min_length=1, description="the characters texts are made of"
+    )
 
     @model_validator(mode="after")
     def _lengths_ordered(self) -> ReverseTextArgs:

@@ -1,6 +1,6 @@
 """`builtin:tiny-reverse`: a ~0.87M-parameter Llama that half-knows how to reverse text.
 
-Built by the project, so no hub is needed (SPEC section 9):
+Built by the project, so no hub is needed:
 1. a Llama config (hidden 128, 4 layers, 4 heads of 32, MLP 384, character vocabulary of 77
    tokens) initialised from a fixed seed, with the character tokenizer and chat template of
    `workbench.models.char_tokenizer`;

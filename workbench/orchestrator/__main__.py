@@ -1,8 +1,15 @@
 """`python -m workbench.orchestrator --run-dir DIR`: one run's orchestrator process.
 
 Exit status: 0 the run finished its steps (or SIGTERM), 2 its config is invalid,
-3 it was evicted (the reason is printed), 1 anything else. The supervisor restarts it
-only on 1.
+3 it was evicted (the reason is printed), 1 anything else.
+
+What the supervisor does next (`supervisor/daemon.py`, under `ORCHESTRATOR_RESTART` of
+`supervisor/plan.py`): whatever the status, a run that is now evicted, rejected or deleted
+keeps its orchestrator stopped, and a finished run leaves it exited. Otherwise 0 leaves it
+down; 2 and 3 mark it failed at once, since starting it again cannot help; any other
+status, or death by a signal, restarts it after a backoff (1 s, doubling up to 30 s), at
+most 5 times in a row (a run that stayed up 60 s starts the count afresh), then marks it
+failed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The multi-run manager: which run holds which adapter slot, on every trainer rank.
 
-Names and behaviour follow prime-rl's Multi Run Manager (seed 000):
+Names and behaviour follow prime-rl's `MultiRunManager` (`prime_rl.trainer.runs`):
 
 - the master rank scans the experiment directory (`discover_runs`): deleted and evicted
   runs are forgotten, new `run_*` directories with a valid `control/orch.toml` get a free
@@ -38,6 +38,7 @@ from workbench.config import (
     check_run_id,
     load_orchestrator_config,
 )
+from workbench.trainer import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +90,8 @@ class MultiRunManager:
             raise ValueError(f"max_runs must be at least 1, got {max_runs}")
         self.output_dir = Path(output_dir)
         self.max_runs = max_runs
-        distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if distributed else 0
-        self.world_size = dist.get_world_size() if distributed else 1
+        self.rank = distributed.rank()
+        self.world_size = distributed.world_size()
         self._store = store
         if self._store is None and self.world_size > 1:
             self._store = dist.distributed_c10d._get_default_store()
@@ -126,6 +126,7 @@ class MultiRunManager:
 
     @property
     def is_master(self) -> bool:
+        """The rank that discovers runs; the same rank as `distributed.is_master()`."""
         return self.rank == 0
 
     @property
@@ -142,9 +143,6 @@ class MultiRunManager:
 
     def get_run_dir(self, idx: int) -> Path:
         return layout.run_dir(self.output_dir, self.idx_2_id[idx])
-
-    def run_dirs(self) -> list[Path]:
-        return [self.get_run_dir(idx) for idx in self.used_idxs]
 
     # ------------------------------------------------------------------ hooks
 

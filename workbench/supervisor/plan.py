@@ -3,7 +3,8 @@
 `plan_from_recipe(experiment)` picks free ports, draws the per-experiment API key, assigns
 GPUs, writes `supervisor/inference.toml`, `supervisor/trainer.toml` and
 `supervisor/endpoint.json` (mode 0600), and returns a `Plan`: the inference server and the
-trainer in start order, plus a function that builds one run's orchestrator.
+trainer in start order, plus a function that builds one run's orchestrator. The two config
+files, for `recipes/reverse_text.toml`, are in `configs/` as examples.
 
 The supervisor only sees `Plan` and `ProcessSpec`s, so tests hand it stand-in commands
 through any other plan factory (`load_plan_factory("path/to/file.py:plan")`).

@@ -218,11 +218,6 @@ class SupervisedProcess:
     def has_os_process(self) -> bool:
         return self._popen is not None
 
-    def uptime_s(self, now: float | None = None) -> float:
-        if self._popen is None:
-            return 0.0
-        return (now if now is not None else time.monotonic()) - self._started_monotonic
-
     # -------------------------------------------------------------- start
 
     def spawn(self, now: float) -> ExitRecord | None:

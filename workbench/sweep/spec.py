@@ -44,13 +44,13 @@ class _Strict(BaseModel):
 class Choice(_Strict):
     """One of `values`, each equally likely."""
 
-    distribution: Literal["choice"]
-    values: list[Any] = Field(min_length=1)
+    distribution: Literal["choice"] = Field(description='"choice"')
+    values: list[Any] = Field(min_length=1, description="the values, each equally likely")
 
 
 class _FloatRange(_Strict):
-    low: float
-    high: float
+    low: float = Field(description="the lowest value")
+    high: float = Field(description="the highest value, above low")
 
     @model_validator(mode="after")
     def _bounds_in_order(self) -> _FloatRange:
@@ -62,23 +62,23 @@ class _FloatRange(_Strict):
 class Uniform(_FloatRange):
     """A float drawn evenly from [low, high]."""
 
-    distribution: Literal["uniform"]
+    distribution: Literal["uniform"] = Field(description='"uniform"')
 
 
 class LogUniform(_FloatRange):
     """A float whose logarithm is drawn evenly: as likely in [1e-4, 1e-3] as in [1e-3, 1e-2]."""
 
-    distribution: Literal["log_uniform"]
-    low: float = Field(gt=0)
-    high: float = Field(gt=0)
+    distribution: Literal["log_uniform"] = Field(description='"log_uniform"')
+    low: float = Field(gt=0, description="the lowest value, above 0")
+    high: float = Field(gt=0, description="the highest value, above low")
 
 
 class IntRange(_Strict):
     """An integer drawn evenly from low..high, both included."""
 
-    distribution: Literal["int"]
-    low: int
-    high: int
+    distribution: Literal["int"] = Field(description='"int"')
+    low: int = Field(description="the lowest value, included")
+    high: int = Field(description="the highest value, included; not below low")
 
     @model_validator(mode="after")
     def _bounds_in_order(self) -> IntRange:
@@ -118,15 +118,31 @@ class AshaSpec(_Strict):
     rung so far; it is evicted if it falls in the bottom (1 - 1/reduction_factor).
     """
 
-    kind: Literal["asha"] = "asha"
-    grace_steps: int = Field(5, ge=1, description="the first rung's step")
-    reduction_factor: int = Field(2, ge=2, description="rungs grow, and survivors shrink, by it")
-    metric: str = Field(
-        "eval_reward_mean", min_length=1, description="a key of the runs' metrics.jsonl records"
+    kind: Literal["asha"] = Field(
+        "asha", description="asynchronous successive halving (Ray Tune's ASHA), the only kind"
     )
-    mode: Literal["max", "min"] = "max"
+    grace_steps: int = Field(
+        5,
+        ge=1,
+        description="the first rung's step; for eval metrics a multiple of `eval.interval`, so "
+        "that each rung has a record",
+    )
+    reduction_factor: int = Field(
+        2,
+        ge=2,
+        description="rungs at `grace_steps * reduction_factor^k` below `max_steps`; at each, a "
+        "run below the `1 - 1/reduction_factor` quantile is evicted",
+    )
+    metric: str = Field(
+        "eval_reward_mean",
+        min_length=1,
+        description="any key of the runs' `metrics.jsonl` records, e.g. `reward_mean`",
+    )
+    mode: Literal["max", "min"] = Field(
+        "max", description="`max`: higher values are better; `min`: lower ones"
+    )
     min_runs: int = Field(
-        3, ge=1, description="fewer runs at a rung (itself included) never stop a run"
+        3, ge=1, description="fewer runs at a rung (the judged one included) stop nobody"
     )
 
     def rung_steps(self, max_steps: int) -> list[int]:
@@ -145,13 +161,36 @@ class AshaSpec(_Strict):
 class SweepSection(_Strict):
     """`[sweep]`: grid and random keys are any `[defaults]` key, dotted for nested ones."""
 
-    grid: dict[str, Any] = Field(default_factory=dict, description="key -> list of values")
-    random: dict[str, Any] = Field(default_factory=dict, description="key -> distribution")
-    num_samples: int | None = Field(None, ge=1, description="draws of [sweep.random]")
-    seed: int = Field(0, description="seeds the draws of [sweep.random]")
+    grid: dict[str, Any] = Field(
+        default_factory=dict,
+        description="key -> list of values; every combination of the lists is a configuration",
+    )
+    random: dict[str, Any] = Field(
+        default_factory=dict,
+        description="key -> distribution (below); one draw per sample, combined with every "
+        "grid point",
+    )
+    num_samples: int | None = Field(
+        None, ge=1, description="draws of `[sweep.random]` (required with it)"
+    )
+    seed: int = Field(
+        0,
+        description="seeds the draws; a draw depends on the seed, the sample and the key only",
+    )
     repeats: int = Field(
         1, ge=1, description="runs of each configuration; repeat r adds r to its seed"
     )
-    max_runs: int = Field(DEFAULT_MAX_RUNS, ge=1, le=MAX_RUNS_LIMIT)
-    ids: Literal["auto", "values", "index"] = "auto"
-    scheduler: AshaSpec | None = None
+    max_runs: int = Field(
+        DEFAULT_MAX_RUNS,
+        ge=1,
+        le=MAX_RUNS_LIMIT,
+        description="refuse a sweep that expands to more runs",
+    )
+    ids: Literal["auto", "values", "index"] = Field(
+        "auto",
+        description="run ids: `values` (`run_lr3e-3_rank8`), `index` (`run_sweep07`), or `auto`: "
+        "values when every id is readable, unique and at most 64 characters, else an index",
+    )
+    scheduler: AshaSpec | None = Field(
+        None, description="early stopping of runs that fall behind; none by default"
+    )

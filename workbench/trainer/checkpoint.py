@@ -1,4 +1,5 @@
-"""Per-run trainer checkpoints: write at the run's interval and on shutdown; resume on return.
+"""Per-run trainer checkpoints: when to write one (at the run's interval, its last step, on
+shutdown and when it leaves the trainer), writing it, and resuming from it.
 
 `run_<id>/checkpoints/step_N/trainer/` holds everything needed to continue that run exactly:
 
@@ -51,16 +52,18 @@ class RunCheckpointer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.keep = keep
-        self.last_saved_step: dict[int, int] = {}
+        self._last_saved_step: dict[int, int] = {}
 
-    def due(self, idx: int) -> bool:
-        """True when the run's step hits its interval or its last step."""
+    def save_if_due(self, idx: int, *, force: bool = False) -> Path | None:
+        """Master only: checkpoint the run if its step has not been saved yet and either hits
+        its interval or its last step, or `force` (shutdown, or the run leaving the trainer)."""
         config = self.manager.config[idx]
         step = self.manager.progress[idx].step
-        if step == 0 or self.last_saved_step.get(idx) == step:
-            return False
+        if step <= self._last_saved_step.get(idx, 0):
+            return None  # nothing new since the last checkpoint (or no update at all)
         interval = config.checkpoint_interval
-        return step >= config.max_steps or (interval > 0 and step % interval == 0)
+        due = step >= config.max_steps or (interval > 0 and step % interval == 0)
+        return self.save(idx) if force or due else None
 
     def save(self, idx: int) -> Path | None:
         """Master only: write the run's checkpoint at its current step."""
@@ -79,7 +82,7 @@ class RunCheckpointer:
             torch.save(self.optimizer.state_dict_for_run(idx), staging / "optimizer.pt")
             torch.save(self.scheduler.state_dict_for_run(idx), staging / "scheduler.pt")
             (staging / "progress.json").write_text(json.dumps(asdict(progress)))
-        self.last_saved_step[idx] = progress.step
+        self._last_saved_step[idx] = progress.step
         self._prune(run)
         logger.info("checkpoint of %s at step %d: %s", manager.idx_2_id[idx], progress.step, final)
         return final
@@ -115,12 +118,12 @@ class RunCheckpointer:
             idx, torch.load(directory / "scheduler.pt", map_location="cpu", weights_only=True)
         )
         manager.progress[idx] = Progress(**json.loads((directory / "progress.json").read_text()))
-        self.last_saved_step[idx] = step
+        self._last_saved_step[idx] = step
         logger.info("run %s resumed from %s", manager.idx_2_id[idx], directory)
         return step
 
     def forget(self, idx: int) -> None:
-        self.last_saved_step.pop(idx, None)
+        self._last_saved_step.pop(idx, None)
 
     def _prune(self, run: Path) -> None:
         steps = [

@@ -347,7 +347,8 @@ class MultiLoRALinear(nn.Module):
         }
 
     def load_state_dict_for_adapter(self, idx: int, state: dict[str, torch.Tensor]) -> None:
-        """Inverse of `state_dict_for_adapter` (for resuming); the rank must match the run's."""
+        """Inverse of `state_dict_for_adapter`: a run-rank adapter into slot `idx`; the rank
+        must match the run's. (Resuming loads the whole slot instead: `trainer/checkpoint.py`.)"""
         self._check_idx(idx)
         rank = self._adapter_rank[idx]
         lora_a, lora_b = state["lora_A.weight"], state["lora_B.weight"]
@@ -542,24 +543,3 @@ def apply_lora_to_model(
     for idx in manager.used_idxs:
         configure_new_run(idx, manager.idx_2_id[idx])
     return list(layers)
-
-
-def load_state_dict_for_run(
-    manager: MultiRunManager, idx: int, state_dict: dict[str, torch.Tensor]
-) -> None:
-    """Put a state dict from `manager.get_state_dict_for_run(idx)` back into slot `idx`."""
-    modules = manager.lora_modules
-    by_module: dict[str, dict[str, torch.Tensor]] = {name: {} for name in modules}
-    for key, tensor in state_dict.items():
-        module_name, _, param_key = key.rpartition(".lora_")
-        if module_name not in by_module:
-            raise KeyError(f"{key!r} names no registered LoRA module")
-        by_module[module_name]["lora_" + param_key] = tensor
-    missing = [name for name, entries in by_module.items() if len(entries) != 2]
-    if missing:
-        raise KeyError(f"state dict lacks lora_A/lora_B for {missing[:3]} ({len(missing)} modules)")
-    for name, entries in by_module.items():
-        module = modules[name]
-        if not isinstance(module, MultiLoRALinear):
-            raise TypeError(f"{name} is a {type(module).__name__}, not a MultiLoRALinear")
-        module.load_state_dict_for_adapter(idx, entries)

@@ -1,6 +1,6 @@
 """Per-run optimizers and learning-rate schedules for the shared multi-LoRA trainer.
 
-As in prime-rl's `MultiLoRAOptimizer` / `MultiLoRAScheduler` (seed 002): every run gets its
+As in prime-rl's `MultiLoRAOptimizer` / `MultiLoRAScheduler`: every run gets its
 own AdamW over its own adapter parameters, made by a manager creation hook and dropped by a
 deletion hook, and its own schedule. `step()` touches only the runs with data this step
 (`manager.ready_to_update_idxs`). Each run's gradient is clipped by its own norm with its

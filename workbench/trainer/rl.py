@@ -1,23 +1,16 @@
 """`torchrun ... -m workbench.trainer.rl --config PATH`: the one trainer every run shares.
 
-Read top to bottom: `build_trainer` loads the frozen base model, wraps its linears in
-multi-adapter LoRA layers and wires the per-run optimizer, scheduler and checkpoints to the
-multi-run manager's hooks; `train_forever` is the loop; `train_step` is one update of every
-run with data.
-
-Data parallelism is done by hand rather than with DDP or FSDP2: the base model is frozen
-and replicated, and the only gradients are the adapters' (a few MB), so each rank runs its
-share of the packed micro-batches and the adapter gradients are summed with one
-all-reduce. Summing (not DDP's averaging) matters: each run's loss is already normalised
-by its own token count over the whole step, so the sum over ranks is exactly the gradient
-one rank would get from the whole batch. Works with gloo on CPU and nccl on CUDA.
+Read top to bottom: `main` loads the frozen base model (`load_base_model`) and hands it to
+`build_trainer`, which wraps its linears in multi-adapter LoRA layers and wires the per-run
+optimizer, scheduler and checkpoints to the multi-run manager's hooks; `train_forever` is
+the loop; `iterate` is one pass of it; `train_step` is one update of every run with data.
+How the ranks split the work and sum their gradients is `workbench.trainer.distributed`.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import time
@@ -25,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from workbench import layout
 from workbench.config import ConfigError, TrainerConfig, load_trainer_config
 from workbench.metrics import append_metrics
 from workbench.runs import MultiRunManager, setup_multi_run_manager
+from workbench.trainer import distributed
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer
 from workbench.trainer.compute import ComputePlan, packed_row_logprobs, prepare_model
@@ -71,20 +64,12 @@ class StepStats:
 # ---------------------------------------------------------------------- setup
 
 
-def pick_device() -> tuple[torch.device, str]:
-    if torch.cuda.is_available():
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank), "nccl"
-    return torch.device("cpu"), "gloo"
-
-
 def load_base_model(base: str, dtype: torch.dtype, device: torch.device) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     from workbench.models.resolve import resolve_model
 
-    path = resolve_model(base, show_progress=_is_master())
+    path = resolve_model(base, show_progress=distributed.is_master())
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
     model.config.use_cache = False
     return model.to(device).eval()  # eval: no dropout; the adapters still get gradients
@@ -122,8 +107,7 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
     def checkpoint_leaving_run(idx: int, run_id: str) -> None:
         # Master only, before the run's data is dropped: an evicted or finished run keeps
         # its latest progress for `workbench restart`.
-        if manager.progress[idx].step > checkpointer.last_saved_step.get(idx, 0):
-            checkpointer.save(idx)
+        checkpointer.save_if_due(idx, force=True)
         checkpointer.forget(idx)
 
     manager.register_creation_hook(resume_run)
@@ -168,11 +152,8 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
         out.loss.backward()
         run_loss += out.run_loss.double().cpu()
 
-    all_reduce_adapter_grads(manager, ready, device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        totals = run_loss.to(device)
-        dist.all_reduce(totals)
-        run_loss = totals.cpu()
+    distributed.all_reduce_adapter_grads(manager, ready, device)
+    run_loss = distributed.all_reduce_sum(run_loss, device)
     norms = trainer.optimizer.step()
     trainer.scheduler.step()
     trainer.optimizer.zero_grad()
@@ -181,31 +162,6 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
         grad_norm={idx: float(norms.get(idx, float("nan"))) for idx in ready},
         lr={idx: trainer.optimizer.get_lr(idx) for idx in ready},
     )
-
-
-def all_reduce_adapter_grads(
-    manager: MultiRunManager, ready: list[int], device: torch.device
-) -> None:
-    """Sum every ready run's adapter gradients over ranks in one flat all-reduce.
-
-    A rank whose rows held no tokens of a run has no gradient for it; it contributes zeros,
-    so every rank reduces the same tensors in the same order.
-    """
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    params = [param for idx in ready for _, param in manager.get_named_parameters_for_run(idx)]
-    if not params:
-        return
-    for param in params:
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-    flat = torch.cat([param.grad.reshape(-1) for param in params]).to(device)
-    dist.all_reduce(flat)
-    offset = 0
-    for param in params:
-        n = param.numel()
-        param.grad.copy_(flat[offset : offset + n].view_as(param.grad))
-        offset += n
 
 
 # ---------------------------------------------------------------------- after an update
@@ -241,8 +197,7 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
                 samples=progress.total_samples,
                 step_s=round(step_s, 3),
             )
-            if trainer.checkpointer.due(idx):
-                trainer.checkpointer.save(idx)
+            trainer.checkpointer.save_if_due(idx)
         except OSError as err:
             # Disk full or the directory vanished: this run cannot go on, the others can.
             manager.evict_run(idx, f"the trainer could not write for this run: {err}")
@@ -253,12 +208,6 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
             stats.loss[idx],
             stats.grad_norm[idx],
         )
-
-
-def checkpoint_all(trainer: Trainer) -> None:
-    for idx in trainer.manager.used_idxs:
-        if trainer.manager.progress[idx].step > trainer.checkpointer.last_saved_step.get(idx, 0):
-            trainer.checkpointer.save(idx)
 
 
 # ---------------------------------------------------------------------- the loop
@@ -275,7 +224,7 @@ def iterate(trainer: Trainer) -> str:
     """One pass: discover runs, collect ready batches, train them. Returns what happened:
     "trained", "idle" (no run had a batch) or "stopped" (checkpoints written)."""
     manager = trainer.manager
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    world = distributed.world_size()
     if manager.is_master:
         manager.discover_runs()
     manager.synchronize_state()  # creation hooks: optimizers, schedules, resumes
@@ -283,19 +232,17 @@ def iterate(trainer: Trainer) -> str:
     if manager.is_master:
         shares = trainer.packer.pack(trainer.packer.collect(), world)
     manager.synchronize_state()  # progress and ready flags of what was collected
-    payload = [{"stop": trainer.stop_requested, "shares": shares}]
-    if world > 1:
-        dist.broadcast_object_list(payload, src=0)
-    if payload[0]["stop"]:
+    payload = distributed.broadcast_from_master({"stop": trainer.stop_requested, "shares": shares})
+    if payload["stop"]:
         if manager.is_master:
-            checkpoint_all(trainer)
+            for idx in manager.used_idxs:
+                trainer.checkpointer.save_if_due(idx, force=True)
         logger.info("stopping: checkpoints written")
         return "stopped"
     if not manager.ready_to_update_idxs:
         return "idle"
     started = time.monotonic()
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    stats = train_step(trainer, payload[0]["shares"][rank])
+    stats = train_step(trainer, payload["shares"][distributed.rank()])
     if manager.is_master:
         publish_updates(trainer, stats, time.monotonic() - started)
     for idx in manager.ready_to_update_idxs:
@@ -306,28 +253,30 @@ def iterate(trainer: Trainer) -> str:
 # ---------------------------------------------------------------------- entry point
 
 
-def _is_master() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchrun -m workbench.trainer.rl", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="a TrainerConfig TOML")
     args = parser.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
+    device = distributed.init_process_group()
+    try:
+        return train_from_config(args.config, device)
+    finally:
+        distributed.destroy_process_group()
+
+
+def train_from_config(config_path: Path, device: torch.device) -> int:
+    """The trainer on this rank, once the process group (if any) is up; returns the exit status."""
+    rank = distributed.rank()
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     try:
-        config = load_trainer_config(args.config)
+        config = load_trainer_config(config_path)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    device, backend = pick_device()
-    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        dist.init_process_group(backend)
     torch.manual_seed(0)
     dtype = getattr(torch, config.trainer.dtype)
     trainer = build_trainer(config, load_base_model(config.model.base, dtype, device), device)
@@ -338,11 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    try:
-        train_forever(trainer)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    train_forever(trainer)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""A stand-in for a supervised child (inference, trainer, orchestrator) in supervisor tests.
+"""A stand-in for a supervised child (inference, trainer, orchestrator), for the supervisor's
+tests and benchmark (`standins.py` runs it); it trains nothing.
 
 Real children need vLLM, torch and minutes; the supervisor only cares how a process
 starts, announces readiness, exits and reacts to signals. This script does exactly that,

@@ -1,7 +1,8 @@
-"""A plan of stand-in children for supervisor tests, described by `{experiment}/standins.json`.
+"""A plan of stand-in children, described by `{experiment}/standins.json`: not for training.
 
-The supervisor daemon loads it with `--plan tests/supervisor/standins.py:plan`, so tests run
-the real daemon (own session, lock, socket, watchdog) around small Python stand-ins
+The supervisor's tests and its benchmark (`workbench bench supervisor`) start the daemon
+with `--plan workbench.supervisor.standins:plan` (`PLAN_REFERENCE`), so they run the real
+daemon (own session, lock, socket, watchdog) around small Python stand-ins
 (`standin_child.py`) instead of vLLM, torchrun and orchestrators. `standins.json`:
 
     {"processes": [{"name": "inference", "kind": "inference", "ready": true,
@@ -31,7 +32,12 @@ from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import FileReady, ProcessSpec
 
 CHILD = Path(__file__).with_name("standin_child.py")
-PLAN_REFERENCE = f"{Path(__file__)}:plan"
+PLAN_REFERENCE = "workbench.supervisor.standins:plan"
+
+
+def config_path(experiment: Path) -> Path:
+    """`standins.json`: which stand-ins to run; without it, `DEFAULT_PROCESSES`."""
+    return experiment / "standins.json"
 
 
 def events_path(experiment: Path) -> Path:
@@ -82,9 +88,8 @@ DEFAULT_ORCHESTRATOR: dict[str, Any] = {"args": ["--finish-after", "0.2"]}
 
 
 def plan(experiment: Path) -> Plan:
-    config_path = experiment / "standins.json"
-    if config_path.exists():
-        config = json.loads(config_path.read_text())
+    if config_path(experiment).exists():
+        config = json.loads(config_path(experiment).read_text())
     else:
         config = {"processes": DEFAULT_PROCESSES, "orchestrator": DEFAULT_ORCHESTRATOR}
     fixed = [_spec(experiment, entry) for entry in config.get("processes", [])]

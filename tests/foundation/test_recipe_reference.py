@@ -1,0 +1,72 @@
+"""Every config key is described where it is defined, and the README's reference is those
+descriptions: `scripts/recipe_reference.py` renders them between two markers of README.md."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from workbench.config import InferenceConfig, Recipe, TrainerConfig
+from workbench.envs.registry import environment_names, get_environment
+from workbench.sweep.spec import DISTRIBUTIONS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location(
+        "recipe_reference", ROOT / "scripts" / "recipe_reference.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fields_of(model: type[BaseModel], prefix: str = "") -> dict[str, object]:
+    """Every field of `model` and of the models nested in it, by dotted name."""
+    fields = {}
+    for name, field in model.model_fields.items():
+        fields[f"{prefix}{name}"] = field
+        for candidate in (field.annotation, *getattr(field.annotation, "__args__", ())):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                fields.update(fields_of(candidate, f"{prefix}{name}."))
+    return fields
+
+
+def test_every_field_of_every_config_model_has_a_description():
+    models = {
+        "Recipe": Recipe,
+        "TrainerConfig": TrainerConfig,
+        "InferenceConfig": InferenceConfig,
+        **{f"sweep.random {name}": model for name, model in DISTRIBUTIONS.items()},
+        **{f"env_args of {name}": type(get_environment(name)).Args for name in environment_names()},
+    }
+    undescribed = [
+        f"{where}: {key}"
+        for where, model in models.items()
+        for key, field in fields_of(model).items()
+        if not (field.description or "").strip()
+    ]
+    assert undescribed == []
+    assert len(fields_of(Recipe)) > 70, "the walk reaches the nested tables"
+
+
+def test_the_readme_recipe_reference_is_what_the_models_say():
+    script = load_script()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = script.render_reference()
+    assert block in readme, "README.md is stale: run `python scripts/recipe_reference.py`"
+    assert "`sampling.temperature`" in block and "`scheduler.min_runs`" in block
+
+
+def test_the_check_fails_on_a_stale_readme_and_the_rewrite_fixes_it(tmp_path: Path):
+    script = load_script()
+    current = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = tmp_path / "README.md"
+    readme.write_text(current.replace("adapters vLLM keeps loaded at once", "stale words"))
+    assert script.main(["--check", "--readme", str(readme)]) == 1
+    assert script.main(["--readme", str(readme)]) == 0
+    assert readme.read_text(encoding="utf-8") == current
+    assert script.main(["--check", "--readme", str(readme)]) == 0
