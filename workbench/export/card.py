@@ -32,12 +32,12 @@ def model_card(run: Path, choice: Choice, adapter_dir: Path, output: Path) -> st
     base_name = read_adapter_info(adapter_dir).get("base_model", base_path)
     config = _run_config(run)
     env = config.env if config else "?"
-    targets = ", ".join(adapter["target_modules"])
+    targets = ", ".join(sorted(adapter["target_modules"]))
     source = choice.adapter.path.relative_to(run)
     sections = [
         f"---\nbase_model: {base_path}\nlibrary_name: peft\n"
         "tags:\n- lora\n- reinforcement-learning\n- workbench\n---",
-        f"# {run.name} ({run.parent.name}), step {choice.adapter.step}",
+        f"# {run.name} of {run.parent.name}: its adapter after step {choice.adapter.step}",
         f"A LoRA adapter (rank {adapter['r']}, alpha {show_value(adapter['lora_alpha'])}, on "
         f"{targets}) trained with reinforcement learning on the `{env}` environment by "
         f"workbench. This is {choice.note}, from `{source}`.",
@@ -79,14 +79,7 @@ def _training_lines(run: Path, config: OrchestratorConfig | None) -> list[str]:
     lines = [f"- Steps trained: {trained} of {max_steps} ({state})."]
     rewards = _reward_curve(run)
     if rewards:
-        values = [value for _, value in rewards]
-        best_step, best = max(rewards, key=lambda point: point[1])
-        lines.append(
-            f"- Training reward (mean over each step's rollouts, {len(values)} steps): "
-            f"{statistics.fmean(values[:WINDOW]):.3f} over the first {WINDOW} steps, "
-            f"{statistics.fmean(values[-WINDOW:]):.3f} over the last {WINDOW}; best "
-            f"{best:.3f} at step {best_step}."
-        )
+        lines.append(f"- Training reward (mean over each step's rollouts): {_curve(rewards)}.")
     evals = eval_curve(read_metrics(run, "eval"), "eval_reward_mean")
     if evals:
         held_out = (
@@ -111,11 +104,29 @@ def _reward_curve(run: Path) -> list[tuple[int, float]]:
     return sorted(by_step.items())
 
 
+def _curve(points: list[tuple[int, float]]) -> str:
+    """A reward curve in a sentence: its two ends (averaged over a few steps) and its best."""
+    values = [value for _, value in points]
+    best_step, best = max(points, key=lambda point: point[1])
+    if len(values) > WINDOW:
+        ends = (
+            f"{statistics.fmean(values[:WINDOW]):.3f} over the first {WINDOW} steps, "
+            f"{statistics.fmean(values[-WINDOW:]):.3f} over the last {WINDOW}"
+        )
+    else:
+        ends = f"{values[0]:.3f} at step {points[0][0]}, {values[-1]:.3f} at {points[-1][0]}"
+    return f"{ends}; best {best:.3f} at step {best_step} ({len(values)} steps)"
+
+
 def _config_table(config: OrchestratorConfig | None) -> str:
     if config is None:
         return "The run's control/orch.toml could not be read."
     values: dict[str, Any] = flatten_values(config.model_dump(mode="json"))
-    rows = [f"| `{key}` | {show_value(value)} |" for key, value in values.items()]
+    # None is a setting taken from elsewhere: the trainer's LoRA, sampling.max_tokens.
+    rows = [
+        f"| `{key}` | {'(inherited)' if value is None else show_value(value)} |"
+        for key, value in values.items()
+    ]
     return "\n".join(["| key | value |", "| --- | --- |", *rows])
 
 
