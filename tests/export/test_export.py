@@ -52,7 +52,7 @@ def test_best_is_the_best_evaluated_adapter_even_one_kept_only_as_a_checkpoint(
     assert f"Steps trained: {STEPS} of {STEPS} (finished)" in card
     assert "0.200 (step 0), 0.900 (step 2), 0.500 (step 4), 0.600 (step 5)" in card
     assert "| `lr` | 0.05 |" in card and "| `checkpoint_interval` | 2 |" in card
-    assert f"vllm serve {resolve_model(BASE)} --enable-lora --lora-modules run_a=" in card
+    assert f"--model {resolve_model(BASE)} --enable-lora --lora-modules run_a=" in card
 
 
 def test_latest_copies_the_newest_complete_broadcast_whole(experiment_copy: Path, tmp_path):

@@ -142,8 +142,11 @@ def _loading_text(base: str, adapter: Path, name: str, rank: int) -> str:
         f'tokenizer = AutoTokenizer.from_pretrained("{base}")\n'
         f'model = PeftModel.from_pretrained(base, "{adapter}")\n'
         "```\n\n"
-        "With vLLM (requests then name the model `" + name + "`):\n\n"
+        "With vLLM's OpenAI-compatible server (requests then name the model `" + name + "`; "
+        "`vllm serve` takes the same options where its console script works, which it does "
+        "not in the CPU build):\n\n"
         "```bash\n"
-        f"vllm serve {base} --enable-lora{rank_flag} --lora-modules {name}={adapter}\n"
+        f"python -m vllm.entrypoints.openai.api_server --model {base} --enable-lora{rank_flag} "
+        f"--lora-modules {name}={adapter}\n"
         "```"
     )
