@@ -55,6 +55,22 @@ def test_best_is_the_best_evaluated_adapter_even_one_kept_only_as_a_checkpoint(
     assert f"--model {resolve_model(BASE)} --enable-lora --lora-modules run_a=" in card
 
 
+@pytest.mark.parametrize(
+    ("evals", "chosen", "said"),
+    [
+        ({0: 0.95, 2: 0.9, STEPS: 0.6}, 2, "the base model scored 0.950 (step 0)"),
+        ({1: 0.99, 4: 0.5, STEPS: 0.4}, 4, "an adapter no longer kept scored 0.990 (step 1)"),
+    ],
+)
+def test_best_says_when_a_better_score_is_not_among_the_kept_adapters(
+    experiment_copy: Path, tmp_path: Path, evals: dict[int, float], chosen: int, said: str
+):
+    run = experiment_copy / "run_a"
+    record_evals(run, evals)
+    choice = export_adapter(run, tmp_path / "out").choice
+    assert choice.adapter.step == chosen and said in choice.note
+
+
 def test_latest_copies_the_newest_complete_broadcast_whole(experiment_copy: Path, tmp_path):
     run = experiment_copy / "run_a"
     source = layout.broadcast_dir(run, STEPS)

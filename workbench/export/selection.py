@@ -85,11 +85,9 @@ def choose_adapter(run: Path, which: Which) -> Choice:
     what = "held-out eval reward" if metric == EVAL_METRIC else "training reward of its rollouts"
     note = f"the best kept adapter by {what} ({metric} {scored[step]:.3f} at step {step})"
     best_evaluated = max(evals, key=lambda s: (evals[s], s), default=None)
-    if metric == EVAL_METRIC and best_evaluated not in scored and best_evaluated:
-        note += (
-            f"; the best eval overall (step {best_evaluated}, {evals[best_evaluated]:.3f}) is "
-            "of an adapter no longer kept"
-        )
+    if metric == EVAL_METRIC and best_evaluated not in scored:
+        what = "the base model" if best_evaluated == 0 else "an adapter no longer kept"
+        note += f"; {what} scored {evals[best_evaluated]:.3f} (step {best_evaluated})"
     return Choice(kept[step], which, metric, scored[step], note)
 
 
