@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -606,6 +606,46 @@ def logs(
             process_logs.follow(path, offset, write)
         except KeyboardInterrupt:
             return
+
+
+@app.command()
+def export(
+    run_id: Annotated[
+        str, typer.Argument(metavar="RUN_ID", help="The run whose adapter to export.")
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="A new directory for the adapter.")
+    ],
+    which: Annotated[
+        Literal["best", "latest"],
+        typer.Option(help="best: by held-out eval reward (else training reward); latest."),
+    ] = "best",
+    experiment: ExperimentOption = None,
+) -> None:
+    """Copy a run's adapter, with a model card (README.md), to a directory of its own.
+
+    The adapter is one the run keeps (broadcast/step_N or checkpoints/step_N/trainer, each
+    complete only with its STABLE marker), in peft's layout: adapter_config.json names a
+    base model that peft and vLLM load without workbench. The card gives the base model,
+    the run's config, the steps trained, its reward and eval curves and how to load it.
+    Nothing is left behind when the export fails.
+    """
+    from workbench.export import ExportError, export_adapter
+
+    try:
+        ref = resolve_run(run_id, experiment)
+    except RunLookupError as err:
+        raise _fail(str(err)) from None
+    try:
+        exported = export_adapter(ref.path, output, which)
+    except ExportError as err:
+        raise _fail(str(err), err.exit_code) from None
+    console.print(
+        f"exported {ref.run_id} step {exported.choice.adapter.step} to {exported.path}: "
+        f"{exported.choice.note}. Its README.md says how to load it.",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 # ------------------------------------------------------------------ sft and built-in models

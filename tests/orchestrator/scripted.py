@@ -1,18 +1,25 @@
 """A scripted stand-in for the inference server, and orchestrators built on it.
 
 The stand-in answers chat requests with scripted completions and, like vLLM, refuses a
-request for an adapter that is not loaded; it records every request, load and unload. The
+request for an adapter that is not loaded; it records every request, load and unload.
+`scripted_server` puts it behind the HTTP endpoints of vLLM's server that the orchestrator
+uses, so a real orchestrator process (its HTTP client, its logging) can run against it. The
 real vLLM server is exercised in tests/inference and tests/orchestrator/test_eval_with_vllm.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from workbench import layout
 from workbench.config import OrchestratorConfig
 from workbench.inference.client import AdapterVersions, ChatResult, Completion, InferenceError
+from workbench.inference.endpoint import Endpoint, new_api_key, write_endpoint
 from workbench.orchestrator.loop import Orchestrator
 
 BASE_MODEL = "base"
@@ -84,3 +91,80 @@ def publish_adapter(run: Path, step: int) -> None:
     directory = layout.broadcast_dir(run, step)
     with layout.staged_directory(directory) as staging:
         (staging / "adapter_model.safetensors").write_bytes(b"")
+
+
+@contextlib.contextmanager
+def scripted_server(experiment: Path, chat: ScriptedChat) -> Iterator[Endpoint]:
+    """Serve `chat` over HTTP on a free loopback port (health, chat completions with token
+    ids and log-probs, adapter loading, as vLLM answers them) and write the experiment's
+    `supervisor/endpoint.json` pointing at it."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self._reply(200 if self.path == "/health" else 404, {})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            try:
+                if self.path == "/v1/chat/completions":
+                    self._reply(200, _chat_response(chat, body))
+                elif self.path == "/v1/load_lora_adapter":
+                    chat.load_adapter(body["lora_name"], Path(body["lora_path"]))
+                    self._reply(200, {})
+                elif self.path == "/v1/unload_lora_adapter":
+                    chat.unload_adapter(body["lora_name"])
+                    self._reply(200, {})
+                else:
+                    self._reply(404, {"error": f"no route {self.path}"})
+            except InferenceError as err:
+                self._reply(404, {"error": str(err)})
+
+        def _reply(self, status: int, data: dict) -> None:
+            payload = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):  # the test's output, not the server's, matters here
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = Endpoint(
+        base_url=f"http://127.0.0.1:{server.server_port}/v1",
+        api_key=new_api_key(),
+        model=BASE_MODEL,
+    )
+    write_endpoint(experiment, endpoint)
+    try:
+        yield endpoint
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _chat_response(chat: ScriptedChat, body: dict) -> dict:
+    result = chat.chat(
+        body["messages"],
+        model=body["model"],
+        n=body["n"],
+        max_tokens=body["max_tokens"],
+        temperature=body["temperature"],
+        top_p=body["top_p"],
+        seed=body.get("seed"),
+    )
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": completion.text},
+            "token_ids": completion.token_ids,
+            "logprobs": {"content": [{"logprob": value} for value in completion.logprobs]},
+            "finish_reason": completion.finish_reason,
+        }
+        for i, completion in enumerate(result.completions)
+    ]
+    return {"prompt_token_ids": result.prompt_token_ids, "choices": choices}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,21 @@ def test_per_sample_attention_chunked_head_and_recompute_train_what_the_dense_re
             for key, tensor in state.items():
                 expected = adapters["reference"][run_id][key]
                 torch.testing.assert_close(tensor, expected, rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_the_trainer_logs_one_line_per_run_and_update_with_its_figures(
+    experiment, tiny_llama, caplog
+):
+    runs = [make_run(experiment, name, "lr = 0.01\n") for name in ("run_a", "run_b")]
+    trainer = make_trainer(experiment, tiny_llama)
+    iterate(trainer)
+    for run in runs:
+        write_rollouts(run, random_batch(run.name, 0, 6, seed=1))
+    with caplog.at_level(logging.INFO, logger="workbench.trainer"):
+        assert iterate(trainer) == "trained"
+    lines = [r.getMessage() for r in caplog.records if r.name == "workbench.trainer"]
+    assert len(lines) == 2, lines
+    for run, line in zip(sorted(runs), sorted(lines), strict=True):
+        record = read_metrics(run, "trainer")[-1]
+        assert line.startswith(f"{run.name} step 1 loss {record['loss']:.4f} ")
+        assert f"lr {record['lr']:.2e} tokens {record['tokens']} step_s " in line

@@ -14,6 +14,7 @@ from workbench.models.resolve import (
     builtin_names,
     cache_dir,
     is_builtin,
+    loadable_base,
     models_cache_dir,
     resolve_model,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "builtin_names",
     "cache_dir",
     "is_builtin",
+    "loadable_base",
     "models_cache_dir",
     "resolve_model",
 ]

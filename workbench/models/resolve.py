@@ -93,6 +93,16 @@ def builtin_model_dir(base: str, spec: Any = None) -> Path:
     return models_cache_dir() / f"{builtin.name}-{builtin.version_hash(spec)}"
 
 
+def loadable_base(base: str) -> str:
+    """What a file read outside workbench should name as the base model, so that
+    `from_pretrained` and vLLM load it as they are: a builtin's cache directory (not built
+    here), a local directory as an absolute path, a hub id unchanged."""
+    if is_builtin(base):
+        return str(builtin_model_dir(base))
+    local = Path(base).expanduser()
+    return str(local.resolve()) if local.is_dir() else base
+
+
 def resolve_model(
     base: str,
     *,

@@ -32,6 +32,7 @@ from workbench.orchestrator.loop import Orchestrator, RunEvicted
 logger = logging.getLogger("workbench.orchestrator")
 EXIT_BAD_CONFIG = 2
 EXIT_EVICTED = 3
+QUIET_LOGGERS = ("httpx", "httpcore")
 
 
 class Stopped(Exception):
@@ -55,16 +56,26 @@ def wait_until(condition, run: Path, what: str, poll_s: float) -> None:
         time.sleep(poll_s)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workbench.orchestrator", description=__doc__)
-    parser.add_argument("--run-dir", type=Path, required=True)
-    parser.add_argument("--poll-s", type=float, default=0.2)
-    args = parser.parse_args(argv)
+def configure_logging() -> None:
+    """INFO lines to stderr (the run's orchestrator.log): one per step, evals, waits.
+
+    HTTP clients log every request at INFO (httpx: `HTTP Request: POST .../v1/chat/
+    completions`), dozens per step: only their warnings get through."""
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workbench.orchestrator", description=__doc__)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--poll-s", type=float, default=0.2)
+    args = parser.parse_args(argv)
+    configure_logging()
     signal.signal(signal.SIGTERM, _raise_stopped)
     run: Path = args.run_dir
     experiment = run.parent

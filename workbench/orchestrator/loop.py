@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from workbench import control, layout
 from workbench.config import OrchestratorConfig
@@ -159,16 +160,8 @@ class Orchestrator:
             self.state.step += 1
         else:
             self.state.empty_batches += 1
-            logger.warning(
-                "%s step %d: every completion of every prompt scored alike (no learning "
-                "signal); retrying with new prompts (%d/%d)",
-                self.run_id,
-                step,
-                self.state.empty_batches,
-                MAX_EMPTY_BATCH_ATTEMPTS,
-            )
         reward_mean = statistics.fmean(rewards)
-        append_metrics(
+        record = append_metrics(
             self.run,
             "orchestrator",
             step,
@@ -184,6 +177,7 @@ class Orchestrator:
             policy_version=self._policy_version(),
             written=written,
         )
+        log_step(self.run_id, record, self.state.empty_batches)
         self.state.remember_rng(self.rng)
         save_state(self.run, self.state)
         if self.state.empty_batches >= MAX_EMPTY_BATCH_ATTEMPTS:
@@ -218,7 +212,8 @@ class Orchestrator:
         newest = layout.latest_stable_step(layout.broadcasts_dir(self.run))
         if newest is not None and newest > self._policy_version():
             self.adapters.load(newest, layout.broadcast_dir(self.run, newest))
-            logger.info("%s loaded adapter step %d", self.run_id, newest)
+            # Not at INFO: the next step line names the policy version it generated with.
+            logger.debug("%s loaded adapter step %d", self.run_id, newest)
 
     def _wait_for_policy(self, step: int) -> float:
         """Load the newest adapter; block while `step` would be too far ahead of it."""
@@ -235,3 +230,26 @@ class Orchestrator:
         while not layout.is_stable(final):
             self.check_evicted()
             self.sleep(self.poll_s)
+
+
+def log_step(run_id: str, record: dict[str, Any], empty_batches: int) -> None:
+    """A step's one line in the orchestrator log, from its metrics record (the keys of
+    docs/contracts.md); a batch dropped for lack of learning signal makes it a warning."""
+    line = (
+        f"{run_id} step {record['step']} reward {record['reward_mean']:.3f} "
+        f"+- {record['reward_std']:.3f} len {record['completion_len_mean']:.1f} "
+        f"truncated {record['truncated_frac']:.0%} policy {record['policy_version']} "
+        f"gen {record['generation_s']:.2f}s wait {record['wait_s']:.2f}s"
+    )
+    if record["eval_wait_s"]:
+        line += f" eval_wait {record['eval_wait_s']:.2f}s"
+    if record["written"]:
+        logger.info(line)
+        return
+    logger.warning(
+        "%s dropped: every completion of every prompt scored alike (no learning signal); "
+        "retrying with new prompts (%d/%d)",
+        line,
+        empty_batches,
+        MAX_EMPTY_BATCH_ATTEMPTS,
+    )

@@ -31,12 +31,28 @@ from workbench.runs import MultiRunManager, Progress
 
 logger = logging.getLogger(__name__)
 PART = "trainer"
+ADAPTER_FILE = "adapter.safetensors"
 
 
 class PerRunState(Protocol):
     def state_dict_for_run(self, idx: int) -> dict[str, Any]: ...
 
     def load_state_dict_for_run(self, idx: int, state: dict[str, Any]) -> None: ...
+
+
+def adapter_state_dict(directory: Path, rank: int) -> dict[str, torch.Tensor]:
+    """A checkpoint's adapter as `MultiRunManager.get_state_dict_for_run` gives it (peft
+    names, the run's rank): the slot holds `<module>.lora_A` [slot rank, in] and `.lora_B`
+    [out, slot rank], of which the run uses the first `rank` rows of A and columns of B."""
+    state = {}
+    for name, tensor in load_file(str(directory / ADAPTER_FILE)).items():
+        if name.endswith(".lora_A"):
+            state[f"{name}.weight"] = tensor[:rank].contiguous()
+        elif name.endswith(".lora_B"):
+            state[f"{name}.weight"] = tensor[:, :rank].contiguous()
+        else:
+            raise ValueError(f"{directory / ADAPTER_FILE}: {name} is no LoRA parameter")
+    return state
 
 
 class RunCheckpointer:
@@ -78,7 +94,7 @@ class RunCheckpointer:
             for name, param in manager.get_named_parameters_for_run(idx)
         }
         with layout.staged_directory(final) as staging:
-            save_file(params, str(staging / "adapter.safetensors"))
+            save_file(params, str(staging / ADAPTER_FILE))
             torch.save(self.optimizer.state_dict_for_run(idx), staging / "optimizer.pt")
             torch.save(self.scheduler.state_dict_for_run(idx), staging / "scheduler.pt")
             (staging / "progress.json").write_text(json.dumps(asdict(progress)))
@@ -95,7 +111,7 @@ class RunCheckpointer:
         if step is None:
             return None
         directory = layout.checkpoint_part_dir(run, step, PART)
-        saved = load_file(str(directory / "adapter.safetensors"))
+        saved = load_file(str(directory / ADAPTER_FILE))
         params = dict(manager.get_named_parameters_for_run(idx))
         if set(saved) != set(params):
             raise ValueError(

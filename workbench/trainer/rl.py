@@ -197,17 +197,21 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
                 samples=progress.total_samples,
                 step_s=round(step_s, 3),
             )
+            # One line per run and update, its metrics line's figures (`tokens` so far).
+            logger.info(
+                "%s step %d loss %.4f grad_norm %.3f lr %.2e tokens %d step_s %.2f",
+                manager.idx_2_id[idx],
+                progress.step,
+                stats.loss[idx],
+                stats.grad_norm[idx],
+                stats.lr[idx],
+                progress.total_tokens,
+                step_s,
+            )
             trainer.checkpointer.save_if_due(idx)
         except OSError as err:
             # Disk full or the directory vanished: this run cannot go on, the others can.
             manager.evict_run(idx, f"the trainer could not write for this run: {err}")
-        logger.info(
-            "%s step %d loss %.4f grad_norm %.3f",
-            manager.idx_2_id[idx],
-            progress.step,
-            stats.loss[idx],
-            stats.grad_norm[idx],
-        )
 
 
 # ---------------------------------------------------------------------- the loop
