@@ -15,6 +15,7 @@ these paths by hand: they come from here, so a rename is a one-line change.
         checkpoints/step_N/{trainer,orchestrator}/   rollouts/step_N/   broadcast/step_N/
         logs/orchestrator.log
         metrics.jsonl
+        samples.jsonl             the last steps' prompts and completions, as text
 """
 
 from __future__ import annotations
@@ -166,6 +167,11 @@ def run_logs_dir(run: Path) -> Path:
 
 def orchestrator_log_path(run: Path) -> Path:
     return run_logs_dir(run) / "orchestrator.log"
+
+
+def samples_path(run: Path) -> Path:
+    """The last few steps' prompts and completions as text (`workbench.samples`)."""
+    return run / "samples.jsonl"
 
 
 def metrics_path(run: Path) -> Path:

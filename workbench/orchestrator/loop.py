@@ -8,7 +8,8 @@ Each iteration:
    completions of each (token ids and log-probs) with the run's adapter;
 4. score them, compute GRPO advantages; a batch without learning signal is dropped and
    retried with new prompts, and three in a row evict the run;
-5. write `rollouts/step_N` atomically, append a metrics line, checkpoint its state.
+5. write `rollouts/step_N` atomically, record the step's text for the rollout browser
+   (`samples`), append a metrics line, checkpoint its state.
 Between 2 and 3, when the loaded policy version is due for evaluation (`eval.interval`), an
 eval of it starts in the background (`evaluation`). At `max_steps` it waits for the
 trainer's last adapter, evaluates it, marks the run finished and exits.
@@ -39,6 +40,8 @@ from workbench.orchestrator.evaluation import PolicyEvaluator
 from workbench.orchestrator.generation import ChatClient, complete_prompts
 from workbench.orchestrator.state import OrchestratorState, load_state, save_state
 from workbench.rollouts import RolloutBatch, Sample, write_rollouts
+from workbench.samples import SampledCompletion, SampleGroup, StepSamples
+from workbench.samples import record_step as record_samples
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +156,15 @@ class Orchestrator:
             sample.advantage = advantage
 
         written = has_learning_signal(advantages)
+        record_samples(
+            self.run,
+            StepSamples(
+                step=step,
+                policy_version=self._policy_version(),
+                written=written,
+                groups=_sample_groups(prompts, results, rewards, advantages),
+            ),
+        )
         if written:
             self.state.empty_batches = 0
             batch = RolloutBatch(self.run_id, step, self._policy_version(), samples)
@@ -253,3 +265,28 @@ def log_step(run_id: str, record: dict[str, Any], empty_batches: int) -> None:
         empty_batches,
         MAX_EMPTY_BATCH_ATTEMPTS,
     )
+
+
+def _sample_groups(
+    prompts: list[Prompt],
+    results: list[ChatResult],
+    rewards: list[float],
+    advantages: list[float],
+) -> list[SampleGroup]:
+    """The step's groups as text, for the rollout browser; rewards and advantages are flat."""
+    groups, position = [], 0
+    for prompt, result in zip(prompts, results, strict=True):
+        completions = []
+        for completion in result.completions:
+            completions.append(
+                SampledCompletion(
+                    text=completion.text,
+                    reward=rewards[position],
+                    advantage=advantages[position],
+                    truncated=completion.truncated,
+                    tokens=len(completion.token_ids),
+                )
+            )
+            position += 1
+        groups.append(SampleGroup(prompt.question, prompt.answer, completions))
+    return groups
