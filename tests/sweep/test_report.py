@@ -119,6 +119,31 @@ def test_min_mode_early_stopping_ranks_the_lowest_value_first(tmp_path: Path):
     assert build_report(tmp_path).runs[0].id == "run_b"
 
 
+def test_the_recipe_scheduler_metric_and_mode_rank_the_runs(tmp_path: Path):
+    scheduler = '\n[sweep.scheduler]\nkind = "asha"\nmetric = "reward_mean"\nmode = "min"\n'
+    (tmp_path / "recipe.toml").write_text(RECIPE + scheduler)
+    for run_id, rewards in (("run_a", [0.2, 0.5]), ("run_b", [0.6, 0.4]), ("run_c", [])):
+        records = [
+            {"source": "orchestrator", "step": s, "reward_mean": r} for s, r in enumerate(rewards)
+        ]
+        write_records(make_run(tmp_path, run_id), [*records, *evals((1, 0.9))])
+    report = build_report(tmp_path)
+    assert (report.metric, report.mode) == ("reward_mean", "min")
+    # Orchestrator records carry this metric: each run's last one ranks it, lowest first.
+    assert [(run.id, run.value) for run in report.runs] == [
+        ("run_b", 0.4),
+        ("run_a", 0.5),
+        ("run_c", None),
+    ]
+    assert report.runs[1].evals == [(0, 0.2), (1, 0.5)]
+
+
+def test_without_early_stopping_the_eval_reward_ranks_highest_first(experiment: Path):
+    (experiment / "sweep" / "asha.json").unlink()
+    report = build_report(experiment)
+    assert (report.metric, report.mode) == ("eval_reward_mean", "max")
+
+
 def test_the_report_files_are_written_into_the_experiment(experiment: Path):
     pytest.importorskip("matplotlib")
     written = write_report(build_report(experiment))
