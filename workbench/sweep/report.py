@@ -31,6 +31,7 @@ from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_
 from workbench.metrics import read_metrics
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import AshaRecord, read_asha
+from workbench.sweep.scheduler import EVICTED_BY
 from workbench.sweep.spec import AshaSpec
 from workbench.sweep.values import flatten_values
 
@@ -243,11 +244,14 @@ def config_differences(run: Path, defaults: dict[str, Any]) -> dict[str, Any] | 
 
 def _evicted_by_scheduler(run: Path, standing: RungResult, asha: AshaRecord | None) -> bool:
     # A run early stopping evicted and a user restarted is back in the race: only a stop
-    # that was carried out and still stands counts.
+    # that was carried out and still stands counts; evicted again by hand, it is the
+    # user's eviction that stands.
     if asha is None or standing.decision != "stop":
         return False
-    action = asha.actions.get((standing.run_id, standing.rung))
-    return action == "evicted" and control.read_eviction(run) is not None
+    if asha.actions.get((standing.run_id, standing.rung)) != "evicted":
+        return False
+    eviction = control.read_eviction(run)
+    return eviction is not None and eviction.evicted_by == EVICTED_BY
 
 
 def _is_number(value: Any) -> bool:
