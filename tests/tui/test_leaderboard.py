@@ -19,6 +19,8 @@ from tests.tui.synthetic import (
     append_metrics,
     build_sweep_experiment,
     eval_lines,
+    rung_result,
+    write_json,
 )
 from workbench import control
 from workbench.sweep.report import build_report
@@ -168,6 +170,22 @@ async def test_the_ranking_follows_new_eval_records_and_config_changes(sweep, ma
         assert shown["run_lr1e-3_rank8"]["value"] == "0.9"
         assert shown["run_lr1e-3_rank8"]["values"] == "lr=0.002 lora.rank=8"
         assert table.selected_key == "run_lr1e-3_rank8", "the cursor stays on its run"
+
+
+async def test_a_new_early_stopping_decision_shows_at_the_next_poll(sweep, make_app):
+    app = make_app(sweep)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_leaderboard(pilot, app)
+        run = sweep / "run_lr1e-3_rank8"
+        append_metrics(run, eval_lines([(0, 0.3), (5, 0.2)]))
+        asha = json.loads((sweep / "sweep" / "asha.json").read_text())
+        asha["results"].append(rung_result("run_lr1e-3_rank8", 0, 0.2, 4, 4, 0.43, "stop"))
+        write_json(sweep / "sweep" / "asha.json", asha)
+        control.write_eviction(run, "asha rung 0 (step 5): eval_reward_mean 0.2 < ...", by="asha")
+        await next_polls(pilot, app)
+        shown = rows(app, LeaderboardTable)["run_lr1e-3_rank8"]
+        assert (shown["state"], shown["rung"], shown["value"]) == ("early-stop", "0", "0.2")
+        assert "2 stopped early" in str(app.screen.query_one("#top-bar").content)
 
 
 async def test_at_80x24_every_row_and_column_fits_and_ids_are_whole(sweep, make_app):

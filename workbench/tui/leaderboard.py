@@ -3,9 +3,9 @@
 The ranking is `workbench sweep report`'s own (`workbench.sweep.report`: the same metric
 and mode, the same outcome of each run, the same order and early-stopping marks); only
 the reading differs. The report reads every metrics.jsonl whole; here each run's curve
-of the metric comes from the TUI's incremental metrics reader, and the recipe and each
-run's `control/orch.toml` are parsed again only when they change on disk, so a refresh
-every second stays cheap.
+of the metric comes from the TUI's incremental metrics reader, and the recipe,
+`sweep/asha.json` and each run's `control/orch.toml` are parsed again only when they
+change on disk, so a refresh every second stays cheap.
 
 A run early stopping evicted (and nobody restarted since) is marked `EARLY_STOPPED`
 rather than `evicted`: `evicted` on the leaderboard means evicted by anyone else (by hand
@@ -108,6 +108,7 @@ class LeaderboardReader:
     def __init__(self, experiment: Path) -> None:
         self.experiment = experiment
         self._recipe = OnFileChange(layout.recipe_path(experiment), self._read_recipe)
+        self._asha = OnFileChange(layout.asha_state_path(experiment), lambda: read_asha(experiment))
         self._differences: dict[str, OnFileChange[dict[str, Any] | None]] = {}
 
     def _read_recipe(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -116,7 +117,7 @@ class LeaderboardReader:
         return recipe, recipe_defaults(recipe)
 
     def ranking(self) -> Ranking:
-        asha = read_asha(self.experiment)
+        asha = self._asha.get()
         recipe, _ = self._recipe.get()
         metric, mode = ranking_metric(recipe, asha)
         return Ranking(metric, mode, asha)
