@@ -46,10 +46,16 @@ def sweep(tmp_path: Path) -> Path:
     return build_sweep_experiment(tmp_path)
 
 
+async def press_for(pilot, key: str, screen_type: type) -> None:
+    """Press `key`, then wait for the screen it opens (or goes back to) to be shown."""
+    await pilot.press(key)
+    app = pilot.app
+    await wait_until(pilot, lambda: isinstance(app.screen, screen_type), what=screen_type.__name__)
+
+
 async def open_leaderboard(pilot, app) -> LeaderboardTable:
     await next_polls(pilot, app)
-    await pilot.press("b")
-    assert isinstance(app.screen, LeaderboardScreen)
+    await press_for(pilot, "b", LeaderboardScreen)
     table = app.screen.query_one(LeaderboardTable)
     await wait_until(pilot, lambda: table.row_count > 0, what="the leaderboard's rows")
     return table
@@ -58,6 +64,15 @@ async def open_leaderboard(pilot, app) -> LeaderboardTable:
 def footer_keys(app) -> list[str]:
     """The keys the footer of the current screen shows, as "key description"."""
     return [f"{key.key_display} {key.description}" for key in app.screen.query(FooterKey)]
+
+
+async def footer_shown(pilot, key: str) -> list[str]:
+    """The current screen's footer keys, once `key` is among them (the footer is laid out
+    after the screen)."""
+    app = pilot.app
+    await wait_until(pilot, lambda: key in footer_keys(app), what=f"{key!r} in the footer")
+    await pilot.pause()
+    return footer_keys(app)
 
 
 def footer_fits(app) -> bool:
@@ -79,16 +94,13 @@ async def test_b_switches_to_the_leaderboard_and_back(sweep, make_app):
     app = make_app(sweep)
     async with app.run_test(size=(80, 24)) as pilot:
         await next_polls(pilot, app)
-        assert "b leaderboard" in footer_keys(app)
+        await footer_shown(pilot, "b leaderboard")
         assert footer_fits(app), "every key of the main screen's footer fits in 80 columns"
         await open_leaderboard(pilot, app)
-        assert "b back" in footer_keys(app)
-        await pilot.press("b")
-        assert isinstance(app.screen, MainScreen)
-        await pilot.press("b")
-        assert isinstance(app.screen, LeaderboardScreen)
-        await pilot.press("escape")
-        assert isinstance(app.screen, MainScreen)
+        await footer_shown(pilot, "b back")
+        await press_for(pilot, "b", MainScreen)
+        await press_for(pilot, "b", LeaderboardScreen)
+        await press_for(pilot, "escape", MainScreen)
 
 
 async def test_runs_are_ranked_by_their_last_eval_as_the_sweep_report_ranks_them(sweep, make_app):
@@ -128,12 +140,14 @@ async def test_early_stopping_eviction_by_hand_and_finishing_are_told_apart(swee
         }
         assert "1 stopped early · 1 evicted" in str(app.screen.query_one("#top-bar").content)
 
-        await pilot.press("down", "down")  # the run early stopping evicted
-        assert f"stopped early: {STOPPED_EARLY_REASON}" in selected_text(app)
-        await pilot.press("down")
-        assert "evicted by tui: loss diverged" in selected_text(app)
-        await pilot.press("down")
-        assert "note: no eval records" in selected_text(app)
+        # Down the rows: below the table, why each one stopped.
+        for presses, said in (
+            (2, f"stopped early: {STOPPED_EARLY_REASON}"),
+            (1, "evicted by tui: loss diverged"),
+            (1, "note: no eval records"),
+        ):
+            await pilot.press(*["down"] * presses)
+            await wait_until(pilot, lambda said=said: said in selected_text(app), what=said)
 
 
 async def test_each_sparkline_draws_the_runs_eval_records_on_one_scale(sweep, make_app):
@@ -199,7 +213,7 @@ async def test_at_80x24_every_row_and_column_fits_and_ids_are_whole(sweep, make_
         padding = 2 * table.cell_padding * len(widths)
         assert sum(widths.values()) + padding <= table.region.width - 1  # and the scrollbar
         assert table.region.height >= len(RANKED) + 2  # every row, under border and header
-        keys = footer_keys(app)
+        keys = await footer_shown(pilot, "b back")
         assert keys == ["b back", "e evict", "r restart", "q quit", "? help"]
         assert footer_fits(app)
 
@@ -208,24 +222,22 @@ async def test_enter_opens_the_run_detail_with_its_eval_curve(sweep, make_app):
     app = make_app(sweep)
     async with app.run_test(size=(80, 24)) as pilot:
         await open_leaderboard(pilot, app)
-        await pilot.press("down", "enter")
-        assert isinstance(app.screen, RunDetailScreen)
+        await pilot.press("down")
+        await press_for(pilot, "enter", RunDetailScreen)
         assert app.screen.run_id == "run_lr3e-3_rank4"
         chart = app.screen.query_one("#eval-chart")
         await wait_until(pilot, lambda: chart.points, what="the eval chart's points")
         assert chart.points == ((0, 0.30), (5, 0.56), (10, 0.60), (20, 0.66))
         assert "eval 0.660 at step 20" in str(app.screen.query_one("#detail-summary").content)
         assert "last 0.66 at step 20" in str(chart.render())
-        await pilot.press("escape")
-        assert isinstance(app.screen, LeaderboardScreen)
+        await press_for(pilot, "escape", LeaderboardScreen)
 
 
 async def test_evict_from_the_leaderboard_acts_on_the_selected_run(sweep, make_app, commands):
     app = make_app(sweep)
     async with app.run_test(size=(80, 24)) as pilot:
         await open_leaderboard(pilot, app)
-        await pilot.press("e")
-        assert isinstance(app.screen, EvictScreen)
+        await press_for(pilot, "e", EvictScreen)
         assert app.screen.run_id == "run_lr1e-2_rank8"
         await pilot.press(*"plateau", "enter")
         await wait_until(pilot, lambda: commands.sent, what="the evict command")

@@ -55,12 +55,15 @@ class KeyedTable(DataTable[Cell]):
     def on_resize(self) -> None:
         self._fit_name_column(self._rows)
 
-    def _name_column_room(self) -> int:
-        """Cells left for the name column once the fixed columns (and scrollbar) are in."""
+    def _spare_cells(self) -> int:
+        """Cells left for the name column once the fixed columns (a fill column at its
+        least) and the scrollbar are in."""
         padding = 2 * self.cell_padding
         fixed = sum(max(c.width, len(c.label)) + padding for c in self.visible_columns if c.width)
-        room = self.size.width - fixed - padding - 1
-        return max(MIN_NAME_WIDTH, min(MAX_NAME_WIDTH, room))
+        return self.size.width - fixed - padding - 1
+
+    def _name_column_room(self) -> int:
+        return max(MIN_NAME_WIDTH, min(MAX_NAME_WIDTH, self._spare_cells()))
 
     def _fit_name_column(self, rows: Mapping[str, Mapping[str, Cell]]) -> bool:
         """Resize the name column to the longest name that fits, and the fill column to
@@ -76,17 +79,12 @@ class KeyedTable(DataTable[Cell]):
         return True
 
     def _fill_column_room(self, name_width: int) -> int:
-        """Cells left for the fill column once every other column (and scrollbar) is in;
-        0 without one."""
-        if not any(c.fill for c in self.visible_columns):
+        """The fill column's least width and what the name column leaves of the spare
+        cells; 0 without a fill column."""
+        fill = next((c for c in self.visible_columns if c.fill), None)
+        if fill is None:
             return 0
-        padding = 2 * self.cell_padding
-        others = sum(
-            max(c.width or name_width, len(c.label)) + padding
-            for c in self.visible_columns
-            if not c.fill
-        )
-        return self.size.width - others - padding - 1
+        return max(fill.width or 0, len(fill.label)) + self._spare_cells() - name_width
 
     @property
     def visible_columns(self) -> list[ColumnSpec]:
