@@ -232,13 +232,15 @@ def sweep_report(
     experiment: ExperimentArg = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
 ) -> None:
-    """Rank the runs of an experiment by eval_reward_mean at their last eval.
+    """Rank the runs of an experiment by the metric early stopping ranks them by.
 
-    One row per run, best first: rank, run id, the metric at its last eval (and that eval's
-    step), the step it reached, the highest early-stopping rung it was judged at, whether
-    early stopping evicted it, and the values its control/orch.toml sets over the recipe's
-    [defaults]. A run without eval records ranks last and says so. The best configuration
-    follows the table.
+    The metric and mode are [sweep.scheduler]'s; without early stopping, eval_reward_mean,
+    highest first. One row per run, best first: rank, run id, the metric at its last record
+    of it (and that record's step), the step it reached, the highest early-stopping rung it
+    was judged at, whether early stopping evicted it, and the values its control/orch.toml
+    sets over the recipe's [defaults]. A run without a record of the metric ranks last and
+    says so. The best configuration follows the table. The TUI's leaderboard (`b`) is the
+    same ranking, live.
 
     Also writes sweep_report.json (the same as --json) and sweep_report.png (every run's
     eval curve; evicted runs dashed) into the experiment directory.

@@ -14,6 +14,7 @@ from workbench.cli import app
 from workbench.sweep.asha import RungResult
 from workbench.sweep.files import AshaRecord, write_asha
 from workbench.sweep.report import NO_EVAL_NOTE, build_report, write_report
+from workbench.sweep.scheduler import EVICTED_BY
 from workbench.sweep.spec import AshaSpec
 
 RECIPE = """\
@@ -53,7 +54,7 @@ def experiment(tmp_path: Path) -> Path:
     write_records(good, evals((0, 0.3), (10, 0.6), (20, 0.8)))
     write_records(middling, evals((0, 0.3), (10, 0.5), (20, 0.6)))
     write_records(poor, [*evals((0, 0.3), (10, 0.31)), {"source": "trainer", "step": 11}])
-    control.write_eviction(poor, "asha rung 0 (step 10)", by="scheduler")
+    control.write_eviction(poor, "asha rung 0 (step 10)", by=EVICTED_BY)
     spec = AshaSpec(grace_steps=10, reduction_factor=2, min_runs=2)
     results = [
         RungResult("run_lr1e-2", 0, 10, 0.6, 1, 1, None, "too_few", 2.0),
@@ -92,6 +93,14 @@ def test_a_run_restarted_after_early_stopping_is_no_longer_evicted(experiment: P
     assert not runs["run_lr3e-4"].evicted_by_scheduler
 
 
+def test_a_run_restarted_then_evicted_by_hand_is_not_marked_as_stopped_early(experiment: Path):
+    run = experiment / "run_lr3e-4"
+    control.clear_eviction(run)
+    control.write_eviction(run, "enough of it", by="tui")
+    runs = {run.id: run for run in build_report(experiment).runs}
+    assert not runs["run_lr3e-4"].evicted_by_scheduler
+
+
 def test_rung_and_step_reached_come_from_the_scheduler_and_the_metrics(experiment: Path):
     runs = {run.id: run for run in build_report(experiment).runs}
     assert (runs["run_lr3e-4"].rung, runs["run_lr3e-4"].rung_step) == (0, 10)
@@ -117,6 +126,31 @@ def test_min_mode_early_stopping_ranks_the_lowest_value_first(tmp_path: Path):
         write_records(make_run(tmp_path, run_id), evals((10, value)))
     write_asha(tmp_path, AshaRecord(AshaSpec(mode="min"), [], {}))
     assert build_report(tmp_path).runs[0].id == "run_b"
+
+
+def test_the_recipe_scheduler_metric_and_mode_rank_the_runs(tmp_path: Path):
+    scheduler = '\n[sweep.scheduler]\nkind = "asha"\nmetric = "reward_mean"\nmode = "min"\n'
+    (tmp_path / "recipe.toml").write_text(RECIPE + scheduler)
+    for run_id, rewards in (("run_a", [0.2, 0.5]), ("run_b", [0.6, 0.4]), ("run_c", [])):
+        records = [
+            {"source": "orchestrator", "step": s, "reward_mean": r} for s, r in enumerate(rewards)
+        ]
+        write_records(make_run(tmp_path, run_id), [*records, *evals((1, 0.9))])
+    report = build_report(tmp_path)
+    assert (report.metric, report.mode) == ("reward_mean", "min")
+    # Orchestrator records carry this metric: each run's last one ranks it, lowest first.
+    assert [(run.id, run.value) for run in report.runs] == [
+        ("run_b", 0.4),
+        ("run_a", 0.5),
+        ("run_c", None),
+    ]
+    assert report.runs[1].evals == [(0, 0.2), (1, 0.5)]
+
+
+def test_without_early_stopping_the_eval_reward_ranks_highest_first(experiment: Path):
+    (experiment / "sweep" / "asha.json").unlink()
+    report = build_report(experiment)
+    assert (report.metric, report.mode) == ("eval_reward_mean", "max")
 
 
 def test_the_report_files_are_written_into_the_experiment(experiment: Path):

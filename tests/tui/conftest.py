@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.text import Text
 from textual.pilot import Pilot
 
 from tests.tui.synthetic import FROZEN_NOW, build_experiment
 from workbench.tui.app import WorkbenchApp
 from workbench.tui.commands import NOT_RUNNING, CommandOutcome
 from workbench.tui.data import ExperimentReader
+from workbench.tui.widgets.keyed_table import KeyedTable
 
 # Fixed pid of the synthetic supervisor, running as far as the reader given to the app
 # knows: screenshots then never depend on the processes of the machine running the tests.
@@ -70,6 +72,19 @@ def make_app(commands: RecordingCommands) -> Callable[..., WorkbenchApp]:
         return WorkbenchApp(experiment, **kwargs)
 
     return make
+
+
+def rows(app: WorkbenchApp, table_type: type[KeyedTable]) -> dict[str, dict[str, str]]:
+    """What a table of the current screen shows: {row key: {column key: plain text}}."""
+    table = app.screen.query_one(table_type)
+    shown = {}
+    for row in table.ordered_rows:
+        cells = table.get_row(row.key)
+        shown[row.key.value] = {
+            column.key.value: cell.plain if isinstance(cell, Text) else str(cell)
+            for column, cell in zip(table.ordered_columns, cells, strict=True)
+        }
+    return shown
 
 
 async def wait_until(

@@ -181,3 +181,144 @@ def build_experiment(root: Path, supervisor_pid: int | None = None) -> Path:
     append_log(experiment / "logs" / "inference.log", ["INFO: vLLM ready"])
     append_log(experiment / "logs" / "supervisor.log", ["supervisor started"])
     return experiment
+
+
+# ---------------------------------------------------------------- a sweep with early stopping
+
+SWEEP_RECIPE = """\
+[experiment]
+name = "lr_sweep"
+
+[model]
+base = "builtin:tiny-reverse"
+
+[defaults]
+max_steps = 20
+lr = 3e-3
+lora = { rank = 4 }
+eval = { interval = 5 }
+
+[sweep]
+grid.lr = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+grid."lora.rank" = [4, 8]
+
+[sweep.scheduler]
+kind = "asha"
+grace_steps = 5
+reduction_factor = 2
+min_runs = 2
+"""
+
+
+STOPPED_EARLY_REASON = "asha rung 0 (step 5): eval_reward_mean 0.31 < cutoff 0.55, rank 3/3"
+
+
+def eval_lines(points: list[tuple[int, float]]) -> list[dict]:
+    """Eval records as the orchestrator's evaluation writes them, one per (step, value)."""
+    return [
+        {
+            "source": "eval",
+            "step": step,
+            "policy_version": step,
+            "time": FROZEN_NOW - 20 + step + 0.25,
+            "eval_reward_mean": value,
+            "eval_reward_std": 0.1,
+            "eval_samples": 16,
+        }
+        for step, value in points
+    ]
+
+
+def rung_result(
+    run_id: str, rung: int, value: float, rank: int, of: int, cutoff: float | None, decision: str
+) -> dict:
+    """One result of sweep/asha.json, as ASHA (grace 5, factor 2, min_runs 2) decided it."""
+    step = 5 * 2**rung
+    return {
+        "run_id": run_id,
+        "rung": rung,
+        "step": step,
+        "value": value,
+        "rank": rank,
+        "of": of,
+        "cutoff": cutoff,
+        "decision": decision,
+        "reached_at": FROZEN_NOW - 20 + step,
+        "action": "evicted" if decision == "stop" else None,
+    }
+
+
+def build_sweep_experiment(root: Path) -> Path:
+    """A sweep's experiment part-way: runs ranked by eval_reward_mean under ASHA.
+
+    | rank | run              | state                  | evals (step: value)                 |
+    | 1    | run_lr1e-2_rank8 | active, rung 1         | 0: .30, 5: .55, 10: .70             |
+    | 2    | run_lr3e-3_rank4 | finished, rung 1       | 0: .30, 5: .56, 10: .60, 20: .66    |
+    | 3    | run_lr3e-4_rank4 | stopped early, rung 0  | 0: .30, 5: .31                      |
+    | 4    | run_lr3e-2_rank8 | evicted by hand (tui)  | 0: .30                              |
+    | 5    | run_lr1e-3_rank8 | waiting                | none                                |
+
+    The trainer's and supervisor's pids are this test process, which is alive.
+    """
+    alive = os.getpid()
+    experiment = root / "lr_sweep"
+    experiment.mkdir(parents=True)
+    (experiment / "recipe.toml").write_text(SWEEP_RECIPE, encoding="utf-8")
+    runs = {
+        "run_lr1e-2_rank8": (1e-2, 8, [(0, 0.30), (5, 0.55), (10, 0.70)], 11),
+        "run_lr3e-3_rank4": (3e-3, 4, [(0, 0.30), (5, 0.56), (10, 0.60), (20, 0.66)], 21),
+        "run_lr3e-4_rank4": (3e-4, 4, [(0, 0.30), (5, 0.31)], 6),
+        "run_lr3e-2_rank8": (3e-2, 8, [(0, 0.30)], 4),
+        "run_lr1e-3_rank8": (1e-3, 8, [], 1),
+    }
+    for run_id, (lr, rank, evals, steps) in runs.items():
+        run = make_run(
+            experiment,
+            run_id,
+            f"max_steps = 20\nlr = {lr:g}\nlora = {{ rank = {rank} }}\neval = {{ interval = 5 }}\n",
+        )
+        append_metrics(run, metrics_lines(1, steps, reward0=0.3, slope=lr) + eval_lines(evals))
+        append_log(run / "logs" / "orchestrator.log", [f"{run_id} started"])
+    (experiment / "run_lr3e-3_rank4" / "control" / "finished.txt").write_text("step: 20\n")
+    stopped = experiment / "run_lr3e-4_rank4" / "control" / "evicted.txt"
+    stopped.write_text(
+        f"{STOPPED_EARLY_REASON}\nevicted_at: {iso(10)}\nevicted_by: asha\n", encoding="utf-8"
+    )
+    by_hand = experiment / "run_lr3e-2_rank8" / "control" / "evicted.txt"
+    by_hand.write_text(f"loss diverged\nevicted_at: {iso(30)}\nevicted_by: tui\n")
+    write_json(
+        experiment / "sweep" / "asha.json",
+        {
+            "format": "workbench.asha",
+            "version": 1,
+            "spec": {
+                "kind": "asha",
+                "grace_steps": 5,
+                "reduction_factor": 2,
+                "metric": "eval_reward_mean",
+                "mode": "max",
+                "min_runs": 2,
+            },
+            "results": [
+                rung_result("run_lr1e-2_rank8", 0, 0.55, 1, 1, None, "too_few"),
+                rung_result("run_lr3e-3_rank4", 0, 0.56, 1, 2, 0.555, "continue"),
+                rung_result("run_lr3e-4_rank4", 0, 0.31, 3, 3, 0.55, "stop"),
+                rung_result("run_lr3e-3_rank4", 1, 0.60, 1, 1, None, "too_few"),
+                rung_result("run_lr1e-2_rank8", 1, 0.70, 1, 2, 0.65, "continue"),
+            ],
+            "updated_at": iso(10),
+        },
+    )
+    write_json(
+        experiment / "trainer" / "runs.json",
+        {
+            "max_runs": 2,
+            "pid": alive,
+            "slots": {"0": "run_lr1e-2_rank8"},
+            "progress": {"run_lr1e-2_rank8": {"step": 10, "total_tokens": 10000}},
+            "waiting": ["run_lr1e-3_rank8"],
+            "updated_at": iso(5),
+        },
+    )
+    write_supervisor_state(experiment, alive, {})
+    return experiment

@@ -13,11 +13,16 @@ from tests.tui.synthetic import (
     FROZEN_NOW,
     append_metrics,
     build_experiment,
+    build_sweep_experiment,
+    eval_lines,
     make_run,
     metrics_lines,
 )
+from workbench.sweep.report import build_report
+from workbench.sweep.values import describe_values
 from workbench.tui.commands import SupervisorCommands
 from workbench.tui.data import ExperimentReader, MetricsReader, parse_time, process_log_path
+from workbench.tui.leaderboard import EARLY_STOPPED
 from workbench.tui.screens.add_run import parse_add_run
 from workbench.tui.tail import LogTail
 
@@ -187,3 +192,59 @@ def test_snapshot_reading_is_cheap_enough_to_repeat(tmp_path):
     assert offsets == {run_id: m.offset for run_id, m in reader._metrics.items()}
     assert os.path.getsize(experiment / "run_lr1e-3" / "metrics.jsonl") == offsets["run_lr1e-3"]
     assert isinstance(experiment, Path)
+
+
+def test_eval_records_are_followed_incrementally_into_each_runs_eval_curve(tmp_path):
+    experiment = build_sweep_experiment(tmp_path)
+    reader = ExperimentReader(experiment, supervisor_pid=lambda _: SUPERVISOR_PID)
+    run = reader.poll().run("run_lr1e-2_rank8")
+    assert run.evals == ((0, 0.30), (5, 0.55), (10, 0.70))
+    append_metrics(experiment / "run_lr1e-2_rank8", eval_lines([(15, 0.75), (10, 0.72)]))
+    run = reader.poll().run("run_lr1e-2_rank8")
+    # A step scored again (after a restart) keeps its latest value, as in the report.
+    assert run.evals == ((0, 0.30), (5, 0.55), (10, 0.72), (15, 0.75))
+
+
+def test_the_leaderboard_is_the_sweep_reports_ranking(tmp_path):
+    experiment = build_sweep_experiment(tmp_path)
+    reader = ExperimentReader(experiment, supervisor_pid=lambda _: SUPERVISOR_PID)
+    board = reader.poll().leaderboard
+    report = build_report(experiment)
+    assert (board.metric, board.mode) == (report.metric, report.mode)
+    assert [
+        (row.rank, row.id, row.value, row.value_step, row.step, row.rung, row.rung_step)
+        for row in board.rows
+    ] == [
+        (run.rank, run.id, run.value, run.eval_step, run.step, run.rung, run.rung_step)
+        for run in report.runs
+    ]
+    assert [row.state == EARLY_STOPPED for row in board.rows] == [
+        run.evicted_by_scheduler for run in report.runs
+    ]
+    assert [row.values for row in board.rows] == [
+        describe_values(run.differences) for run in report.runs
+    ]
+    assert [row.curve for row in board.rows] == [
+        tuple(value for _, value in run.evals) for run in report.runs
+    ]
+
+
+def test_the_leaderboard_ranks_by_the_recipes_early_stopping_metric(tmp_path):
+    experiment = tmp_path / "exp"
+    experiment.mkdir()
+    (experiment / "recipe.toml").write_text(
+        '[sweep.scheduler]\nkind = "asha"\nmetric = "loss"\nmode = "min"\n'
+    )
+    # Trainer lines hold the loss, 1 / (step + 1): run_b's last is the lowest.
+    append_metrics(make_run(experiment, "run_a"), metrics_lines(1, 4, reward0=0.2, slope=0.1))
+    append_metrics(make_run(experiment, "run_b"), metrics_lines(1, 7, reward0=0.2, slope=0.1))
+    make_run(experiment, "run_c")
+    reader = ExperimentReader(experiment, supervisor_pid=lambda _: None)
+    board = reader.poll().leaderboard
+    assert (board.metric, board.mode) == ("loss", "min")
+    assert [(row.id, row.value) for row in board.rows] == [
+        ("run_b", pytest.approx(1 / 7)),
+        ("run_a", pytest.approx(1 / 4)),
+        ("run_c", None),
+    ]
+    assert [row.id for row in board.rows] == [run.id for run in build_report(experiment).runs]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.tui.format import format_age, format_count, format_duration, sparkline
-from workbench.tui.widgets.curves import braille_plot, resample
+from workbench.tui.widgets.curves import braille_plot, resample, resample_by_step
 from workbench.tui.widgets.keyed_table import shorten_middle
 
 
@@ -61,3 +61,11 @@ def test_resample_keeps_the_shape():
 def test_long_names_are_shortened_in_the_middle():
     assert shorten_middle("run_sweep_lr01_seed3", 14) == "run_sw…1_seed3"  # 14 cells
     assert shorten_middle("run_a", 14) == "run_a"
+
+
+def test_resample_by_step_places_each_point_at_its_step():
+    # Evals at steps 0, 5 and 20: the rise happens in the first quarter of the width.
+    assert resample_by_step([(0, 0.0), (5, 1.0), (20, 1.0)], 5) == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert resample_by_step([(0, 0.0), (20, 1.0)], 3) == [0.0, 0.5, 1.0]
+    assert resample_by_step([(10, 0.4)], 3) == [0.4, 0.4, 0.4]
+    assert resample_by_step([], 3) == []

@@ -7,9 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rich.text import Text
-
-from tests.tui.conftest import SUPERVISOR_PID, RecordingCommands, next_polls, wait_until
+from tests.tui.conftest import SUPERVISOR_PID, RecordingCommands, next_polls, rows, wait_until
 from tests.tui.synthetic import (
     append_metrics,
     make_run,
@@ -18,30 +16,15 @@ from tests.tui.synthetic import (
     write_supervisor_state,
 )
 from workbench import control
-from workbench.tui.app import WorkbenchApp
 from workbench.tui.data import ExperimentReader
 from workbench.tui.screens.add_run import AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
 from workbench.tui.screens.evict import EvictScreen
 from workbench.tui.screens.help import HelpScreen
 from workbench.tui.screens.run_detail import RunDetailScreen
-from workbench.tui.widgets.keyed_table import KeyedTable
 from workbench.tui.widgets.log_pane import LogPane
 from workbench.tui.widgets.processes_table import ProcessesTable
 from workbench.tui.widgets.runs_table import RunsTable
-
-
-def rows(app: WorkbenchApp, table_type: type[KeyedTable]) -> dict[str, dict[str, str]]:
-    """What a table shows: {row key: {column key: plain text}}."""
-    table = app.screen.query_one(table_type)
-    shown = {}
-    for row in table.ordered_rows:
-        cells = table.get_row(row.key)
-        shown[row.key.value] = {
-            column.key.value: cell.plain if isinstance(cell, Text) else str(cell)
-            for column, cell in zip(table.ordered_columns, cells, strict=True)
-        }
-    return shown
 
 
 async def test_tables_show_every_run_and_process_of_the_experiment(experiment, make_app):

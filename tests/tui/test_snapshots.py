@@ -1,4 +1,5 @@
-"""Screenshots of the main screen at the two sizes that matter: 80x24 (SSH) and 160x48.
+"""Screenshots of the main screen and the leaderboard at the two sizes that matter: 80x24
+(SSH) and 160x48.
 
 The data is the synthetic experiment with a frozen clock and a fixed supervisor pid, so
 the pictures are the same on every machine. After an intended change of the UI, look at
@@ -8,6 +9,8 @@ the new pictures and accept them with `pytest tests/tui --snapshot-update`.
 from __future__ import annotations
 
 from tests.tui.conftest import next_polls, wait_until
+from tests.tui.synthetic import build_sweep_experiment
+from workbench.tui.widgets.leaderboard_table import LeaderboardTable
 from workbench.tui.widgets.log_pane import LogPane
 
 
@@ -25,3 +28,25 @@ def test_main_screen_80x24(snap_compare, experiment, make_app):
 
 def test_main_screen_160x48(snap_compare, experiment, make_app):
     assert snap_compare(make_app(experiment), terminal_size=(160, 48), run_before=_loaded)
+
+
+async def _leaderboard(pilot) -> None:
+    app = pilot.app
+    await next_polls(pilot, app)
+    await pilot.press("b")
+    table = app.screen.query_one(LeaderboardTable)
+    await wait_until(pilot, lambda: table.row_count == 5, what="the leaderboard's rows")
+    await pilot.press("down", "down")  # the run early stopping stopped: its reason below
+    await pilot.pause()
+
+
+def test_leaderboard_80x24(snap_compare, tmp_path, make_app):
+    experiment = build_sweep_experiment(tmp_path)
+    app = make_app(experiment)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=_leaderboard)
+
+
+def test_leaderboard_160x48(snap_compare, tmp_path, make_app):
+    experiment = build_sweep_experiment(tmp_path)
+    app = make_app(experiment)
+    assert snap_compare(app, terminal_size=(160, 48), run_before=_leaderboard)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tui.synthetic import append_log, build_experiment
+from tests.tui.synthetic import append_log, build_experiment, build_sweep_experiment
 from workbench import control
 
 TMUX = shutil.which("tmux")
@@ -179,6 +179,43 @@ def test_tui_on_a_synthetic_experiment_in_a_real_80x24_terminal(
     tmux_session.send("q")
     tmux_session.wait_for_text("TUI-EXITED=0")
     assert stand_in_supervisor.poll() is None, "quitting the TUI must not stop the supervisor"
+
+
+def test_leaderboard_in_a_real_80x24_terminal(tmp_path, tmux_session):
+    experiment = build_sweep_experiment(tmp_path)
+    repo = Path(__file__).resolve().parents[2]
+    tmux_session.start([sys.executable, "-m", "workbench.tui", str(experiment)], cwd=repo)
+    screen = tmux_session.wait_for_text("b leaderboard")
+    assert all(len(line) <= WIDTH for line in screen.splitlines())
+
+    tmux_session.send("b")
+    screen = tmux_session.wait_for(
+        lambda s: "runs by eval_reward_mean, highest first" in s and "? help" in s,
+        "the leaderboard and its footer",
+    )
+    lines = screen.splitlines()
+    assert len(lines) <= HEIGHT and all(len(line) <= WIDTH for line in lines)
+    ranked = [
+        ("run_lr1e-2_rank8", "0.7"),
+        ("run_lr3e-3_rank4", "finished"),
+        ("run_lr3e-4_rank4", "early-stop"),
+        ("run_lr3e-2_rank8", "evicted"),
+        ("run_lr1e-3_rank8", "waiting"),
+    ]
+    row_lines = [next(i for i, line in enumerate(lines) if run_id in line) for run_id, _ in ranked]
+    assert row_lines == sorted(row_lines), "rows in rank order"
+    for (run_id, shown), index in zip(ranked, row_lines, strict=True):
+        assert shown in lines[index], f"{run_id}'s row lacks {shown!r}: {lines[index]!r}"
+    for key in ("b back", "e evict", "r restart", "q quit", "? help"):
+        assert key in lines[-1], f"footer lacks {key!r}: {lines[-1]!r}"
+
+    # Down to the run early stopping stopped: its reason shows below the table.
+    tmux_session.send("Down", "Down")
+    tmux_session.wait_for_text("stopped early: asha rung 0 (step 5)")
+    tmux_session.send("b")
+    tmux_session.wait_for_text("b leaderboard")
+    tmux_session.send("q")
+    tmux_session.wait_for_text("TUI-EXITED=0")
 
 
 RECIPE = """\

@@ -1,20 +1,24 @@
 """A sweep's outcome, read from the experiment directory alone: runs ranked by their eval.
 
-Each run is ranked by its metric (`eval_reward_mean` by default) at its last eval record
-in metrics.jsonl; higher is better unless early stopping ranks the same metric with
-`mode = "min"`. A run without any eval record ranks last, after every run with one.
-Ties go to the run that reached the later step, then to the run id.
+Runs are ranked by the metric early stopping ranks them by (`[sweep.scheduler]`'s `metric`
+and `mode`), or without a scheduler by `eval_reward_mean`, highest first; each run by its
+last record of the metric in metrics.jsonl. A run without any record of it ranks last,
+after every run with one. Ties go to the run that reached the later step, then to the
+run id.
 
 For each run the report also gives the step it reached, the highest early-stopping rung
 it was judged at (from `sweep/asha.json`), whether early stopping evicted it, and how its
 `control/orch.toml` differs from the recipe's `[defaults]`.
 
 `build_report` is pure reading; `write_report` adds `sweep_report.json` and
-`sweep_report.png` (every run's eval curve) to the experiment directory.
+`sweep_report.png` (every run's eval curve) to the experiment directory. The TUI's
+leaderboard reads the same files incrementally and ranks them with `rank_report`, so that
+the two always agree.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -27,9 +31,12 @@ from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_
 from workbench.metrics import read_metrics
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import AshaRecord, read_asha
+from workbench.sweep.scheduler import EVICTED_BY
+from workbench.sweep.spec import AshaSpec
 from workbench.sweep.values import flatten_values
 
 DEFAULT_METRIC = "eval_reward_mean"
+DEFAULT_MODE = "max"
 REPORT_JSON = "sweep_report.json"
 REPORT_PNG = "sweep_report.png"
 NO_EVAL_NOTE = "no eval records"
@@ -87,21 +94,43 @@ class SweepReport:
 # ---------------------------------------------------------------- reading
 
 
-def build_report(experiment: Path, metric: str = DEFAULT_METRIC) -> SweepReport:
-    """Rank every run of `experiment` by `metric` at its last eval."""
+def build_report(experiment: Path) -> SweepReport:
+    """Rank every run of `experiment` by the sweep's metric at its last record of it."""
+    recipe = read_recipe(experiment)
     asha = read_asha(experiment)
-    mode = asha.spec.mode if asha is not None and asha.spec.metric == metric else "max"
-    defaults = recipe_defaults(experiment)
-    standings = latest_by_run(asha.results) if asha is not None else {}
-    runs = []
+    metric, mode = ranking_metric(recipe, asha)
+    defaults = recipe_defaults(recipe)
+    outcomes = []
     for run in layout.list_run_dirs(experiment):
-        outcome = _outcome(run, metric, defaults)
-        standing = standings.get(run.name)
+        records = read_metrics(run)
+        steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
+        outcomes.append(
+            run_outcome(
+                run.name,
+                eval_curve(records, metric),
+                max(steps, default=0),
+                config_differences(run, defaults),
+            )
+        )
+    return rank_report(experiment, metric, mode, outcomes, asha)
+
+
+def rank_report(
+    experiment: Path,
+    metric: str,
+    mode: str,
+    outcomes: list[RunOutcome],
+    asha: AshaRecord | None,
+) -> SweepReport:
+    """The report of `outcomes`: each given its early-stopping standing, then ranked."""
+    standings = latest_by_run(asha.results) if asha is not None else {}
+    for outcome in outcomes:
+        standing = standings.get(outcome.id)
         if standing is not None:
             outcome.rung, outcome.rung_step = standing.rung, standing.step
+            run = layout.run_dir(experiment, outcome.id)
             outcome.evicted_by_scheduler = _evicted_by_scheduler(run, standing, asha)
-        runs.append(outcome)
-    ranked = rank_runs(runs, mode)
+    ranked = rank_runs(outcomes, mode)
     return SweepReport(experiment=experiment, metric=metric, mode=mode, runs=ranked)
 
 
@@ -120,27 +149,85 @@ def rank_runs(runs: list[RunOutcome], mode: str) -> list[RunOutcome]:
     return ranked
 
 
+def run_outcome(
+    run_id: str, evals: list[tuple[int, float]], step: int, differences: dict[str, Any] | None
+) -> RunOutcome:
+    """One run's line before ranking: `evals` is its curve of the metric (`MetricCurve`),
+    `step` the highest of any of its records, `differences` from `config_differences`."""
+    outcome = RunOutcome(id=run_id, step=step, evals=evals)
+    if evals:
+        outcome.eval_step, outcome.value = evals[-1]
+    else:
+        outcome.note = NO_EVAL_NOTE
+    if differences is None:
+        outcome.note = "; ".join(filter(None, [outcome.note, "no readable control/orch.toml"]))
+    else:
+        outcome.differences = differences
+    return outcome
+
+
+class MetricCurve:
+    """(step, value) of the records holding a finite `metric`, by step; fed one record at
+    a time. A step scored twice (an eval redone after a restart) keeps the value written
+    last. Any record may carry the metric, as for early stopping: eval records carry
+    `eval_reward_mean`, the orchestrator's carry `reward_mean`."""
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+        self._by_step: dict[int, float] = {}
+
+    def add(self, record: dict[str, Any]) -> bool:
+        """Take `record`'s value of the metric, if it has one; True if it did."""
+        value, step = record.get(self.metric), record.get("step")
+        if not (isinstance(step, int) and _is_number(value) and math.isfinite(value)):
+            return False
+        self._by_step[step] = float(value)
+        return True
+
+    def points(self) -> list[tuple[int, float]]:
+        return sorted(self._by_step.items())
+
+
 def eval_curve(records: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
-    """(step, value) of each eval record holding a finite `metric`, by step; a step scored
-    twice (an eval redone after a restart) keeps the value written last."""
-    by_step: dict[int, float] = {}
+    """The `MetricCurve` of `records`."""
+    curve = MetricCurve(metric)
     for record in records:
-        value, step = record.get(metric), record.get("step")
-        if isinstance(step, int) and _is_number(value) and math.isfinite(value):
-            by_step[step] = float(value)
-    return sorted(by_step.items())
+        curve.add(record)
+    return curve.points()
 
 
-def recipe_defaults(experiment: Path) -> dict[str, Any]:
-    """The recipe's `[defaults]` as every key of a run's config (dotted keys); the
-    orchestrator's own defaults when the experiment has no readable recipe."""
-    table: dict[str, Any] = {}
+def read_recipe(experiment: Path) -> dict[str, Any]:
+    """The experiment's recipe as plain tables; empty when it has no readable recipe."""
     try:
         document, _ = read_toml(layout.recipe_path(experiment))
-        raw = document.unwrap().get("defaults", {})
-        table = raw if isinstance(raw, dict) else {}
-        config = OrchestratorConfig.model_validate(table)
-    except (ConfigError, ValueError):
+    except ConfigError:
+        return {}
+    return document.unwrap()
+
+
+def ranking_metric(recipe: dict[str, Any], asha: AshaRecord | None) -> tuple[str, str]:
+    """The metric runs are ranked by and its mode ("max": higher is better): early
+    stopping's, from the recipe's `[sweep.scheduler]` or else from `sweep/asha.json`;
+    without early stopping, `eval_reward_mean`, highest first."""
+    sweep = recipe.get("sweep")
+    table = sweep.get("scheduler") if isinstance(sweep, dict) else None
+    spec = asha.spec if asha is not None else None
+    if isinstance(table, dict):
+        # A table `up` would refuse ran no scheduler: asha.json, if any, has the spec used.
+        with contextlib.suppress(ValueError):
+            spec = AshaSpec.model_validate(table)
+    if spec is None:
+        return DEFAULT_METRIC, DEFAULT_MODE
+    return spec.metric, spec.mode
+
+
+def recipe_defaults(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The recipe's `[defaults]` as every key of a run's config (dotted keys); the
+    orchestrator's own defaults when the recipe has none valid."""
+    raw = recipe.get("defaults", {})
+    try:
+        config = OrchestratorConfig.model_validate(raw if isinstance(raw, dict) else {})
+    except ValueError:
         config = OrchestratorConfig()
     return flatten_values(config.model_dump(mode="json"))
 
@@ -155,30 +242,16 @@ def config_differences(run: Path, defaults: dict[str, Any]) -> dict[str, Any] | 
     return {key: value for key, value in values.items() if defaults.get(key) != value}
 
 
-def _outcome(run: Path, metric: str, defaults: dict[str, Any]) -> RunOutcome:
-    records = read_metrics(run)
-    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
-    evals = eval_curve([r for r in records if r.get("source") == "eval"], metric)
-    outcome = RunOutcome(id=run.name, step=max(steps, default=0), evals=evals)
-    if evals:
-        outcome.eval_step, outcome.value = evals[-1]
-    else:
-        outcome.note = NO_EVAL_NOTE
-    differences = config_differences(run, defaults)
-    if differences is None:
-        outcome.note = "; ".join(filter(None, [outcome.note, "no readable control/orch.toml"]))
-    else:
-        outcome.differences = differences
-    return outcome
-
-
 def _evicted_by_scheduler(run: Path, standing: RungResult, asha: AshaRecord | None) -> bool:
     # A run early stopping evicted and a user restarted is back in the race: only a stop
-    # that was carried out and still stands counts.
+    # that was carried out and still stands counts; evicted again by hand, it is the
+    # user's eviction that stands.
     if asha is None or standing.decision != "stop":
         return False
-    action = asha.actions.get((standing.run_id, standing.rung))
-    return action == "evicted" and control.read_eviction(run) is not None
+    if asha.actions.get((standing.run_id, standing.rung)) != "evicted":
+        return False
+    eviction = control.read_eviction(run)
+    return eviction is not None and eviction.evicted_by == EVICTED_BY
 
 
 def _is_number(value: Any) -> bool:

@@ -28,11 +28,20 @@ from textual.reactive import var
 from workbench import control, layout
 from workbench.tui.commands import CommandOutcome, CommandSender, SupervisorCommands
 from workbench.tui.data import SUPERVISOR_PROCESS, ExperimentReader, ExperimentSnapshot
-from workbench.tui.messages import AddRun, EvictRun, RestartProcess, RestartRun, ShowRun, StopAll
+from workbench.tui.messages import (
+    AddRun,
+    EvictRun,
+    RestartProcess,
+    RestartRun,
+    ShowLeaderboard,
+    ShowRun,
+    StopAll,
+)
 from workbench.tui.screens.add_run import AddRunRequest, AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
 from workbench.tui.screens.evict import EvictScreen
 from workbench.tui.screens.help import HelpScreen
+from workbench.tui.screens.leaderboard import LeaderboardScreen
 from workbench.tui.screens.main import WIDE_LAYOUT_COLUMNS, MainScreen
 from workbench.tui.screens.run_detail import RunDetailScreen
 from workbench.tui.widgets.log_pane import LOG_MAX_LINES
@@ -126,6 +135,10 @@ class WorkbenchApp(App[None]):
     @on(ShowRun)
     def _show_run(self, message: ShowRun) -> None:
         self.push_screen(RunDetailScreen(message.run_id, self.experiment, self.clock))
+
+    @on(ShowLeaderboard)
+    def _show_leaderboard(self) -> None:
+        self.push_screen(LeaderboardScreen())
 
     # ------------------------------------------------------------ eviction
 

@@ -9,7 +9,9 @@ to repeat every second:
 - each run's `metrics.jsonl` is read incrementally from the byte offset reached last time
   (a file that shrinks or is replaced is read again from the start), never whole;
 - processes come from `supervisor/state.json`, which may be absent (no supervisor yet),
-  or stale (the supervisor died): both are shown, not raised.
+  or stale (the supervisor died): both are shown, not raised;
+- the leaderboard ranks the runs as `workbench sweep report` does (`tui.leaderboard`),
+  from the curves of the metric the metrics readers follow.
 
 The snapshot's dataclasses are frozen and compare by value, so the widgets can skip
 rows that did not change.
@@ -30,6 +32,8 @@ from typing import Any
 from workbench import layout
 from workbench.status import run_statuses
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
+from workbench.sweep.report import DEFAULT_METRIC, MetricCurve
+from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, RunMetric
 from workbench.tui.tail import AppendedLines
 
 # Points of reward and loss history kept per run: enough for a chart as wide as a large
@@ -40,6 +44,8 @@ HISTORY_POINTS = 1000
 METRICS_READ_LIMIT = 4 * 1024 * 1024
 
 SUPERVISOR_PROCESS = "supervisor"
+# The run detail's eval curve: the held-out reward each eval record carries.
+EVAL_METRIC = DEFAULT_METRIC
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,9 @@ class RunView:
     reward: float | None = None
     rewards: tuple[float, ...] = ()
     losses: tuple[float, ...] = ()
+    evals: tuple[tuple[int, float], ...] = ()  # (step, eval_reward_mean), by step
     last_update: float | None = None
+    evicted_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class ExperimentSnapshot:
     supervisor: SupervisorView
     runs: tuple[RunView, ...] = ()
     processes: tuple[ProcessView, ...] = ()
+    leaderboard: Leaderboard | None = None
 
     def run(self, run_id: str) -> RunView | None:
         return next((run for run in self.runs if run.id == run_id), None)
@@ -103,14 +112,21 @@ class ExperimentSnapshot:
 class MetricsReader:
     """Follows one run's `metrics.jsonl`, remembering how far it has read.
 
-    Orchestrator lines give the reward, trainer lines the loss, tokens and trained step.
-    A line still being written (no newline yet) is kept back until it is complete; a file
-    that is replaced is read again from its start.
+    Orchestrator lines give the reward, trainer lines the loss, tokens and trained step;
+    any line holding one of `curve_metrics` adds to that metric's curve (eval lines to
+    `eval_reward_mean`'s). A line still being written (no newline yet) is kept back until
+    it is complete; a file that is replaced is read again from its start.
     """
 
-    def __init__(self, path: Path, history: int = HISTORY_POINTS) -> None:
+    def __init__(
+        self,
+        path: Path,
+        history: int = HISTORY_POINTS,
+        curve_metrics: frozenset[str] = frozenset({EVAL_METRIC}),
+    ) -> None:
         self.path = path
         self._history = history
+        self.curve_metrics = curve_metrics
         self._lines = AppendedLines(path, read_limit=METRICS_READ_LIMIT)
         self.version = 0  # bumped whenever what the reader holds changed
         self._clear()
@@ -119,8 +135,11 @@ class MetricsReader:
         self.rewards: deque[float] = deque(maxlen=self._history)
         self.losses: deque[float] = deque(maxlen=self._history)
         self.trainer_step = 0
+        self.last_step = 0  # of any line
         self.tokens = 0
         self.last_time: float | None = None
+        # One point per step that has the metric: as many as the run has steps, at most.
+        self.curves = {metric: MetricCurve(metric) for metric in self.curve_metrics}
 
     @property
     def offset(self) -> int:
@@ -149,6 +168,10 @@ class MetricsReader:
             return False
         source = record.get("source")
         step = _as_int(record.get("step"))
+        if step is not None:
+            self.last_step = max(self.last_step, step)
+        for curve in self.curves.values():
+            curve.add(record)
         if source == "orchestrator":
             reward = _as_float(record.get("reward_mean"))
             if reward is not None:
@@ -274,25 +297,33 @@ class ExperimentReader:
         self._history = history
         self._supervisor_pid = supervisor_pid
         self._metrics: dict[str, MetricsReader] = {}
-        self._histories: dict[str, tuple[int, tuple[float, ...], tuple[float, ...]]] = {}
+        self._histories: dict[str, _Histories] = {}
+        self._leaderboard = LeaderboardReader(experiment)
+        self._curve_metrics = frozenset({EVAL_METRIC})
 
     def poll(self) -> ExperimentSnapshot:
         statuses = run_statuses(self.experiment)
+        ranking = self._leaderboard.ranking()
+        self._follow_curves(frozenset({EVAL_METRIC, ranking.metric}))
         seen = {status.id for status in statuses}
         for gone in set(self._metrics) - seen:
             del self._metrics[gone]
             self._histories.pop(gone, None)
         runs = []
+        ranked = []
         for status in statuses:
             metrics = self._metrics.get(status.id)
             if metrics is None:
                 metrics = MetricsReader(
                     layout.metrics_path(layout.run_dir(self.experiment, status.id)),
                     history=self._history,
+                    curve_metrics=self._curve_metrics,
                 )
                 self._metrics[status.id] = metrics
             metrics.poll()
-            rewards, losses = self._history_of(status.id, metrics)
+            histories = self._history_of(status.id, metrics)
+            rewards = histories.rewards
+            ranked.append(RunMetric(status, histories.curves[ranking.metric], metrics.last_step))
             runs.append(
                 RunView(
                     id=status.id,
@@ -306,8 +337,10 @@ class ExperimentReader:
                     tokens=max(status.total_tokens, metrics.tokens),
                     reward=rewards[-1] if rewards else None,
                     rewards=rewards,
-                    losses=losses,
+                    losses=histories.losses,
+                    evals=histories.curves[EVAL_METRIC],
                     last_update=metrics.last_time,
+                    evicted_by=status.evicted_by,
                 )
             )
         state = read_supervisor_state(self.experiment)
@@ -317,17 +350,39 @@ class ExperimentReader:
             supervisor=supervisor,
             runs=tuple(runs),
             processes=process_views(state, supervisor),
+            leaderboard=self._leaderboard.leaderboard(ranking, ranked),
         )
 
-    def _history_of(
-        self, run_id: str, metrics: MetricsReader
-    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    def _follow_curves(self, metrics: frozenset[str]) -> None:
+        """Have the metrics readers follow the curves of `metrics`: when they change (the
+        recipe's early stopping now ranks by another metric), every file is read again."""
+        if metrics != self._curve_metrics:
+            self._curve_metrics = metrics
+            self._metrics.clear()
+            self._histories.clear()
+
+    def _history_of(self, run_id: str, metrics: MetricsReader) -> _Histories:
         # Copy the deques into tuples only when they changed: snapshots then share them.
         cached = self._histories.get(run_id)
-        if cached is None or cached[0] != metrics.version:
-            cached = (metrics.version, tuple(metrics.rewards), tuple(metrics.losses))
+        if cached is None or cached.version != metrics.version:
+            cached = _Histories(
+                version=metrics.version,
+                rewards=tuple(metrics.rewards),
+                losses=tuple(metrics.losses),
+                curves={name: tuple(curve.points()) for name, curve in metrics.curves.items()},
+            )
             self._histories[run_id] = cached
-        return cached[1], cached[2]
+        return cached
+
+
+@dataclass(frozen=True)
+class _Histories:
+    """What one run's metrics reader held at `version`, as tuples snapshots can share."""
+
+    version: int
+    rewards: tuple[float, ...]
+    losses: tuple[float, ...]
+    curves: dict[str, tuple[tuple[int, float], ...]]
 
 
 # ---------------------------------------------------------------- small helpers

@@ -47,3 +47,7 @@ class ShowRun(Message):
     def __init__(self, run_id: str) -> None:
         super().__init__()
         self.run_id = run_id
+
+
+class ShowLeaderboard(Message):
+    """Open the leaderboard: every run ranked by the sweep's metric."""

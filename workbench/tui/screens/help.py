@@ -16,6 +16,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("tab / shift+tab", "move between the runs table, the processes table and the log"),
     ("up / down", "select a row, or scroll the log"),
     ("enter", "runs: open the run's detail; processes: follow its log"),
+    ("b", "the leaderboard: runs ranked by the sweep's metric; b or esc: back"),
     ("f", "follow the selected run's or process's log"),
     ("e", "evict the selected run (asks for a reason)"),
     ("r", "restart the selected run (or process, with confirmation)"),

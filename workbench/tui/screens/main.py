@@ -23,7 +23,15 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from workbench.tui.data import ExperimentSnapshot, SupervisorView, process_log_path, run_log_path
-from workbench.tui.messages import AddRun, EvictRun, RestartProcess, RestartRun, ShowRun, StopAll
+from workbench.tui.messages import (
+    AddRun,
+    EvictRun,
+    RestartProcess,
+    RestartRun,
+    ShowLeaderboard,
+    ShowRun,
+    StopAll,
+)
 from workbench.tui.widgets.log_pane import LOG_MAX_LINES, LogPane, LogTarget
 from workbench.tui.widgets.processes_table import ProcessesTable
 from workbench.tui.widgets.runs_table import RunsTable
@@ -69,6 +77,7 @@ class MainScreen(Screen[None]):
         Binding("f", "follow", "follow"),
         Binding("slash", "search", "search"),
         Binding("S", "stop_all", "stop all"),
+        Binding("b", "leaderboard", "leaderboard"),
         Binding("l", "focus_log", "log", show=False),
     ]
 
@@ -94,7 +103,7 @@ class MainScreen(Screen[None]):
             processes.border_title = "processes"
             yield processes
         yield LogPane(max_lines=self.log_max_lines, id="log-pane")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.watch(self.app, "snapshot", self._show_snapshot)
@@ -205,6 +214,9 @@ class MainScreen(Screen[None]):
 
     def action_stop_all(self) -> None:
         self.post_message(StopAll())
+
+    def action_leaderboard(self) -> None:
+        self.post_message(ShowLeaderboard())
 
     def action_search(self) -> None:
         self.query_one(LogPane).start_search()

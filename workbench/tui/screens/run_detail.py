@@ -1,4 +1,4 @@
-"""One run in full: status and reason, reward and loss curves, its orch.toml."""
+"""One run in full: status and reason, reward, eval reward and loss curves, its orch.toml."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from workbench import layout
-from workbench.tui.data import ExperimentSnapshot, RunView
+from workbench.tui.data import EVAL_METRIC, ExperimentSnapshot, RunView
 from workbench.tui.format import format_age, format_count, format_reward, format_steps
 from workbench.tui.messages import EvictRun, RestartRun
-from workbench.tui.widgets.curves import CurveChart
+from workbench.tui.widgets.curves import CurveChart, StepCurveChart
 from workbench.tui.widgets.runs_table import STATUS_STYLES
 
 
@@ -29,6 +29,9 @@ def run_summary(run: RunView, now: float) -> Text:
     text.append(run.status, style=STATUS_STYLES.get(run.status, ""))
     text.append(f"  step {format_steps(run.step, run.max_steps)}")
     text.append(f"  reward {format_reward(run.reward)}")
+    if run.evals:
+        step, value = run.evals[-1]
+        text.append(f"  eval {format_reward(value)} at step {step}")
     text.append(f"  tokens {format_count(run.tokens)}")
     if run.slot is not None:
         text.append(f"  slot {run.slot}")
@@ -57,10 +60,11 @@ class RunDetailScreen(Screen[None]):
             yield Static("", id="detail-reason")
             with Horizontal(id="detail-curves"):
                 yield CurveChart("reward (mean)", low=0.0, high=1.0, id="reward-chart")
+                yield StepCurveChart(EVAL_METRIC, low=0.0, high=1.0, id="eval-chart")
                 yield CurveChart("loss", id="loss-chart")
             yield Static("control/orch.toml", classes="section-title")
             yield Static(self._config_renderable(), id="detail-config")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.watch(self.app, "snapshot", self._show_snapshot)
@@ -92,6 +96,7 @@ class RunDetailScreen(Screen[None]):
             reason.update(Text.assemble((f"{label}: ", "bold"), run.reason))
             reason.set_class(run.status in ("evicted", "rejected"), "-problem")
         self.query_one("#reward-chart", CurveChart).values = run.rewards
+        self.query_one("#eval-chart", StepCurveChart).points = run.evals
         self.query_one("#loss-chart", CurveChart).values = run.losses
 
     def action_evict(self) -> None:

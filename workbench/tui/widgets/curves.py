@@ -1,8 +1,10 @@
-"""Text plots of a run's curves: a braille line chart for the detail screen.
+"""Text plots of a run's curves: braille line charts for the detail screen.
 
 Each terminal cell holds a 2x4 grid of braille dots, so a 60x8 cell chart plots 120 x 32
 points: enough to read the shape of a reward curve over SSH without any plotting library.
-`braille_plot` is a pure function; `CurveChart` is the widget around it.
+`braille_plot` is a pure function; `CurveChart` is the widget around it, one point per
+record; `StepCurveChart` plots (step, value) points against their steps (eval records
+come every few steps, and not always evenly: the last step is scored too).
 """
 
 from __future__ import annotations
@@ -46,6 +48,26 @@ def resample(values: Sequence[float], points: int) -> list[float]:
     return out
 
 
+def resample_by_step(points: Sequence[tuple[int, float]], count: int) -> list[float]:
+    """`count` values at evenly spaced steps from the first point's to the last's, linear
+    between the points: a point 10 steps after the one before sits 10 steps further right."""
+    if not points or count <= 0:
+        return []
+    first, last = points[0][0], points[-1][0]
+    if count == 1 or first == last:
+        return [points[-1][1]] * count
+    out = []
+    index = 0
+    for i in range(count):
+        step = first + (last - first) * i / (count - 1)
+        while index < len(points) - 2 and points[index + 1][0] < step:
+            index += 1
+        (left_step, left), (right_step, right) = points[index], points[index + 1]
+        fraction = (step - left_step) / (right_step - left_step) if right_step > left_step else 1.0
+        out.append(left + (right - left) * min(1.0, max(0.0, fraction)))
+    return out
+
+
 def braille_plot(
     values: Sequence[float], width: int, height: int, low: float, high: float
 ) -> list[str]:
@@ -74,11 +96,13 @@ def braille_plot(
 class CurveChart(Widget):
     """A titled line chart of one series, with its range on a left axis."""
 
+    # No wrapping: a title longer than the chart is cut, not pushed onto the plot's rows.
     DEFAULT_CSS = """
-    CurveChart { height: 10; }
+    CurveChart { height: 10; text-wrap: nowrap; text-overflow: clip; }
     """
 
     values: reactive[tuple[float, ...]] = reactive((), always_update=False)
+    line_style = "cyan"
 
     def __init__(
         self,
@@ -105,9 +129,16 @@ class CurveChart(Widget):
         if not values:
             text.append("no data yet", style="dim italic")
             return text
+        self._append_plot(text, values, values, width, rows)
+        return text
+
+    def _append_plot(
+        self, text: Text, values: Sequence[float], plotted: Sequence[float], width: int, rows: int
+    ) -> None:
+        """The chart of `plotted` (`width` x `rows` cells), its axis spanning `values`."""
         low = min(values) if self.fixed_low is None else min(self.fixed_low, min(values))
         high = max(values) if self.fixed_high is None else max(self.fixed_high, max(values))
-        plot = braille_plot(values, width, rows, low, high)
+        plot = braille_plot(plotted, width, rows, low, high)
         for index, line in enumerate(plot):
             if index == 0:
                 label = _axis_label(high)
@@ -116,9 +147,36 @@ class CurveChart(Widget):
             else:
                 label = ""
             text.append(label[: AXIS_WIDTH - 1].rjust(AXIS_WIDTH - 1) + "│", style="dim")
-            text.append(line, style="cyan")
+            text.append(line, style=self.line_style)
             if index < len(plot) - 1:
                 text.append("\n")
+
+
+class StepCurveChart(CurveChart):
+    """A titled line chart of (step, value) points, by step: the last value and its step
+    in the title, the first and last step under the plot."""
+
+    points: reactive[tuple[tuple[int, float], ...]] = reactive((), always_update=False)
+    line_style = "green"
+
+    def render(self) -> RenderResult:
+        points = [(step, value) for step, value in self.points if not math.isnan(value)]
+        width = max(1, self.size.width - AXIS_WIDTH)
+        rows = max(1, self.size.height - 2)  # a line for the steps under the plot
+        text = Text(no_wrap=True, overflow="crop")
+        text.append(f"{self.title}", style="bold")
+        if not points:
+            text.append("  last -\n", style="dim")
+            text.append("no records yet", style="dim italic")
+            return text
+        last_step, last = points[-1]
+        text.append(f"  last {_axis_label(last)} at step {last_step}", style="dim")
+        text.append(f"  ({len(points)} points)\n", style="dim")
+        values = [value for _, value in points]
+        self._append_plot(text, values, resample_by_step(points, width * 2), width, rows)
+        first_label = f"step {points[0][0]}"
+        text.append("\n" + " " * AXIS_WIDTH + first_label, style="dim")
+        text.append(str(last_step).rjust(width - len(first_label)), style="dim")
         return text
 
 

@@ -8,7 +8,7 @@ is narrow; the rows are re-added from what the table last showed.
 Column widths are fixed rather than left to DataTable's auto-width: the name column is
 sized here to the longest key, but never so wide that the other columns leave the screen
 (a long name is shortened in the middle, where sweep names differ least), which also keeps
-the layout from jumping as cells change.
+the layout from jumping as cells change. One column may `fill` the room the others leave.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class ColumnSpec:
     label: str
     width: int | None = None  # None: as wide as the widest row key (the name column)
     optional: bool = False  # dropped first when the terminal is narrow
+    fill: bool = False  # as wide as the room left, and at least `width`
 
 
 class KeyedTable(DataTable[Cell]):
@@ -46,6 +47,7 @@ class KeyedTable(DataTable[Cell]):
         self._rows: dict[str, dict[str, Cell]] = {}
         self._compact = False
         self._name_width = 0
+        self._fill_width = 0
 
     def on_mount(self) -> None:
         self._add_columns()
@@ -53,23 +55,36 @@ class KeyedTable(DataTable[Cell]):
     def on_resize(self) -> None:
         self._fit_name_column(self._rows)
 
-    def _name_column_room(self) -> int:
-        """Cells left for the name column once the fixed columns (and scrollbar) are in."""
+    def _spare_cells(self) -> int:
+        """Cells left for the name column once the fixed columns (a fill column at its
+        least) and the scrollbar are in."""
         padding = 2 * self.cell_padding
         fixed = sum(max(c.width, len(c.label)) + padding for c in self.visible_columns if c.width)
-        room = self.size.width - fixed - padding - 1
-        return max(MIN_NAME_WIDTH, min(MAX_NAME_WIDTH, room))
+        return self.size.width - fixed - padding - 1
+
+    def _name_column_room(self) -> int:
+        return max(MIN_NAME_WIDTH, min(MAX_NAME_WIDTH, self._spare_cells()))
 
     def _fit_name_column(self, rows: Mapping[str, Mapping[str, Cell]]) -> bool:
-        """Resize the name column to the longest name that fits; True if it was rebuilt."""
+        """Resize the name column to the longest name that fits, and the fill column to
+        the room left; True if they changed and the table was rebuilt."""
         longest = max((len(key) for key in rows), default=0)
         width = min(longest, self._name_column_room())
-        if width == self._name_width:
+        fill_width = self._fill_column_room(width)
+        if (width, fill_width) == (self._name_width, self._fill_width):
             return False
-        self._name_width = width
+        self._name_width, self._fill_width = width, fill_width
         self._rows = {key: dict(cells) for key, cells in rows.items()}
         self._rebuild()
         return True
+
+    def _fill_column_room(self, name_width: int) -> int:
+        """The fill column's least width and what the name column leaves of the spare
+        cells; 0 without a fill column."""
+        fill = next((c for c in self.visible_columns if c.fill), None)
+        if fill is None:
+            return 0
+        return max(fill.width or 0, len(fill.label)) + self._spare_cells() - name_width
 
     @property
     def visible_columns(self) -> list[ColumnSpec]:
@@ -78,6 +93,8 @@ class KeyedTable(DataTable[Cell]):
     def _add_columns(self) -> None:
         for column in self.visible_columns:
             width = column.width if column.width is not None else self._name_width
+            if column.fill:
+                width = max(width, self._fill_width)
             self.add_column(column.label, key=column.key, width=max(width, len(column.label)))
 
     def _rebuild(self) -> None:
@@ -118,23 +135,21 @@ class KeyedTable(DataTable[Cell]):
             return
         for gone in [key for key in self._rows if key not in rows]:
             self.remove_row(gone)
-        added = False
         for key, cells in rows.items():
             previous = self._rows.get(key)
             if previous is None:
                 self.add_row(*self._ordered(cells), key=key)
-                added = True
                 continue
             for column in self.visible_columns:
                 if previous.get(column.key) != cells[column.key]:
                     self.update_cell(key, column.key, cells[column.key])
         self._rows = {key: dict(cells) for key, cells in rows.items()}
-        if added:
-            self._keep_order(list(rows))
+        self._keep_order(list(rows))
 
     def _keep_order(self, order: list[str]) -> None:
-        # New rows are appended at the end; rebuild (rare: only when a row appears out of
-        # place) so the table follows the caller's order, keeping the cursor on its row.
+        # New rows are appended at the end, and rows keep their place when the caller's
+        # order changes (a ranking); rebuild (rare: only when a row is out of place) so
+        # the table follows the caller's order, keeping the cursor on its row.
         if [row.key.value for row in self.ordered_rows] == order:
             return
         selected = self.selected_key
