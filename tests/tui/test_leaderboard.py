@@ -94,7 +94,7 @@ async def test_b_switches_to_the_leaderboard_and_back(sweep, make_app):
     app = make_app(sweep)
     async with app.run_test(size=(80, 24)) as pilot:
         await next_polls(pilot, app)
-        await footer_shown(pilot, "b leaderboard")
+        await footer_shown(pilot, "b ranks")
         assert footer_fits(app), "every key of the main screen's footer fits in 80 columns"
         await open_leaderboard(pilot, app)
         await footer_shown(pilot, "b back")

@@ -144,7 +144,7 @@ def test_tui_on_a_synthetic_experiment_in_a_real_80x24_terminal(
         "a add",
         "f follow",
         "/ search",
-        "S stop all",
+        "S stop",
         "q quit",
         "? help",
     ):
@@ -185,7 +185,7 @@ def test_leaderboard_in_a_real_80x24_terminal(tmp_path, tmux_session):
     experiment = build_sweep_experiment(tmp_path)
     repo = Path(__file__).resolve().parents[2]
     tmux_session.start([sys.executable, "-m", "workbench.tui", str(experiment)], cwd=repo)
-    screen = tmux_session.wait_for_text("b leaderboard")
+    screen = tmux_session.wait_for_text("b ranks")
     assert all(len(line) <= WIDTH for line in screen.splitlines())
 
     tmux_session.send("b")
@@ -213,7 +213,7 @@ def test_leaderboard_in_a_real_80x24_terminal(tmp_path, tmux_session):
     tmux_session.send("Down", "Down")
     tmux_session.wait_for_text("stopped early: asha rung 0 (step 5)")
     tmux_session.send("b")
-    tmux_session.wait_for_text("b leaderboard")
+    tmux_session.wait_for_text("b ranks")
     tmux_session.send("q")
     tmux_session.wait_for_text("TUI-EXITED=0")
 

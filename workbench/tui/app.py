@@ -35,6 +35,7 @@ from workbench.tui.messages import (
     RestartRun,
     ShowLeaderboard,
     ShowRun,
+    ShowSamples,
     StopAll,
 )
 from workbench.tui.screens.add_run import AddRunRequest, AddRunScreen
@@ -44,6 +45,7 @@ from workbench.tui.screens.help import HelpScreen
 from workbench.tui.screens.leaderboard import LeaderboardScreen
 from workbench.tui.screens.main import WIDE_LAYOUT_COLUMNS, MainScreen
 from workbench.tui.screens.run_detail import RunDetailScreen
+from workbench.tui.screens.samples import SamplesScreen
 from workbench.tui.widgets.log_pane import LOG_MAX_LINES
 
 # Processes whose restart interrupts every run: asked for confirmation first.
@@ -135,6 +137,10 @@ class WorkbenchApp(App[None]):
     @on(ShowRun)
     def _show_run(self, message: ShowRun) -> None:
         self.push_screen(RunDetailScreen(message.run_id, self.experiment, self.clock))
+
+    @on(ShowSamples)
+    def _show_samples(self, message: ShowSamples) -> None:
+        self.push_screen(SamplesScreen(message.run_id, self.experiment))
 
     @on(ShowLeaderboard)
     def _show_leaderboard(self) -> None:

@@ -49,5 +49,13 @@ class ShowRun(Message):
         self.run_id = run_id
 
 
+class ShowSamples(Message):
+    """Open the rollout browser of `run_id`: its recent steps' prompts and completions."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+
 class ShowLeaderboard(Message):
     """Open the leaderboard: every run ranked by the sweep's metric."""

@@ -30,6 +30,7 @@ from workbench.tui.messages import (
     RestartRun,
     ShowLeaderboard,
     ShowRun,
+    ShowSamples,
     StopAll,
 )
 from workbench.tui.widgets.log_pane import LOG_MAX_LINES, LogPane, LogTarget
@@ -76,8 +77,9 @@ class MainScreen(Screen[None]):
         Binding("a", "add_run", "add"),
         Binding("f", "follow", "follow"),
         Binding("slash", "search", "search"),
-        Binding("S", "stop_all", "stop all"),
-        Binding("b", "leaderboard", "leaderboard"),
+        Binding("S", "stop_all", "stop"),
+        Binding("b", "leaderboard", "ranks"),
+        Binding("s", "samples", "samples"),
         Binding("l", "focus_log", "log", show=False),
     ]
 
@@ -214,6 +216,10 @@ class MainScreen(Screen[None]):
 
     def action_stop_all(self) -> None:
         self.post_message(StopAll())
+
+    def action_samples(self) -> None:
+        if self.selected_run:
+            self.post_message(ShowSamples(self.selected_run))
 
     def action_leaderboard(self) -> None:
         self.post_message(ShowLeaderboard())

@@ -17,7 +17,7 @@ from textual.widgets import Footer, Static
 from workbench import layout
 from workbench.tui.data import EVAL_METRIC, ExperimentSnapshot, RunView
 from workbench.tui.format import format_age, format_count, format_reward, format_steps
-from workbench.tui.messages import EvictRun, RestartRun
+from workbench.tui.messages import EvictRun, RestartRun, ShowSamples
 from workbench.tui.widgets.curves import CurveChart, StepCurveChart
 from workbench.tui.widgets.runs_table import STATUS_STYLES
 
@@ -46,6 +46,7 @@ class RunDetailScreen(Screen[None]):
         Binding("escape,backspace", "app.pop_screen", "back"),
         Binding("e", "evict", "evict"),
         Binding("r", "restart", "restart"),
+        Binding("s", "samples", "samples"),
     ]
 
     def __init__(self, run_id: str, experiment: Path, clock: Callable[[], float]) -> None:
@@ -104,3 +105,6 @@ class RunDetailScreen(Screen[None]):
 
     def action_restart(self) -> None:
         self.post_message(RestartRun(self.run_id))
+
+    def action_samples(self) -> None:
+        self.post_message(ShowSamples(self.run_id))
