@@ -212,7 +212,14 @@ def render_curves(report: SweepReport) -> bytes | None:
     # A Figure with its own Agg canvas, not pyplot: no global backend, no display needed.
     figure = Figure(figsize=(8, 5), dpi=100)
     FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
+    draw_eval_curves(figure.add_subplot(), report)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def draw_eval_curves(axes: Any, report: SweepReport, title: str | None = None) -> None:
+    """Every run's eval curve by step on matplotlib `axes` (evicted runs dashed)."""
     for run in report.runs:
         if not run.evals:
             continue
@@ -222,10 +229,7 @@ def render_curves(report: SweepReport) -> bytes | None:
         axes.plot(steps, values, linestyle=style, marker="o", markersize=3, label=label)
     axes.set_xlabel("step")
     axes.set_ylabel(report.metric)
-    axes.set_title(f"{report.experiment.name}: {report.metric} by step")
+    axes.set_title(title or f"{report.experiment.name}: {report.metric} by step")
     if axes.lines:
         axes.legend(fontsize="small", loc="best")
     axes.grid(alpha=0.3)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", bbox_inches="tight")
-    return buffer.getvalue()
