@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import make_run
-from workbench import layout
+from workbench import control, layout
 from workbench.bench.headless import HeadlessRun, run_accounted
 from workbench.bench.sweep import (
     ModeOutcome,
@@ -23,6 +23,7 @@ from workbench.bench.sweep import (
     trained_steps,
 )
 from workbench.config import load_recipe
+from workbench.status import run_statuses
 from workbench.sweep.report import build_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,17 +75,21 @@ def synthetic_sweep(root: Path, runs: dict[str, list[tuple[int, float, float]]])
         ]
         lines += [{"source": "trainer", "step": s, "time": 0.0} for s in range(1, evals[-1][0] + 1)]
         layout.metrics_path(run).write_text("".join(json.dumps(line) + "\n" for line in lines))
+        control.mark_finished(run, evals[-1][0])
     return experiment
 
 
-def outcome(mode: str, experiment: Path, wall_s: float, cpu_s: float) -> ModeOutcome:
-    run = HeadlessRun(["workbench", "up"], 100.0, 0, False, wall_s, cpu_s, 0)
+def outcome(
+    mode: str, experiment: Path, wall_s: float, cpu_s: float, timed_out: bool = False
+) -> ModeOutcome:
+    run = HeadlessRun(["workbench", "up"], 100.0, 0, timed_out, wall_s, cpu_s, 0)
     return ModeOutcome(
         mode,
         run,
         build_report(experiment),
         trained_steps(experiment),
         anytime_best(experiment, 100.0, "eval_reward_mean"),
+        {s.id: (s.status, s.evicted_by, s.reason) for s in run_statuses(experiment)},
     )
 
 
@@ -118,6 +123,7 @@ def test_comparison_gives_the_winners_gap_the_regret_of_the_pick_and_the_target(
     comparison = compare(asha, exhaustive)
 
     assert comparison["same_configuration"] is False
+    assert comparison["exhaustive_tied_winners"] == ["run_b"]
     assert comparison["winner_gap"] == pytest.approx(0.01)
     assert comparison["regret_of_asha_pick"] == pytest.approx(0.02)
     assert (comparison["wall_ratio"], comparison["cpu_ratio"]) == (0.4, 0.357)
@@ -147,3 +153,25 @@ def test_the_anytime_curve_is_the_best_latest_eval_at_each_moment(outcomes):
 def test_the_plot_is_a_png_of_both_modes(outcomes):
     png = render_comparison(outcomes, title="test")
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def test_runs_stopped_by_the_systems_own_rules_are_outcomes_and_anything_else_a_problem(
+    outcomes,
+):
+    asha = outcomes["asha"].report.experiment
+    assert outcomes["asha"].problems == []
+    control.write_eviction(asha / "run_b", "asha rung 0 (step 5): ...", by="asha")
+    control.write_eviction(asha / "run_a", "no learning signal: ...", by="orchestrator")
+    assert outcome("asha", asha, 60.0, 100.0).problems == []
+
+    control.write_eviction(asha / "run_a", "by hand", by="user")
+    layout.finished_path(asha / "run_b").unlink()
+    control.clear_eviction(asha / "run_b")
+    late = make_run(asha, "run_c", "max_steps = 20\n")
+    layout.metrics_path(late).write_text("")
+    assert outcome("asha", asha, 60.0, 100.0, timed_out=True).problems == [
+        "timed out after 60 s",
+        "run_a evicted: by hand",
+        "run_b waiting",
+        "run_c waiting",
+    ]

@@ -37,6 +37,7 @@ from typing import Any
 from workbench import layout
 from workbench.bench.headless import HeadlessRun, run_up_headless
 from workbench.metrics import read_metrics
+from workbench.status import run_statuses
 from workbench.sweep.report import SweepReport, build_report
 
 DEFAULT_RECIPE = Path("recipes/reverse_text_sweep.toml")
@@ -46,6 +47,9 @@ QUICK_MAX_STEPS = 10
 REWARD_TOLERANCE = 0.02
 WALL_RATIO_TARGET = 0.5
 MODES = ("asha", "exhaustive")
+# Evictions that are outcomes of a sweep, not failures: early stopping, and an orchestrator
+# that gave up on a run without learning signal (a learning rate too high collapses it).
+SYSTEM_EVICTIONS = ("asha", "orchestrator")
 
 
 class SweepBenchError(ValueError):
@@ -61,14 +65,29 @@ class ModeOutcome:
     report: SweepReport
     run_steps: int  # trainer steps summed over every run: the work done
     anytime: list[tuple[float, float]] = field(default_factory=list)  # (s, best so far)
+    # run id -> (status, who evicted it, why), from `workbench status`'s reading
+    statuses: dict[str, tuple[str, str | None, str | None]] = field(default_factory=dict)
+
+    @property
+    def problems(self) -> list[str]:
+        """Why this experiment is not a complete sample: a timeout, or runs that neither
+        finished nor were evicted by the system's own rules (early stopping, or an
+        orchestrator giving up on a run without learning signal, as a diverged learning
+        rate does). `up` exits 1 for the latter, so its status alone cannot tell."""
+        problems = [f"timed out after {self.run.wall_s:.0f} s"] if self.run.timed_out else []
+        for run_id, (status, by, reason) in self.statuses.items():
+            if status != "finished" and not (status == "evicted" and by in SYSTEM_EVICTIONS):
+                problems.append(f"{run_id} {status}" + (f": {reason}" if reason else ""))
+        return problems
 
     def to_json(self) -> dict[str, Any]:
         best = self.report.best
         return {
             "mode": self.mode,
             "command": self.run.command,
-            "exit_code": self.run.exit_code,
+            "up_exit_code": self.run.exit_code,
             "timed_out": self.run.timed_out,
+            "problems": self.problems,
             "wall_s": round(self.run.wall_s, 1),
             "cpu_s": None if self.run.cpu_s is None else round(self.run.cpu_s, 1),
             "unreaped_processes": self.run.unreaped,
@@ -90,6 +109,8 @@ class ModeOutcome:
                     "step": run.step,
                     "rung": run.rung,
                     "evicted_by_scheduler": run.evicted_by_scheduler,
+                    "status": self.statuses.get(run.id, ("unknown", None, None))[0],
+                    "evicted_by": self.statuses.get(run.id, ("unknown", None, None))[1],
                     "differences": run.differences,
                     "evals": [list(point) for point in run.evals],
                 }
@@ -133,6 +154,7 @@ def compare(asha: dict[str, Any], exhaustive: dict[str, Any]) -> dict[str, Any]:
         "cpu_ratio": _ratio(asha["cpu_s"], exhaustive["cpu_s"]),
         "run_steps_ratio": _ratio(asha["run_steps"], exhaustive["run_steps"]),
         "same_configuration": None,
+        "exhaustive_tied_winners": [],
         "winner_gap": None,
         "regret_of_asha_pick": None,
         "target": {
@@ -146,6 +168,11 @@ def compare(asha: dict[str, Any], exhaustive: dict[str, Any]) -> dict[str, Any]:
         return comparison
     # Both experiments expand the same [sweep]: a run id is one configuration in both.
     comparison["same_configuration"] = asha_best["id"] == full_best["id"]
+    # A held-out eval of few prompts saturates: several configurations may share the top
+    # value, and then "the same configuration" is down to the report's tie-break.
+    comparison["exhaustive_tied_winners"] = [
+        r["id"] for r in exhaustive["runs"] if r["eval_reward"] == full_best["eval_reward"]
+    ]
     gap = full_best["eval_reward"] - asha_best["eval_reward"]
     comparison["winner_gap"] = round(gap, 4)
     pick = next((r for r in exhaustive["runs"] if r["id"] == asha_best["id"]), None)
@@ -205,6 +232,7 @@ def run_mode(
         report=report,
         run_steps=trained_steps(experiment),
         anytime=anytime_best(experiment, run.started_at, report.metric),
+        statuses={s.id: (s.status, s.evicted_by, s.reason) for s in run_statuses(experiment)},
     )
 
 
@@ -233,7 +261,7 @@ def run_sweep_benchmark(
         directory.mkdir()
         outcomes[mode] = run_mode(mode, recipes[mode], directory, max_steps, timeout_s)
     modes = {mode: outcome.to_json() for mode, outcome in outcomes.items()}
-    failed = [m for m in modes.values() if m["exit_code"] != 0 or m["timed_out"]]
+    failed = [mode for mode, outcome in outcomes.items() if outcome.problems]
     report: dict[str, Any] = {
         "recipe": str(recipe),
         "max_steps": max_steps or loaded.defaults.max_steps,
@@ -249,8 +277,7 @@ def run_sweep_benchmark(
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "modes": modes,
         "comparison": compare(modes["asha"], modes["exhaustive"]),
-        # The first failure's exit status (1 for a timeout), 0 if both ended well.
-        "exit_code": next((m["exit_code"] or 1 for m in failed), 0),
+        "exit_code": 1 if failed else 0,  # 1: a mode has `problems`
     }
     report["summary"] = summary_rows(report)
     json_path = write_result("sweep", report, results_dir=RESULTS_DIR)
@@ -279,6 +306,8 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, str]]:
             f"{winner['id']} at {winner['eval_reward']:.3f} (step {winner['eval_step']})"
         )  # fmt: skip
         cpu = "?" if outcome["cpu_s"] is None else f"{outcome['cpu_s']:.0f}"
+        if outcome["problems"]:
+            picked += "; not a complete sample: " + "; ".join(outcome["problems"])
         rows.append(
             {
                 "metric": f"sweep {mode}: wall, CPU-seconds, trainer steps, winner",
