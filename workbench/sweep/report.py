@@ -5,6 +5,10 @@ in metrics.jsonl; higher is better unless early stopping ranks the same metric w
 `mode = "min"`. A run without any eval record ranks last, after every run with one.
 Ties go to the run that reached the later step, then to the run id.
 
+Each run's eval curve also gets a sigmoid fit against its steps (`workbench.sweep.fit`:
+asymptote, midpoint, slope). Ranked `by="asymptote"`, the runs whose fit is reliable come
+first, by predicted asymptote; the others follow, ranked by their last eval as above.
+
 For each run the report also gives the step it reached, the highest early-stopping rung
 it was judged at (from `sweep/asha.json`), whether early stopping evicted it, and how its
 `control/orch.toml` differs from the recipe's `[defaults]`.
@@ -27,9 +31,11 @@ from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_
 from workbench.metrics import read_metrics
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import AshaRecord, read_asha
+from workbench.sweep.fit import SigmoidFit, fit_sigmoid
 from workbench.sweep.values import flatten_values
 
 DEFAULT_METRIC = "eval_reward_mean"
+RANKINGS = ("last", "asymptote")
 REPORT_JSON = "sweep_report.json"
 REPORT_PNG = "sweep_report.png"
 NO_EVAL_NOTE = "no eval records"
@@ -49,11 +55,13 @@ class RunOutcome:
     evicted_by_scheduler: bool = False
     differences: dict[str, Any] = field(default_factory=dict)  # dotted key -> its value
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, value), by step
+    fit: SigmoidFit | None = None  # of `evals`, when there is a version 0 and a later one
     note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["evals"] = [list(point) for point in self.evals]
+        data["fit"] = None if self.fit is None else self.fit.to_json()
         return data
 
 
@@ -63,6 +71,7 @@ class SweepReport:
     metric: str
     mode: str  # "max" or "min"
     runs: list[RunOutcome]  # ranked, best first
+    by: str = "last"  # "last" (eval) or "asymptote" (of the sigmoid fit)
 
     @property
     def best(self) -> RunOutcome | None:
@@ -71,12 +80,19 @@ class SweepReport:
             return self.runs[0]
         return None
 
+    def score(self, run: RunOutcome) -> float | None:
+        """What `run` is ranked by: its predicted asymptote when ranked by a reliable fit."""
+        if self.by == "asymptote" and run.fit is not None and run.fit.reliable:
+            return run.fit.asymptote
+        return run.value
+
     def to_json(self) -> dict[str, Any]:
         best = self.best
         return {
             "experiment": str(self.experiment),
             "metric": self.metric,
             "mode": self.mode,
+            "ranked_by": self.by,
             "runs": [run.to_json() for run in self.runs],
             "best": None
             if best is None
@@ -87,8 +103,11 @@ class SweepReport:
 # ---------------------------------------------------------------- reading
 
 
-def build_report(experiment: Path, metric: str = DEFAULT_METRIC) -> SweepReport:
-    """Rank every run of `experiment` by `metric` at its last eval."""
+def build_report(experiment: Path, metric: str = DEFAULT_METRIC, by: str = "last") -> SweepReport:
+    """Rank every run of `experiment` by `metric` at its last eval (`by="last"`), or by
+    the asymptote of its reliable sigmoid fit first (`by="asymptote"`)."""
+    if by not in RANKINGS:
+        raise ValueError(f"rank by {by!r}: choose {' or '.join(RANKINGS)}")
     asha = read_asha(experiment)
     mode = asha.spec.mode if asha is not None and asha.spec.metric == metric else "max"
     defaults = recipe_defaults(experiment)
@@ -101,18 +120,21 @@ def build_report(experiment: Path, metric: str = DEFAULT_METRIC) -> SweepReport:
             outcome.rung, outcome.rung_step = standing.rung, standing.step
             outcome.evicted_by_scheduler = _evicted_by_scheduler(run, standing, asha)
         runs.append(outcome)
-    ranked = rank_runs(runs, mode)
-    return SweepReport(experiment=experiment, metric=metric, mode=mode, runs=ranked)
+    ranked = rank_runs(runs, mode, by)
+    return SweepReport(experiment=experiment, metric=metric, mode=mode, runs=ranked, by=by)
 
 
-def rank_runs(runs: list[RunOutcome], mode: str) -> list[RunOutcome]:
-    """Best first; runs without a value last. Sets each run's `rank` (1 is the best)."""
+def rank_runs(runs: list[RunOutcome], mode: str, by: str = "last") -> list[RunOutcome]:
+    """Best first; runs without a value last. Sets each run's `rank` (1 is the best).
+    `by="asymptote"`: runs with a reliable fit first, by its asymptote."""
     sign = -1.0 if mode == "max" else 1.0
 
     def key(run: RunOutcome) -> tuple[int, float, int, str]:
+        if by == "asymptote" and run.fit is not None and run.fit.reliable:
+            return (0, sign * run.fit.asymptote, -run.step, run.id)
         if run.value is None:
-            return (1, 0.0, 0, run.id)
-        return (0, sign * run.value, -run.step, run.id)
+            return (2, 0.0, 0, run.id)
+        return (1, sign * run.value, -run.step, run.id)
 
     ranked = sorted(runs, key=key)
     for position, run in enumerate(ranked, start=1):
@@ -160,6 +182,7 @@ def _outcome(run: Path, metric: str, defaults: dict[str, Any]) -> RunOutcome:
     steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
     evals = eval_curve([r for r in records if r.get("source") == "eval"], metric)
     outcome = RunOutcome(id=run.name, step=max(steps, default=0), evals=evals)
+    outcome.fit = fit_sigmoid(evals)
     if evals:
         outcome.eval_step, outcome.value = evals[-1]
     else:
