@@ -61,6 +61,9 @@ def test_cpu_time_of_an_orphaned_grandchild_is_counted(tmp_path: Path):
     assert run.exit_code == 0 and not run.timed_out
     assert run.unreaped == 0
     assert run.cpu_s is not None and run.cpu_s >= 0.5, run
+    # The machine was busy at least as long (clock ticks of 10 ms: a tick of slack).
+    assert run.machine_busy_s is not None and run.machine_busy_s >= run.cpu_s - 0.02, run
+    assert run.foreign_cpu_s is not None and run.foreign_cpu_s >= 0
 
 
 def synthetic_sweep(root: Path, runs: dict[str, list[tuple[int, float, float]]]) -> Path:

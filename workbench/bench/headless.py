@@ -10,6 +10,10 @@ parent reaps it, so the chain up -> supervisor -> children sums the whole tree. 
 orphaned on the way (its parent gone first) would leave the chain; while the experiment
 runs, this process is made the "child subreaper" (Linux prctl) so that orphans come to it,
 and it reaps them afterwards so their time counts too.
+
+The machine's busy CPU time over the same interval (/proc/stat) is read as well: what it
+has beyond the experiment's own is other processes' work, which slowed the experiment
+down (a wall time measured beside someone else's test suite is not the experiment's).
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ class HeadlessRun:
     wall_s: float
     cpu_s: float | None  # None where the process tree cannot be accounted (not Linux)
     unreaped: int  # descendants still running when accounting stopped (their time is missing)
+    machine_busy_s: float | None = None  # every process's CPU time meanwhile (/proc/stat)
+
+    @property
+    def foreign_cpu_s(self) -> float | None:
+        """CPU time other processes took while the experiment ran."""
+        if self.cpu_s is None or self.machine_busy_s is None:
+            return None
+        return max(0.0, self.machine_busy_s - self.cpu_s)
 
 
 def run_up_headless(
@@ -56,7 +68,7 @@ def run_accounted(command: list[str], cwd: Path, *, timeout_s: float) -> Headles
     """Run `command` to its end (SIGINT after `timeout_s`): its wall time, and the CPU time
     of it and every descendant, orphans included."""
     subreaper = _set_subreaper(True)
-    before = _children_cpu_s()
+    before, busy_before = _children_cpu_s(), _machine_busy_s()
     started_at = time.time()
     # `up --headless` prints one line per change: passed through so progress shows.
     process = subprocess.Popen(command, cwd=cwd)
@@ -75,6 +87,7 @@ def run_accounted(command: list[str], cwd: Path, *, timeout_s: float) -> Headles
         unreaped = _reap_orphans() if subreaper else 0
         _set_subreaper(False)
     wall_s = time.time() - started_at
+    busy_after = _machine_busy_s()
     return HeadlessRun(
         command=command,
         started_at=started_at,
@@ -83,12 +96,27 @@ def run_accounted(command: list[str], cwd: Path, *, timeout_s: float) -> Headles
         wall_s=wall_s,
         cpu_s=_children_cpu_s() - before if subreaper else None,
         unreaped=unreaped,
+        machine_busy_s=None
+        if busy_before is None or busy_after is None
+        else busy_after - busy_before,
     )
 
 
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds every core spent busy since boot (all but idle and iowait)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    ticks = [int(x) for x in fields]
+    # user nice system idle iowait irq softirq steal (guest time is inside user already)
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def _set_subreaper(on: bool) -> bool:

@@ -89,7 +89,8 @@ class ModeOutcome:
             "timed_out": self.run.timed_out,
             "problems": self.problems,
             "wall_s": round(self.run.wall_s, 1),
-            "cpu_s": None if self.run.cpu_s is None else round(self.run.cpu_s, 1),
+            "cpu_s": _rounded(self.run.cpu_s),
+            "foreign_cpu_s": _rounded(self.run.foreign_cpu_s),
             "unreaped_processes": self.run.unreaped,
             "run_steps": self.run_steps,
             "winner": None
@@ -184,6 +185,10 @@ def compare(asha: dict[str, Any], exhaustive: dict[str, Any]) -> dict[str, Any]:
     return comparison
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
 def _ratio(part: float | None, whole: float | None) -> float | None:
     if part is None or not whole:
         return None
@@ -273,6 +278,8 @@ def run_sweep_benchmark(
         "cpu_s_measured_as": "user + system time of `workbench up` and every descendant, "
         "from getrusage(RUSAGE_CHILDREN) around it, orphans reaped by this process "
         "(a Linux child subreaper)",
+        "foreign_cpu_s_measured_as": "the machine's busy CPU time (/proc/stat) over the same "
+        "interval minus cpu_s: other processes' work beside the experiment",
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "modes": modes,
