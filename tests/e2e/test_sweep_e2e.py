@@ -9,12 +9,13 @@ one ASHA rung at step 4 (min_runs 3). Slots go in recipe order: 5e-3 and 3e-3 fi
   are about 1e-5 from zero, and their greedy held-out reward is the base model's (0.61).
   The good learning rates are well above it by version 4 (the shipped recipe's runs are
   at 0.67-0.75 on their training batches by step 4, 0.84-0.86 held out by version 10).
-- The first two runs to record the rung are too few to judge (min_runs 3), so both go on.
-  A low-lr run gets a slot only when one of them finishes, so when it reaches the rung
-  both good values are recorded; being below both, it is below the median and stops
-  (ties never stop a run, but a low-lr run is strictly below). The second low-lr run is
-  then below the median of four values of which two are good; the last good run is above
-  the median of five of which two are low.
+- The first two runs to record the rung are too few to judge (min_runs 3): they wait. A
+  low-lr run gets a slot only when one of them finishes, so when it reaches the rung both
+  good values are recorded; being below both, it is below the median and stops (ties
+  never stop a run, but a low-lr run is strictly below). The two good runs, judged then,
+  are at or above that median and go on (they have finished by then anyway). The second
+  low-lr run is below the median of four values of which two are good; the last good run
+  is above the median of five of which two are low.
 - The last run (4e-3) gets a slot only when a low-lr run leaves (the good runs' slots went
   to the low-lr ones), so it is the queued run that takes an evicted run's slot.
 """

@@ -126,7 +126,7 @@ class AshaSpec(_Strict):
     )
     mode: Literal["max", "min"] = "max"
     min_runs: int = Field(
-        3, ge=1, description="fewer runs at a rung (itself included) never stop a run"
+        3, ge=1, description="a run's judgement at a rung waits until this many reached it"
     )
 
     def rung_steps(self, max_steps: int) -> list[int]:
