@@ -52,6 +52,7 @@ from workbench.supervisor.client import (
 from workbench.supervisor.control import ControlError, new_run_config
 from workbench.sweep import scheduler
 from workbench.sweep.expand import planned_runs
+from workbench.sweep.fit import SigmoidFit
 from workbench.sweep.report import SweepReport, build_report, write_report
 from workbench.sweep.scheduler import EVICTED_BY
 from workbench.sweep.values import describe_values
@@ -231,6 +232,13 @@ def sweep_plan(
 def sweep_report(
     experiment: ExperimentArg = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    by: Annotated[
+        str,
+        typer.Option(
+            help="last: the metric at each run's last eval; asymptote: where a sigmoid fit "
+            "of its eval curve says it is heading (runs with a reliable fit first)."
+        ),
+    ] = "last",
 ) -> None:
     """Rank the runs of an experiment by the metric early stopping ranks them by.
 
@@ -242,15 +250,24 @@ def sweep_report(
     says so. The best configuration follows the table. The TUI's leaderboard (`b`) is the
     same ranking, live.
 
+    --by asymptote ranks the runs whose sigmoid fit of eval reward against steps is
+    reliable (4 evals after version 0 or more, and past the fitted midpoint) by its
+    asymptote, and the others after them as above; an asymptote column is added.
+
     Also writes sweep_report.json (the same as --json) and sweep_report.png (every run's
     eval curve; evicted runs dashed) into the experiment directory.
 
     --json prints {"experiment", "metric", "mode", "runs": [{"id", "rank", "value",
     "eval_step", "step", "rung", "rung_step", "evicted_by_scheduler", "differences",
-    "evals": [[step, value]], "note"}], "best": null or {"id", "value", "differences"}}.
+    "evals": [[step, value]], "fit": null or {"asymptote", "midpoint", "slope", "start",
+    "rmse", "points", "reliable", "note"}, "note"}], "ranked_by", "best": null or {"id",
+    "value", "differences"}}.
     """
     path = _experiment_or_fail(experiment)
-    report = build_report(path)
+    try:
+        report = build_report(path, by=by)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--by") from None
     written = write_report(report)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
@@ -1046,15 +1063,19 @@ def _print_run_plan(path: Path, recipe: Recipe, *, as_json: bool) -> None:
 
 def _print_sweep_report(report: SweepReport) -> None:
     table = Table(title=f"{report.experiment}: {report.metric}", title_justify="left")
-    for column in ("rank", "run", report.metric, "step", "rung", "evicted", "differences"):
+    by_fit = report.by == "asymptote"
+    columns = ["rank", "run", report.metric, *(["asymptote"] if by_fit else []), "step", "rung"]
+    for column in [*columns, "evicted", "differences"]:
         table.add_column(column, overflow="fold")
     for run in report.runs:
         value = (run.note or "") if run.value is None else f"{run.value:.4g} @ {run.eval_step}"
         rung = "" if run.rung is None else f"{run.rung} (step {run.rung_step})"
+        fit = [] if not by_fit else [_describe_fit(run.fit)]
         table.add_row(
             str(run.rank),
             run.id,
             escape(value),
+            *fit,
             str(run.step),
             rung,
             "yes" if run.evicted_by_scheduler else "",
@@ -1073,6 +1094,14 @@ def _print_sweep_report(report: SweepReport) -> None:
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _describe_fit(fit: SigmoidFit | None) -> str:
+    if fit is None:
+        return "-"
+    if not fit.reliable:
+        return escape(f"unreliable: {fit.note}")
+    return f"{fit.asymptote:.4g} (midpoint step {fit.midpoint:.3g})"
 
 
 def _asha_cells(standing: dict | None) -> list[str]:

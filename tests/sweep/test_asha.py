@@ -4,6 +4,7 @@ join late or are evicted by hand."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from workbench.sweep.asha import (
     MetricPoint,
@@ -130,11 +131,65 @@ def test_asynchronous_each_run_is_judged_on_arrival_against_those_before_it():
         ("run_a", 0, "too_few"),
         ("run_b", 0, "too_few"),
         ("run_c", 0, "stop"),
+        ("run_a", 0, "continue"),  # judged once the rung has min_runs values
+        ("run_b", 0, "continue"),  # equal to the cutoff: goes on
         ("run_d", 0, "continue"),
         ("run_e", 0, "stop"),
     ]
-    assert [(r.rank, r.of) for r in results] == [(1, 1), (2, 2), (3, 3), (1, 4), (4, 5)]
-    assert results[2].cutoff == 0.3
+    ranks = [(r.rank, r.of) for r in results]
+    assert ranks == [(1, 1), (2, 2), (3, 3), (1, 3), (2, 3), (1, 4), (4, 5)]
+    assert results[2].cutoff == results[3].cutoff == 0.3
+    assert results[3].reached_at == results[2].reached_at == 7, "judged when run_c arrived"
+
+
+def test_the_first_arrivals_are_judged_once_min_runs_have_reached_the_rung():
+    # Runs that start together reach every rung together: without the wait, the two first
+    # at each rung would go on unjudged every time.
+    runs = [
+        curve("run_a", linear(0.001), start=0),
+        curve("run_b", linear(0.002), start=1),
+        curve("run_c", linear(0.03), start=2),
+        curve("run_d", linear(0.02), start=3),
+    ]
+    results = advance([], runs, SPEC)
+    assert [d for d in decisions(results) if d[1] == 0] == [
+        ("run_a", 0, "too_few"),
+        ("run_b", 0, "too_few"),
+        ("run_c", 0, "continue"),
+        ("run_a", 0, "stop"),
+        ("run_b", 0, "continue"),
+        ("run_d", 0, "continue"),
+    ]
+    assert "run_a" not in {r.run_id for r in results if r.rung > 0}, "stopped at rung 0"
+    assert latest_by_run(results)["run_a"].decision == "stop"
+
+
+def test_a_wait_that_ends_after_the_run_went_on_stops_it_all_the_same():
+    # Two slots: run_a and run_b pass rungs 0 and 1 before a third run reaches rung 0.
+    early = [curve("run_a", linear(0.001), start=0), curve("run_b", linear(0.03), start=1)]
+    first = advance([], early, SPEC)
+    assert {d[2] for d in decisions(first)} == {"too_few"}
+    late = curve("run_c", {5: 0.1}, start=500)
+    new = advance(first, [*early, late], SPEC)
+    assert decisions(new) == [
+        ("run_c", 0, "continue"),
+        ("run_a", 0, "stop"),
+        ("run_b", 0, "continue"),
+    ]
+    standing = latest_by_run([*first, *new])
+    assert (standing["run_a"].rung, standing["run_a"].decision) == (0, "stop")
+    assert (standing["run_b"].rung, standing["run_b"].decision) == (2, "too_few")
+
+
+def test_waits_over_in_a_file_from_an_older_build_are_judged_at_once():
+    older = [
+        RungResult("run_a", 0, 5, 0.1, 1, 1, None, "too_few", 1.0),
+        RungResult("run_b", 0, 5, 0.5, 1, 2, None, "too_few", 2.0),
+        RungResult("run_c", 0, 5, 0.9, 1, 3, 0.5, "continue", 3.0),
+    ]
+    new = advance(older, [], SPEC)
+    assert decisions(new) == [("run_a", 0, "stop"), ("run_b", 0, "continue")]
+    assert {r.reached_at for r in new} == {3.0}
 
 
 def test_a_run_that_joins_late_is_compared_with_every_run_recorded_so_far():
@@ -150,7 +205,11 @@ def test_a_run_that_joins_late_is_compared_with_every_run_recorded_so_far():
 def test_decisions_are_never_revisited_and_a_replay_adds_nothing():
     runs = [curve(f"run_{i}", linear(0.01 * i)) for i in range(1, 7)]
     first = advance([], runs, SPEC)
-    assert advance(first, runs, SPEC) == []
+    # As the supervisor reads them again: the runs it stopped are evicted by then.
+    stopped = {r.run_id for r in first if r.decision == "stop"}
+    assert stopped, "the slowest are stopped"
+    again = [replace(run, evicted=run.run_id in stopped) for run in runs]
+    assert advance(first, again, SPEC) == []
     assert advance([], runs, SPEC) == first, "the same records give the same decisions"
 
 
@@ -218,9 +277,10 @@ def test_runs_that_crashed_or_were_evicted_by_hand_still_count_at_their_rungs():
     results = advance([], [crashed, by_hand], SPEC)
     assert [(r.run_id, r.rung) for r in results] == [("run_crashed", 0), ("run_by_hand", 0)]
     newcomer = curve("run_new", {5: 0.5}, start=50)
-    [judged] = advance(results, [crashed, by_hand, newcomer], SPEC)
+    judged, *waited = advance(results, [crashed, by_hand, newcomer], SPEC)
     assert (judged.rank, judged.of, judged.decision) == (3, 3, "stop")
     assert judged.cutoff == 0.8
+    assert decisions(waited) == [("run_crashed", 0, "continue"), ("run_by_hand", 0, "continue")]
 
 
 def test_synthetic_curves_leave_the_steepest_runs_standing():

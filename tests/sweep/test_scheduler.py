@@ -48,6 +48,8 @@ def test_a_run_that_falls_behind_is_handed_back_with_the_documented_reason(exper
         ("run_a", "too_few"),
         ("run_b", "too_few"),
         ("run_c", "stop"),
+        ("run_a", "continue"),  # the first two, judged once three runs reached the rung
+        ("run_b", "continue"),
     ]
     assert saved.actions == {}, "decided and written down, not carried out yet"
     scheduler.evicted(eviction)
@@ -64,7 +66,8 @@ def test_a_restarted_supervisor_keeps_the_decisions_and_decides_nothing_twice(ex
 
     again = EarlyStopping(experiment, SPEC)
     assert again.poll(TICK) == []
-    assert [r.decision for r in again.record.results] == ["too_few", "too_few", "stop"]
+    decided = [r.decision for r in again.record.results]
+    assert decided == ["too_few", "too_few", "stop", "continue", "continue"]
     assert layout.asha_state_path(experiment).read_text() == before
 
 
@@ -82,7 +85,7 @@ def test_a_run_whose_stop_is_not_carried_out_yet_is_not_judged_further(experimen
     for at, (name, value) in enumerate((("run_a", 0.7), ("run_b", 0.6), ("run_c", 0.9))):
         record(runs[name], 10, value, at=10.0 + at)
     assert scheduler.poll(2 * TICK) == [eviction], "still to be carried out"
-    assert [(r.run_id, r.rung) for r in scheduler.record.results[3:]] == [
+    assert [(r.run_id, r.rung) for r in scheduler.record.results[5:]] == [
         ("run_a", 1),
         ("run_b", 1),
     ]
@@ -116,9 +119,9 @@ def test_polls_closer_than_the_interval_read_nothing(experiment: Path):
     assert scheduler.record.results
     record(layout.run_dir(experiment, "run_a"), 10, 0.9, at=9.0)
     scheduler.poll(100.5)
-    assert len(scheduler.record.results) == 3
+    assert len(scheduler.record.results) == 5
     scheduler.poll(101.0)
-    assert len(scheduler.record.results) == 4
+    assert len(scheduler.record.results) == 6
 
 
 def test_a_run_already_evicted_by_hand_is_not_evicted_again(experiment: Path):

@@ -21,17 +21,14 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench import layout
+from workbench.bench.headless import run_up_headless
 
 DEFAULT_RECIPE = Path("recipes/reverse_text.toml")
 # Far above what the reverse_text recipe takes on 2 CPU cores (about 2 minutes); a hung
@@ -283,38 +280,21 @@ def run_e2e_benchmark(
     output_dir = load_recipe(recipe).output_dir
     scratch = Path(tempfile.mkdtemp(prefix="workbench-bench-e2e-"))
     experiment = output_dir if output_dir.is_absolute() else scratch / output_dir
-    command = [sys.executable, "-m", "workbench.cli", "up", str(recipe), "--headless"]
-    if max_steps is not None:
-        command += ["--max-steps", str(max_steps)]
 
     load_before = os.getloadavg()
-    started_at = time.time()
-    # `up --headless` prints one line per change: passed through so progress shows.
-    process = subprocess.Popen(command, cwd=scratch)
-    try:
-        exit_code = process.wait(timeout=timeout_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        # Ctrl-C is how `up --headless` is told to stop the experiment gracefully.
-        process.send_signal(signal.SIGINT)
-        exit_code = process.wait()
-        timed_out = True
-    except KeyboardInterrupt:
-        process.send_signal(signal.SIGINT)
-        process.wait()
-        raise
-    wall_s = time.time() - started_at
-
+    run = run_up_headless(recipe, scratch, max_steps=max_steps, timeout_s=timeout_s)
+    exit_code, timed_out = run.exit_code, run.timed_out
     details = {
-        "command": ["workbench", *command[3:]],
+        "command": run.command,
         "max_steps": max_steps,
         "exit_code": exit_code,
         "timed_out": timed_out,
-        "total_wall_s": round(wall_s, 1),
+        "total_wall_s": round(run.wall_s, 1),
+        "cpu_s": None if run.cpu_s is None else round(run.cpu_s, 1),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
     }
-    report = write_e2e_report(experiment, started_at, recipe=recipe, details=details)
+    report = write_e2e_report(experiment, run.started_at, recipe=recipe, details=details)
     if exit_code == 0 and not timed_out and not keep_outputs:
         shutil.rmtree(scratch, ignore_errors=True)
     else:

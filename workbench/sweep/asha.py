@@ -16,8 +16,12 @@ Semantics follow Ray Tune's `AsyncHyperBandScheduler`, the familiar reference:
   rung, its own included; so at most the top 1/factor of the runs there go on. A value
   equal to the cutoff goes on (ties never stop a run). Rank 1 is the best; tied runs
   share a rank.
-- With fewer than `min_runs` values at the rung (its own included), nobody is stopped
-  ("too_few"): a cutoff over two or three runs is mostly noise. Ray has no such guard
+- With fewer than `min_runs` values at the rung (its own included), the judgement waits
+  ("too_few"): a cutoff over two or three runs is mostly noise. When the `min_runs`-th
+  value arrives, every run waiting at that rung is judged against all the values there,
+  just after the arrival itself. Without this, the first `min_runs - 1` arrivals would go
+  on unjudged, and runs that started together (the first trainer slots) reach every rung
+  together: the same early arrivals would pass every rung for free. Ray has no such guard
   (the first run at a rung always goes on, the second is compared with the first).
 - Ray leaves the run being judged out of the cutoff; here it is in, so that the cutoff
   and the rank `k/n` are over the same `n` runs.
@@ -27,8 +31,9 @@ Semantics follow Ray Tune's `AsyncHyperBandScheduler`, the familiar reference:
   who restarts it (`workbench restart`) puts it back in the race from the next rung.
 
 Decisions are final: `advance` only adds results for (run, rung) pairs it has not
-decided, in the order the runs reached their rungs (record time, then run id), so
-replaying the same records gives the same decisions.
+decided (a "too_few" is followed by one judgement once the rung has `min_runs` values),
+in the order the runs reached their rungs (record time, then run id), so replaying the
+same records gives the same decisions.
 """
 
 from __future__ import annotations
@@ -176,35 +181,77 @@ def advance(
             pending.append((when, rung, curve.run_id, step, value_at(curve.points, step)))
     pending.sort(key=lambda item: (item[0], item[1], item[2]))
 
+    rungs = _Rungs(results, spec)
     new: list[RungResult] = []
-    halted: set[str] = set()
-    by_rung: dict[int, list[float]] = {}
-    for result in results:
-        if result.value is not None:
-            by_rung.setdefault(result.rung, []).append(result.value)
+    # Waiting judgements whose rung filled up before (a file written by an older build).
+    for rung in sorted(rungs.waiting):
+        new += rungs.judge_waiting(rung, max(r.reached_at for r in results if r.rung == rung))
     for when, rung, run_id, step, value in pending:
-        if run_id in halted:
+        if run_id in rungs.halted:
             continue  # stopped at a lower rung in this same pass
         if value is None or not math.isfinite(value):
-            recorded = by_rung.get(rung, [])
-            new.append(
-                RungResult(run_id, rung, step, None, None, len(recorded), None, "no_value", when)
-            )
+            of = len(rungs.values.get(rung, {}))
+            new.append(RungResult(run_id, rung, step, None, None, of, None, "no_value", when))
             continue
-        recorded = by_rung.setdefault(rung, [])
-        rank, count, cutoff, decision = judge(recorded, value, spec)
-        recorded.append(value)
-        new.append(RungResult(run_id, rung, step, value, rank, count, cutoff, decision, when))
-        if decision == "stop":
-            halted.add(run_id)
+        result = rungs.judge(run_id, rung, step, value, when)
+        new.append(result)
+        if result.decision == "too_few":
+            rungs.waiting.setdefault(rung, []).append(result)
+        else:
+            new += rungs.judge_waiting(rung, when)
     return new
 
 
+class _Rungs:
+    """The values recorded at each rung (one per run) and the runs waiting to be judged."""
+
+    def __init__(self, results: Sequence[RungResult], spec: AshaSpec) -> None:
+        self.spec = spec
+        self.values: dict[int, dict[str, float]] = {}
+        self.halted: set[str] = set()  # stopped in this pass
+        # Stopped and not judged since: out of the race (a restarted run is judged again).
+        self.out: set[str] = set()
+        judged = {(r.run_id, r.rung) for r in results if r.decision in ("continue", "stop")}
+        self.waiting: dict[int, list[RungResult]] = {}
+        for result in results:
+            if result.decision == "stop":
+                self.out.add(result.run_id)
+            else:
+                self.out.discard(result.run_id)
+            if result.value is not None:
+                self.values.setdefault(result.rung, {})[result.run_id] = result.value
+            if result.decision == "too_few" and (result.run_id, result.rung) not in judged:
+                self.waiting.setdefault(result.rung, []).append(result)
+
+    def judge(self, run_id: str, rung: int, step: int, value: float, when: float) -> RungResult:
+        recorded = self.values.setdefault(rung, {})
+        others = [v for other, v in recorded.items() if other != run_id]
+        rank, count, cutoff, decision = judge(others, value, self.spec)
+        recorded[run_id] = value
+        if decision == "stop":
+            self.halted.add(run_id)
+        return RungResult(run_id, rung, step, value, rank, count, cutoff, decision, when)
+
+    def judge_waiting(self, rung: int, when: float) -> list[RungResult]:
+        """Judge the runs waiting at `rung` if it has enough values now (at time `when`)."""
+        if len(self.values.get(rung, {})) < self.spec.min_runs:
+            return []
+        results = []
+        for waiting in self.waiting.pop(rung, []):
+            if waiting.run_id in self.halted or waiting.run_id in self.out:
+                continue  # stopped at another rung meanwhile: out of the race already
+            assert waiting.value is not None
+            results.append(self.judge(waiting.run_id, rung, waiting.step, waiting.value, when))
+        return results
+
+
 def latest_by_run(results: Iterable[RungResult]) -> dict[str, RungResult]:
-    """Each run's result at its highest rung so far (what `workbench status` shows)."""
+    """Each run's result at its highest rung so far (what `workbench status` shows), or a
+    stop decided after it (a judgement that waited for enough runs at a lower rung)."""
     latest: dict[str, RungResult] = {}
-    for result in results:
-        if result.run_id not in latest or result.rung >= latest[result.run_id].rung:
+    for result in results:  # in decision order
+        current = latest.get(result.run_id)
+        if current is None or result.rung >= current.rung or result.decision == "stop":
             latest[result.run_id] = result
     return latest
 

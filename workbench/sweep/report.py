@@ -6,6 +6,10 @@ last record of the metric in metrics.jsonl. A run without any record of it ranks
 after every run with one. Ties go to the run that reached the later step, then to the
 run id.
 
+Each run's eval curve also gets a sigmoid fit against its steps (`workbench.sweep.fit`:
+asymptote, midpoint, slope). Ranked `by="asymptote"`, the runs whose fit is reliable come
+first, by predicted asymptote; the others follow, ranked by their last record as above.
+
 For each run the report also gives the step it reached, the highest early-stopping rung
 it was judged at (from `sweep/asha.json`), whether early stopping evicted it, and how its
 `control/orch.toml` differs from the recipe's `[defaults]`.
@@ -31,12 +35,14 @@ from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_
 from workbench.metrics import read_metrics
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import AshaRecord, read_asha
+from workbench.sweep.fit import SigmoidFit, fit_sigmoid
 from workbench.sweep.scheduler import EVICTED_BY
 from workbench.sweep.spec import AshaSpec
 from workbench.sweep.values import flatten_values
 
 DEFAULT_METRIC = "eval_reward_mean"
 DEFAULT_MODE = "max"
+RANKINGS = ("last", "asymptote")
 REPORT_JSON = "sweep_report.json"
 REPORT_PNG = "sweep_report.png"
 NO_EVAL_NOTE = "no eval records"
@@ -57,10 +63,12 @@ class RunOutcome:
     differences: dict[str, Any] = field(default_factory=dict)  # dotted key -> its value
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, value), by step
     note: str | None = None
+    fit: SigmoidFit | None = None  # of `evals`, when there is a version 0 and a later one
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["evals"] = [list(point) for point in self.evals]
+        data["fit"] = None if self.fit is None else self.fit.to_json()
         return data
 
 
@@ -70,6 +78,7 @@ class SweepReport:
     metric: str
     mode: str  # "max" or "min"
     runs: list[RunOutcome]  # ranked, best first
+    by: str = "last"  # "last" (record of the metric) or "asymptote" (of the sigmoid fit)
 
     @property
     def best(self) -> RunOutcome | None:
@@ -78,12 +87,19 @@ class SweepReport:
             return self.runs[0]
         return None
 
+    def score(self, run: RunOutcome) -> float | None:
+        """What `run` is ranked by: its predicted asymptote when ranked by a reliable fit."""
+        if self.by == "asymptote" and run.fit is not None and run.fit.reliable:
+            return run.fit.asymptote
+        return run.value
+
     def to_json(self) -> dict[str, Any]:
         best = self.best
         return {
             "experiment": str(self.experiment),
             "metric": self.metric,
             "mode": self.mode,
+            "ranked_by": self.by,
             "runs": [run.to_json() for run in self.runs],
             "best": None
             if best is None
@@ -94,8 +110,11 @@ class SweepReport:
 # ---------------------------------------------------------------- reading
 
 
-def build_report(experiment: Path) -> SweepReport:
-    """Rank every run of `experiment` by the sweep's metric at its last record of it."""
+def build_report(experiment: Path, by: str = "last") -> SweepReport:
+    """Rank every run of `experiment` by the sweep's metric at its last record of it
+    (`by="last"`), or by the asymptote of its reliable sigmoid fit first (`by="asymptote"`)."""
+    if by not in RANKINGS:
+        raise ValueError(f"rank by {by!r}: choose {' or '.join(RANKINGS)}")
     recipe = read_recipe(experiment)
     asha = read_asha(experiment)
     metric, mode = ranking_metric(recipe, asha)
@@ -112,7 +131,7 @@ def build_report(experiment: Path) -> SweepReport:
                 config_differences(run, defaults),
             )
         )
-    return rank_report(experiment, metric, mode, outcomes, asha)
+    return rank_report(experiment, metric, mode, outcomes, asha, by)
 
 
 def rank_report(
@@ -121,6 +140,7 @@ def rank_report(
     mode: str,
     outcomes: list[RunOutcome],
     asha: AshaRecord | None,
+    by: str = "last",
 ) -> SweepReport:
     """The report of `outcomes`: each given its early-stopping standing, then ranked."""
     standings = latest_by_run(asha.results) if asha is not None else {}
@@ -130,18 +150,21 @@ def rank_report(
             outcome.rung, outcome.rung_step = standing.rung, standing.step
             run = layout.run_dir(experiment, outcome.id)
             outcome.evicted_by_scheduler = _evicted_by_scheduler(run, standing, asha)
-    ranked = rank_runs(outcomes, mode)
-    return SweepReport(experiment=experiment, metric=metric, mode=mode, runs=ranked)
+    ranked = rank_runs(outcomes, mode, by)
+    return SweepReport(experiment=experiment, metric=metric, mode=mode, runs=ranked, by=by)
 
 
-def rank_runs(runs: list[RunOutcome], mode: str) -> list[RunOutcome]:
-    """Best first; runs without a value last. Sets each run's `rank` (1 is the best)."""
+def rank_runs(runs: list[RunOutcome], mode: str, by: str = "last") -> list[RunOutcome]:
+    """Best first; runs without a value last. Sets each run's `rank` (1 is the best).
+    `by="asymptote"`: runs with a reliable fit first, by its asymptote."""
     sign = -1.0 if mode == "max" else 1.0
 
     def key(run: RunOutcome) -> tuple[int, float, int, str]:
+        if by == "asymptote" and run.fit is not None and run.fit.reliable:
+            return (0, sign * run.fit.asymptote, -run.step, run.id)
         if run.value is None:
-            return (1, 0.0, 0, run.id)
-        return (0, sign * run.value, -run.step, run.id)
+            return (2, 0.0, 0, run.id)
+        return (1, sign * run.value, -run.step, run.id)
 
     ranked = sorted(runs, key=key)
     for position, run in enumerate(ranked, start=1):
@@ -154,7 +177,7 @@ def run_outcome(
 ) -> RunOutcome:
     """One run's line before ranking: `evals` is its curve of the metric (`MetricCurve`),
     `step` the highest of any of its records, `differences` from `config_differences`."""
-    outcome = RunOutcome(id=run_id, step=step, evals=evals)
+    outcome = RunOutcome(id=run_id, step=step, evals=evals, fit=fit_sigmoid(evals))
     if evals:
         outcome.eval_step, outcome.value = evals[-1]
     else:
@@ -285,7 +308,14 @@ def render_curves(report: SweepReport) -> bytes | None:
     # A Figure with its own Agg canvas, not pyplot: no global backend, no display needed.
     figure = Figure(figsize=(8, 5), dpi=100)
     FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
+    draw_eval_curves(figure.add_subplot(), report)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def draw_eval_curves(axes: Any, report: SweepReport, title: str | None = None) -> None:
+    """Every run's eval curve by step on matplotlib `axes` (evicted runs dashed)."""
     for run in report.runs:
         if not run.evals:
             continue
@@ -295,10 +325,7 @@ def render_curves(report: SweepReport) -> bytes | None:
         axes.plot(steps, values, linestyle=style, marker="o", markersize=3, label=label)
     axes.set_xlabel("step")
     axes.set_ylabel(report.metric)
-    axes.set_title(f"{report.experiment.name}: {report.metric} by step")
+    axes.set_title(title or f"{report.experiment.name}: {report.metric} by step")
     if axes.lines:
         axes.legend(fontsize="small", loc="best")
     axes.grid(alpha=0.3)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", bbox_inches="tight")
-    return buffer.getvalue()

@@ -142,7 +142,7 @@ class AshaSpec(_Strict):
         "max", description="`max`: higher values are better; `min`: lower ones"
     )
     min_runs: int = Field(
-        3, ge=1, description="fewer runs at a rung (the judged one included) stop nobody"
+        3, ge=1, description="a run's judgement at a rung waits until this many reached it"
     )
 
     def rung_steps(self, max_steps: int) -> list[int]:
