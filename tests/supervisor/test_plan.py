@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import layout
+from workbench import layout, ports
 from workbench.config import load_inference_config, load_trainer_config
 from workbench.supervisor import paths, plan
 from workbench.supervisor.plan import (
@@ -89,11 +89,13 @@ def test_plan_writes_configs_and_an_owner_only_endpoint_with_a_random_key(experi
         "workbench.inference",
         "--config",
         str(paths.inference_config_path(experiment)),
+        "--move-port-if-taken",  # the recipe asked for any free port
     ]
     trainer_config = load_trainer_config(paths.trainer_config_path(experiment))
     assert trainer_config.output_dir == experiment.resolve()
     assert trainer.argv[trainer.argv.index("--nproc_per_node") + 1] == "2"
     assert "--master_port" in trainer.argv
+    assert trainer.argv[:3] == [sys.executable, "-m", "workbench.trainer.launch"]
     assert trainer.argv[-4:] == [
         "-m",
         "workbench.trainer.rl",
@@ -151,6 +153,6 @@ def test_plan_factories_load_from_a_module_or_a_file(tmp_path: Path):
 
 
 def test_free_ports_come_from_below_the_kernels_ephemeral_range():
-    low, _ = plan.ephemeral_port_range()
-    ports = {plan.free_port() for _ in range(5)}
-    assert all(port < low for port in ports) or low <= 12000
+    low, _ = ports.ephemeral_port_range()
+    picked = {ports.free_port() for _ in range(5)}
+    assert all(port < low for port in picked) or low <= 12000

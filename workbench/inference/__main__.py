@@ -19,15 +19,22 @@ from workbench.inference.server import (
     InferenceSetupError,
     build_vllm_command,
     check_model_dir,
-    check_port_free,
     check_vllm_installed,
     server_environment,
+    serving_port,
 )
+from workbench.lifeline import die_with_parent
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # survives the execve below: vLLM stops when the supervisor dies
     parser = argparse.ArgumentParser(prog="python -m workbench.inference", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="an InferenceConfig TOML")
+    parser.add_argument(
+        "--move-port-if-taken",
+        action="store_true",
+        help="serve on a new free port (written to endpoint.json) if the planned one is taken",
+    )
     args = parser.parse_args(argv)
     try:
         config = load_inference_config(args.config)
@@ -40,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.inference.port == 0:
             raise InferenceSetupError(f"{args.config}: [inference] port must be set (not 0) here")
         check_vllm_installed()
-        check_port_free(config.inference.host, config.inference.port)
+        port = serving_port(config, endpoint, may_move=args.move_port_if_taken)
         from workbench.models.resolve import resolve_model
 
         model = resolve_model(config.model.base)
@@ -48,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, InferenceSetupError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    command = build_vllm_command(config, model, config.inference.port)
+    command = build_vllm_command(config, model, port)
     print("starting:", " ".join(command), file=sys.stderr, flush=True)
     os.execve(sys.executable, command, server_environment(endpoint.api_key))
     return 0  # not reached

@@ -12,9 +12,12 @@ import importlib.util
 import os
 import socket
 import sys
+import urllib.parse
 from pathlib import Path
 
 from workbench.config import InferenceConfig
+from workbench.inference.endpoint import Endpoint, write_endpoint
+from workbench.ports import free_port, port_is_free
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -42,6 +45,37 @@ def check_port_free(host: str, port: int) -> None:
                 f"port {port} on {host} is in use ({err.strerror}); set [inference] port to a "
                 "free port in the recipe, or 0 to pick one"
             ) from None
+
+
+def serving_port(config: InferenceConfig, endpoint: Endpoint, *, may_move: bool) -> int:
+    """The port to serve on: the planned one, or with `may_move` (the recipe asked for any
+    free port) a new one when the planned one was taken since the plan chose it.
+
+    The plan picks the port a minute before vLLM binds it (imports, model loading); a
+    port taken meanwhile used to fail the server for good. A new port is written to
+    `supervisor/endpoint.json`, which orchestrators and the supervisor's readiness check
+    read, so they follow it.
+    """
+    host = config.inference.host
+    port = endpoint_port(endpoint) if may_move else config.inference.port
+    if port_is_free(host, port):
+        return port
+    if not may_move:
+        check_port_free(host, port)  # raises, naming the setting
+    moved = free_port(host)
+    write_endpoint(
+        config.output_dir,
+        Endpoint(f"http://127.0.0.1:{moved}/v1", endpoint.api_key, endpoint.model),
+    )
+    print(f"port {port} on {host} was taken since it was chosen; serving on {moved}", flush=True)
+    return moved
+
+
+def endpoint_port(endpoint: Endpoint) -> int:
+    port = urllib.parse.urlsplit(endpoint.base_url).port
+    if port is None:
+        raise InferenceSetupError(f"endpoint.json: base_url {endpoint.base_url!r} has no port")
+    return port
 
 
 def pick_free_port(host: str = "127.0.0.1") -> int:

@@ -22,6 +22,7 @@ from torch import nn
 
 from workbench import layout
 from workbench.config import ConfigError, TrainerConfig, load_trainer_config
+from workbench.lifeline import die_with_parent
 from workbench.metrics import append_metrics
 from workbench.runs import MultiRunManager, setup_multi_run_manager
 from workbench.trainer import distributed
@@ -261,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchrun -m workbench.trainer.rl", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="a TrainerConfig TOML")
     args = parser.parse_args(argv)
+    # torchrun starts each worker in a session of its own: without this a killed agent
+    # would leave it training beside the trainer that replaces it.
+    die_with_parent()
     device = distributed.init_process_group()
     try:
         return train_from_config(args.config, device)
