@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import free_port
 from workbench.config import InferenceConfig, InferenceSection, ModelSection, model_to_toml
 from workbench.inference import server
-from workbench.inference.endpoint import Endpoint, new_api_key, write_endpoint
+from workbench.inference.endpoint import Endpoint, new_api_key, read_endpoint, write_endpoint
 from workbench.inference.readiness import InferenceStartError, wait_until_ready
 
 
@@ -68,3 +68,30 @@ def test_api_key_is_passed_in_the_environment_not_the_command_line(tmp_path: Pat
     command = server.build_vllm_command(config, tmp_path, 8000)
     assert "--api-key" not in command and "--enable-lora" in command
     assert server.server_environment("secret", {})["VLLM_API_KEY"] == "secret"
+
+
+def test_with_any_port_allowed_a_port_taken_since_the_plan_moves_the_server(tmp_path: Path):
+    """The plan picks the port a minute before vLLM binds it; it was once taken meanwhile."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = InferenceConfig(
+            output_dir=tmp_path, model=ModelSection(base=str(tmp_path)),
+            inference=InferenceSection(port=port),
+        )  # fmt: skip
+        path = tmp_path / "inference.toml"
+        path.write_text(model_to_toml(config))
+        key = new_api_key()
+        write_endpoint(tmp_path, Endpoint(f"http://127.0.0.1:{port}/v1", key, "m"))
+        result = subprocess.run(
+            [sys.executable, "-m", "workbench.inference", "--config", str(path),
+             "--move-port-if-taken"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    moved = read_endpoint(tmp_path)
+    assert moved is not None and moved.api_key == key
+    new_port = int(moved.base_url.rsplit(":", 1)[1].removesuffix("/v1"))
+    assert new_port != port and f"serving on {new_port}" in result.stdout
+    # It got past the port to the next check (this model directory is not one).
+    assert "is in use" not in result.stderr and "not a model directory" in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import stat
 import sys
@@ -12,6 +13,8 @@ import pytest
 
 from workbench import layout, ports
 from workbench.config import load_inference_config, load_trainer_config
+from workbench.inference.endpoint import Endpoint, read_endpoint, write_endpoint
+from workbench.lifeline import PARENT_PID_ENV
 from workbench.supervisor import paths, plan
 from workbench.supervisor.plan import (
     DeviceAssignment,
@@ -117,6 +120,21 @@ def test_plan_writes_configs_and_an_owner_only_endpoint_with_a_random_key(experi
     assert (
         json.loads(paths.endpoint_path(experiment).read_text())["api_key"] != endpoint["api_key"]
     ), "every start draws a new key"
+
+
+def test_inference_readiness_follows_the_port_in_endpoint_json(experiment: Path, no_gpu):
+    write_recipe(experiment)
+    inference = plan_from_recipe(experiment).processes[0]
+    current = read_endpoint(experiment)
+    write_endpoint(experiment, Endpoint("http://127.0.0.1:12345/v1", current.api_key, "m"))
+    assert inference.readiness.url == "http://127.0.0.1:12345/health"
+
+
+def test_children_get_the_supervisors_pid_to_die_with_it(experiment: Path, no_gpu):
+    write_recipe(experiment)
+    result = plan_from_recipe(experiment)
+    specs = [*result.processes, result.orchestrator("run_a", experiment / "run_a")]
+    assert all(spec.env[PARENT_PID_ENV] == str(os.getpid()) for spec in specs)
 
 
 def test_a_fixed_inference_port_in_use_is_refused_naming_the_port(experiment: Path, no_gpu):
