@@ -174,3 +174,11 @@ def test_free_ports_come_from_below_the_kernels_ephemeral_range():
     low, _ = ports.ephemeral_port_range()
     picked = {ports.free_port() for _ in range(5)}
     assert all(port < low for port in picked) or low <= 12000
+
+
+def test_inference_and_the_trainer_restart_even_after_a_clean_exit(experiment: Path, no_gpu):
+    """A stray SIGTERM makes the trainer checkpoint and exit 0; the runs still need it."""
+    write_recipe(experiment)
+    inference, trainer = plan_from_recipe(experiment).processes
+    assert inference.restart.wants_restart(exit_ok=True)
+    assert trainer.restart.wants_restart(exit_ok=True)

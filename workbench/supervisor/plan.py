@@ -46,11 +46,19 @@ ORCHESTRATOR_MODULE = "workbench.orchestrator"
 
 # Exit code 2 is "my setup is wrong" (bad config, vLLM missing, port taken) for inference and
 # orchestrators, 3 an orchestrator's self-eviction: restarting cannot help. torchrun reports
-# any worker failure as 1, so the trainer has no such code (and exits 0 after a clean stop).
+# any worker failure as 1, so the trainer has no such code. Inference and the trainer are
+# services: while the experiment runs, even a clean exit (a stray SIGTERM: the trainer
+# checkpoints and exits 0) is restarted; the supervisor's own stops are not.
 INFERENCE_RESTART = RestartPolicy(
-    max_restarts=3, backoff_initial_s=2.0, backoff_max_s=60.0, permanent_exit_codes=(2,)
+    mode="always",
+    max_restarts=3,
+    backoff_initial_s=2.0,
+    backoff_max_s=60.0,
+    permanent_exit_codes=(2,),
 )
-TRAINER_RESTART = RestartPolicy(max_restarts=3, backoff_initial_s=2.0, backoff_max_s=60.0)
+TRAINER_RESTART = RestartPolicy(
+    mode="always", max_restarts=3, backoff_initial_s=2.0, backoff_max_s=60.0
+)
 ORCHESTRATOR_RESTART = RestartPolicy(
     max_restarts=5, backoff_initial_s=1.0, backoff_max_s=30.0, permanent_exit_codes=(2, 3)
 )
