@@ -138,6 +138,16 @@ def kill_supervisor(inj: Injection) -> None:
     _up_again(inj)
 
 
+def kill_supervisor_then_down(inj: Injection) -> None:
+    """SIGKILL the supervisor, then `workbench down`: nothing of the experiment may be left."""
+    exp = inj.exp
+    exp.record_processes()
+    sigkill(inj, exp.supervisor_pid(), "supervisor")
+    inj.expect_finished = ()
+    result = exp.down()
+    inj.notes.append(f"down after the supervisor was killed: exit {result.returncode}")
+
+
 def machine_restart(inj: Injection) -> None:
     """SIGKILL of every process of the experiment at once, then `up`: each run resumes
     from its latest STABLE checkpoint."""
@@ -365,6 +375,9 @@ SCENARIOS = [
     Scenario("kill-orchestrator", "SIGKILL of one orchestrator", kill_orchestrator),
     Scenario("kill-every-child", "SIGKILL of every child at once", kill_every_child),
     Scenario("kill-supervisor", "SIGKILL of the supervisor, then up", kill_supervisor),
+    Scenario(
+        "kill-supervisor-down", "SIGKILL of the supervisor, then down", kill_supervisor_then_down
+    ),
     Scenario(
         "sigterm-in-checkpoint", "SIGTERM to the trainer mid-checkpoint", sigterm_during_checkpoint
     ),
