@@ -21,6 +21,7 @@ these paths by hand: they come from here, so a rename is a one-line change.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import shutil
@@ -252,6 +253,10 @@ def staged_directory(final: Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    # A writer killed mid-way (SIGKILL, OOM) left its staging directory; the step is being
+    # written again now, so the leftover is garbage (one writer per step directory).
+    for stale in final.parent.glob(f".{glob.escape(final.name)}.*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         yield staging

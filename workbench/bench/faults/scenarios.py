@@ -166,13 +166,13 @@ def machine_restart(inj: Injection) -> None:
 
 
 def _signal_during_checkpoint(inj: Injection, sig: int) -> None:
-    """Wait for a checkpoint being staged (`.step_N.*.tmp` under a run's checkpoints/)
+    """Wait for a trainer checkpoint being staged (`checkpoints/step_N/.trainer.*.tmp`)
     and signal the trainer's worker while it is there."""
     exp = inj.exp
     roots = [layout.checkpoints_dir(exp.path / run) for run in RUN_IDS]
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        staging = [p for root in roots if root.is_dir() for p in root.glob(".step_*.tmp")]
+        staging = [p for root in roots if root.is_dir() for p in root.glob("step_*/.trainer.*.tmp")]
         if staging:
             workers = exp.trainer_workers()
             if workers:
