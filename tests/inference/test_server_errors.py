@@ -95,3 +95,17 @@ def test_with_any_port_allowed_a_port_taken_since_the_plan_moves_the_server(tmp_
     assert new_port != port and f"serving on {new_port}" in result.stdout
     # It got past the port to the next check (this model directory is not one).
     assert "is in use" not in result.stderr and "not a model directory" in result.stderr
+
+
+def test_too_little_free_memory_for_the_cpu_server_names_what_it_needs_and_the_setting():
+    gib = 1 << 30
+    assert server.cpu_memory_problem(7 * gib, kv_cache_gib=1, weights=gib // 10) is None
+    problem = server.cpu_memory_problem(gib, kv_cache_gib=1, weights=gib // 10)
+    assert "needs about 2.6 GiB" in problem and "1.0 GiB is available" in problem
+    assert "VLLM_CPU_KVCACHE_SPACE" in problem
+
+
+def test_the_cpu_server_reserves_a_fixed_kv_cache_not_a_fraction_of_the_machine():
+    """With the variable unset vLLM's CPU build asks for gpu_memory_utilization of all RAM
+    and refuses to start while a neighbour holds most of it."""
+    assert server.server_environment("key", base={})["VLLM_CPU_KVCACHE_SPACE"] == "1"

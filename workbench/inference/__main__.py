@@ -1,9 +1,13 @@
 """`python -m workbench.inference --config PATH`: start vLLM for an experiment.
 
 Checks what can be checked before vLLM's slow start (vLLM installed, port free, model
-directory), then replaces this process with vLLM's server so signals from the supervisor
-reach it directly. The port comes from the config; the API key from the experiment's
-`supervisor/endpoint.json`.
+directory, enough free memory on a CPU machine), then replaces this process with vLLM's
+server so signals from the supervisor reach it directly. The port comes from the config
+(or, with --move-port-if-taken, from `supervisor/endpoint.json`, rewritten when the port
+was taken meanwhile); the API key from `supervisor/endpoint.json`.
+
+Exit status: 2 a setup that a restart cannot fix, 1 too little free memory (a restart may
+find more), otherwise vLLM's own.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from workbench.config import ConfigError, load_inference_config
 from workbench.inference.endpoint import read_endpoint
 from workbench.inference.server import (
     InferenceSetupError,
+    NotEnoughMemory,
     build_vllm_command,
+    check_cpu_memory,
     check_model_dir,
     check_vllm_installed,
     server_environment,
@@ -52,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
 
         model = resolve_model(config.model.base)
         check_model_dir(model)
+        check_cpu_memory(model)
+    except NotEnoughMemory as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1  # memory may free up: the supervisor tries again with backoff
     except (ConfigError, InferenceSetupError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
