@@ -11,9 +11,12 @@ import time
 from pathlib import Path
 
 from tests.helpers import free_port
-from tests.trainer_rl.test_multi_process import experiment_with_batches, wait_for
+from tests.trainer_rl.test_multi_process import (
+    experiment_with_batches,
+    wait_for,
+    write_trainer_config,
+)
 from workbench import layout
-from workbench.config import ModelSection, TrainerConfig, TrainerSection, model_to_toml
 from workbench.supervisor.process import process_is_alive
 from workbench.trainer.launch import child_pids
 
@@ -25,13 +28,7 @@ def start_trainer(tmp_path: Path, tiny_llama: Path) -> tuple[subprocess.Popen, P
     experiment = experiment_with_batches(
         tmp_path / "exp", steps=2, lr=0.05, checkpoint_interval=100
     )
-    config = TrainerConfig(
-        output_dir=experiment,
-        model=ModelSection(base=str(tiny_llama)),
-        trainer=TrainerSection(max_concurrent_runs=2, seq_len=32, poll_interval_s=0.05),
-    )
-    config_path = tmp_path / "trainer.toml"
-    config_path.write_text(model_to_toml(config))
+    _, config_path = write_trainer_config(tmp_path, experiment, tiny_llama)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     log = open(tmp_path / "trainer.log", "w")  # noqa: SIM115 - the child holds it
     launcher = subprocess.Popen(
