@@ -207,5 +207,11 @@ class FaultExperiment:
         return bool(condition())
 
     def wait_until_done(self, runs: tuple[str, ...], timeout_s: float) -> bool:
-        """Every run in `runs` finished (the supervisor then stops by itself)."""
-        return self.wait(lambda: all(self.finished(run) for run in runs), timeout_s, 1.0)
+        """Every run in `runs` finished, or the supervisor stopped (by itself once every
+        run is done, or giving up)."""
+        self.wait(
+            lambda: all(self.finished(run) for run in runs) or self.supervisor_pid() is None,
+            timeout_s,
+            1.0,
+        )
+        return all(self.finished(run) for run in runs)

@@ -81,16 +81,10 @@ def run_scenario(
         result = exp.up()
         if result.returncode != 0:
             inj.notes.append(f"up failed: {(result.stdout + result.stderr).strip()[-400:]}")
-        if scenario.at_start:
-            scenario.inject(inj)
-        else:
-            target = rng.randint(2, max_steps - 3)
-            reached = exp.wait(lambda: exp.trained_step("run_a") >= target, 600, 0.05)
-            time.sleep(rng.uniform(0.0, 1.0))
-            if reached:
-                scenario.inject(inj)
-            else:
-                inj.notes.append(f"run_a never reached step {target}; nothing injected")
+        try:
+            inject_at_its_moment(scenario, inj, max_steps)
+        except Exception as err:  # a broken injection is a row of the report, not the end
+            inj.notes.append(f"injection failed: {type(err).__name__}: {err}")
         done = exp.wait_until_done(inj.expect_finished, SCENARIO_TIMEOUT_S)
         if not done:
             inj.notes.append(f"runs not done after {SCENARIO_TIMEOUT_S:g}s")
@@ -103,6 +97,20 @@ def run_scenario(
         exp.kill_leftovers()
         if scenario.teardown:
             scenario.teardown(inj)
+
+
+def inject_at_its_moment(scenario: Scenario, inj: Injection, max_steps: int) -> None:
+    if scenario.at_start:
+        scenario.inject(inj)
+        return
+    exp = inj.exp
+    target = inj.rng.randint(2, max_steps - 3)
+    reached = exp.wait(lambda: exp.trained_step("run_a") >= target, 600, 0.05)
+    time.sleep(inj.rng.uniform(0.0, 1.0))
+    if reached:
+        scenario.inject(inj)
+    else:
+        inj.notes.append(f"run_a never reached step {target}; nothing injected")
 
 
 def check(scenario: Scenario, inj: Injection, orphans: list) -> dict[str, Any]:

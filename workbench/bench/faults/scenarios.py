@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 from workbench import layout
-from workbench.bench.faults.experiment import RUN_IDS, FaultExperiment
+from workbench.bench.faults.experiment import RUN_IDS, FaultExperiment, still_alive
 from workbench.inference.endpoint import read_endpoint
 
 
@@ -125,8 +125,6 @@ def kill_supervisor(inj: Injection) -> None:
     inj.resume_from = _checkpoint_steps(exp)
     sigkill(inj, exp.supervisor_pid(), "supervisor")
     started = time.monotonic()
-    from workbench.bench.faults.experiment import still_alive
-
     gone = exp.wait(lambda: not any(still_alive(seen) for seen in children), 120, 0.2)
     waited = time.monotonic() - started
     inj.extra["children_gone_s"] = round(waited, 1) if gone else None
