@@ -151,6 +151,7 @@ def check(scenario: Scenario, inj: Injection, orphans: list) -> dict[str, Any]:
         and not half
         and not orphans
         and not record["deleted_run_recreated"]
+        and not inj.extra.get("security_problems")
     )
     return record
 

@@ -28,6 +28,7 @@ import psutil
 
 from workbench import layout
 from workbench.bench.faults.experiment import RUN_IDS, FaultExperiment, still_alive
+from workbench.bench.faults.security import security_problems
 from workbench.inference.endpoint import read_endpoint
 
 
@@ -242,6 +243,14 @@ def truncated_rollouts(inj: Injection) -> None:
     inj.mark()
 
 
+def security_checks(inj: Injection) -> None:
+    """Not a fault: the security checks, on the running experiment."""
+    problems = security_problems(inj.exp)
+    inj.mark()
+    inj.extra["security_problems"] = len(problems)
+    inj.notes += problems or ["security: every check passed"]
+
+
 # ---------------------------------------------------------------- the machine
 
 
@@ -413,6 +422,7 @@ SCENARIOS = [
         teardown=release_memory,
     ),
     Scenario("machine-restart", "SIGKILL of the whole tree, then up", machine_restart),
+    Scenario("security", "listeners, API key, file modes, run ids", security_checks),
 ]
 QUICK = (
     "kill-orchestrator",
