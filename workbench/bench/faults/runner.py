@@ -12,7 +12,8 @@ checks:
 - half-written: temp files, staged directories and step directories without STABLE left
   in the experiment (must be 0);
 - orphans: processes of the experiment alive after `down` (must be 0);
-- recover: seconds from the injection until every unfinished run trained a new step.
+- recover: seconds from the injection until every unfinished run generated and trained
+  a new step.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def check(scenario: Scenario, inj: Injection, orphans: list) -> dict[str, Any]:
         "resumed_not_from_latest": resumed_wrong,
         "half_written": [str(path.relative_to(exp.path)) for path in half],
         "orphans": [f"{seen.pid} {seen.command}" for seen in orphans],
+        "injected_at": inj.at,
         "recover_s": recovery_s(inj),
         "deleted_run_recreated": any(
             (exp.path / run).exists() for run in RUN_IDS if run not in inj.expect_finished
@@ -169,16 +171,17 @@ def _resumed_wrong(inj: Injection, loaded: list[tuple[str, Path]]) -> list[str]:
 
 
 def recovery_s(inj: Injection) -> float | None:
-    """Seconds from the injection until every run that was still training then trained a
-    step again (metrics.jsonl times)."""
+    """Seconds from the injection until every run that was still training then both
+    generated a step (its orchestrator, through vLLM) and trained one (metrics.jsonl)."""
     if inj.at is None:
         return None
     waits = []
     for run_id in inj.expect_finished:
-        times = [m["time"] for m in read_metrics(inj.exp.path / run_id, "trainer")]
-        later = [t for t in times if t > inj.at]
-        if later:
-            waits.append(min(later) - inj.at)
+        records = read_metrics(inj.exp.path / run_id)
+        for source in ("orchestrator", "trainer"):
+            later = [m["time"] for m in records if m.get("source") == source and m["time"] > inj.at]
+            if later:
+                waits.append(min(later) - inj.at)
     return round(max(waits), 1) if waits else None
 
 
