@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers import free_port
+from tests.helpers import free_port, make_run
 from tests.trainer_rl.test_multi_process import (
     experiment_with_batches,
     wait_for,
@@ -18,6 +18,7 @@ from tests.trainer_rl.test_multi_process import (
 )
 from workbench import layout
 from workbench.supervisor.process import process_is_alive
+from workbench.trainer.checkpoint import remove_killed_writes
 from workbench.trainer.launch import child_pids
 
 RUNS = ("run_a", "run_b")
@@ -77,3 +78,20 @@ def test_a_killed_torchrun_agent_leaves_no_worker_and_the_worker_checkpoints(tmp
             os.kill(workers[0], signal.SIGKILL)
     for run in RUNS:
         assert layout.is_stable(layout.checkpoint_part_dir(experiment / run, 2, "trainer")), run
+
+
+def test_a_starting_trainer_removes_what_a_killed_one_left_half_written(tmp_path: Path):
+    """A run that finished while the trainer was down is never written again: the staged
+    checkpoint a SIGKILL interrupted would stay forever."""
+    run = make_run(tmp_path, "run_a")
+    part = layout.checkpoint_part_dir(run, 16, "trainer")
+    staged = part.parent / ".trainer.x1y2.tmp"
+    staged.mkdir(parents=True)
+    (staged / "adapter.safetensors").write_bytes(b"half")
+    orchestrator_part = layout.checkpoint_part_dir(run, 16, "orchestrator")
+    orchestrator_part.mkdir()
+    broadcast = layout.broadcasts_dir(run) / ".step_16.abcd.tmp"
+    broadcast.mkdir(parents=True)
+    remove_killed_writes(tmp_path)
+    assert not staged.exists() and not broadcast.exists()
+    assert orchestrator_part.is_dir(), "the orchestrator's own checkpoint is not the trainer's"

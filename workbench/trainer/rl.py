@@ -27,7 +27,7 @@ from workbench.metrics import append_metrics
 from workbench.runs import MultiRunManager, setup_multi_run_manager
 from workbench.trainer import distributed
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
-from workbench.trainer.checkpoint import RunCheckpointer
+from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
 from workbench.trainer.compute import ComputePlan, packed_row_logprobs, prepare_model
 from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lora_num_tokens
 from workbench.trainer.loss import compute_rl_loss
@@ -285,6 +285,8 @@ def train_from_config(config_path: Path, device: torch.device) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if distributed.is_master():
+        remove_killed_writes(config.output_dir)
     torch.manual_seed(0)
     dtype = getattr(torch, config.trainer.dtype)
     trainer = build_trainer(config, load_base_model(config.model.base, dtype, device), device)

@@ -59,5 +59,6 @@ def half_written(experiment: Path, planted: set[Path]) -> list[Path]:
         ]
         found += [path for _, path in steps if not layout.is_stable(path)]
         for _, step in layout.list_step_dirs(layout.checkpoints_dir(run)):
-            found += [p for p in step.iterdir() if p.is_dir() and not layout.is_stable(p)]
+            parts = [p for p in step.iterdir() if p.is_dir() and not p.name.startswith(".")]
+            found += [p for p in parts if not layout.is_stable(p)]
     return sorted(path for path in found if path not in planted)

@@ -138,9 +138,7 @@ def check(scenario: Scenario, inj: Injection, orphans: list) -> dict[str, Any]:
         "orphans": [f"{seen.pid} {seen.command}" for seen in orphans],
         "injected_at": inj.at,
         "recover_s": recovery_s(inj),
-        "deleted_run_recreated": any(
-            (exp.path / run).exists() for run in RUN_IDS if run not in inj.expect_finished
-        ),
+        "deleted_run_recreated": any((exp.path / run).exists() for run in inj.deleted),
         "notes": inj.notes + exp.cli_lines[-6:],
         **{k: v for k, v in inj.extra.items() if isinstance(v, int | float | bool | None)},
     }

@@ -42,8 +42,9 @@ class Injection:
     expect_finished: tuple[str, ...] = RUN_IDS
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
-    # Checkpoint step of each run when a restart was forced: what it must resume from.
+    # Latest checkpoint step of each run when `up` ran again: what it must resume from.
     resume_from: dict[str, int] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)  # runs whose directory was removed
 
     def mark(self) -> None:
         self.injected += 1
@@ -111,6 +112,7 @@ def _checkpoint_steps(exp: FaultExperiment) -> dict[str, int]:
 
 def _up_again(inj: Injection) -> None:
     exp = inj.exp
+    inj.resume_from = _checkpoint_steps(exp)
     status = exp.cli("status", str(exp.path))
     inj.notes.append(f"status without a supervisor: exit {status.returncode}")
     result = exp.up()
@@ -123,7 +125,6 @@ def kill_supervisor(inj: Injection) -> None:
     exp = inj.exp
     exp.record_processes()
     children = [seen for seen in exp.seen.values() if seen.pid != exp.supervisor_pid()]
-    inj.resume_from = _checkpoint_steps(exp)
     sigkill(inj, exp.supervisor_pid(), "supervisor")
     started = time.monotonic()
     gone = exp.wait(lambda: not any(still_alive(seen) for seen in children), 120, 0.2)
@@ -152,7 +153,6 @@ def machine_restart(inj: Injection) -> None:
     from its latest STABLE checkpoint."""
     exp = inj.exp
     exp.record_processes()
-    inj.resume_from = _checkpoint_steps(exp)
     for seen in list(exp.seen.values()):
         with contextlib.suppress(ProcessLookupError):
             os.kill(seen.pid, signal.SIGKILL)
@@ -202,8 +202,8 @@ def checkpoint_without_stable(inj: Injection) -> None:
     (part / "adapter.safetensors").write_bytes(b"\0" * 100)
     (part / "progress.json").write_text('{"step": ')
     inj.planted.add(part)
-    inj.resume_from = _checkpoint_steps(exp)
     kill_trainer_worker(inj)
+    inj.resume_from = _checkpoint_steps(exp)  # SIGKILL: nothing is written after it
 
 
 # ---------------------------------------------------------------- run directories
@@ -212,6 +212,7 @@ def checkpoint_without_stable(inj: Injection) -> None:
 def delete_run_dir(inj: Injection) -> None:
     exp = inj.exp
     shutil.rmtree(exp.path / "run_b")
+    inj.deleted.add("run_b")
     inj.mark()
     inj.expect_finished = ("run_a",)
 
