@@ -104,8 +104,9 @@ class FaultExperiment:
             text=True,
             timeout=timeout,
         )
-        self.cli_lines.append(f"$ workbench {' '.join(args)} -> {result.returncode}")
-        self.cli_lines += (result.stdout + result.stderr).strip().splitlines()[-8:]
+        if result.returncode != 0:  # a failing command is worth a note in the report
+            self.cli_lines.append(f"$ workbench {' '.join(args)} -> {result.returncode}")
+            self.cli_lines += (result.stdout + result.stderr).strip().splitlines()[-4:]
         return result
 
     def up(self) -> subprocess.CompletedProcess[str]:

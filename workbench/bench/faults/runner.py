@@ -67,7 +67,9 @@ def run_faults_benchmark(
         results.append(record)
         print(format_row(record), flush=True)
     payload = {"seed": seed, "quick": quick, **size, "scenarios": results}
-    path = write_result("faults-quick" if quick else "faults", payload)
+    # A selection is reported apart: it must not pass for the whole benchmark.
+    name = "faults-selected" if only else ("faults-quick" if quick else "faults")
+    path = write_result(name, payload)
     return {**payload, "path": str(path)}
 
 
