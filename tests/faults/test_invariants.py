@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from random import Random
 
 from tests.helpers import make_run
 from workbench import layout
 from workbench.bench.faults import invariants
+from workbench.bench.faults.experiment import FaultExperiment
+from workbench.bench.faults.runner import recovery_s
+from workbench.bench.faults.scenarios import Injection
 from workbench.metrics import append_metrics
 
 
@@ -48,3 +52,17 @@ def test_a_checkpoint_loaded_without_stable_is_reported(tmp_path: Path):
     log.write_text(f"x run run_a resumed from {good}\ny run run_a resumed from {bad}\n")
     assert invariants.checkpoints_loaded(tmp_path) == [("run_a", good), ("run_a", bad)]
     assert invariants.incomplete_loaded(tmp_path, planted=set()) == [bad]
+
+
+def test_recovery_is_the_longest_pause_in_generation_or_training_after_the_fault(
+    tmp_path: Path,
+):
+    run = make_run(tmp_path, "run_a")
+    lines = [("trainer", t) for t in (100.0, 101.0, 102.0, 130.0, 131.0)]
+    lines += [("orchestrator", t) for t in (100.5, 101.5, 140.5, 141.5)]
+    path = layout.metrics_path(run)
+    path.write_text("".join(f'{{"source":"{s}","step":0,"time":{t}}}\n' for s, t in lines))
+    inj = Injection(FaultExperiment(tmp_path / "scratch", 8, 3), Random(0), at=102.5)
+    inj.exp.path = tmp_path
+    inj.expect_finished = ("run_a",)
+    assert recovery_s(inj) == 39.0  # generation stopped from 101.5 to 140.5

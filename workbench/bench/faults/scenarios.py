@@ -197,6 +197,9 @@ def checkpoint_without_stable(inj: Injection) -> None:
     must resume from the latest complete one."""
     exp = inj.exp
     run = exp.path / "run_a"
+    if not exp.wait(lambda: layout.latest_checkpoint_step(run, "trainer"), 300):
+        inj.notes.append("run_a wrote no checkpoint to fall back on")
+        return
     part = layout.checkpoint_part_dir(run, exp.max_steps + 100, "trainer")
     part.mkdir(parents=True)
     (part / "adapter.safetensors").write_bytes(b"\0" * 100)
