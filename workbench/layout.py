@@ -21,6 +21,7 @@ these paths by hand: they come from here, so a rename is a one-line change.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import shutil
@@ -252,6 +253,8 @@ def staged_directory(final: Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    # The step is being written again: what a writer killed mid-way left is garbage.
+    remove_staging(final.parent, final.name)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         yield staging
@@ -267,6 +270,19 @@ def staged_directory(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def remove_staging(parent: Path, name: str | None = None) -> None:
+    """Remove the staging directories and temp files (`.NAME.*.tmp`) that writers killed
+    mid-way (SIGKILL, OOM) left in `parent`: those of `name`, or all. Only for the one
+    writer of those names, when no other copy of it runs."""
+    pattern = f".{glob.escape(name)}.*.tmp" if name is not None else ".*.tmp"
+    for stale in parent.glob(pattern):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
 
 
 def _fsync_dir(directory: Path) -> None:

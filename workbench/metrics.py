@@ -2,7 +2,8 @@
 
 The trainer and the orchestrator both append to the same file. Each record is one line
 written with a single `write` on a file opened with O_APPEND, so lines from two writers
-never interleave.
+never interleave. A line left without its end (a full disk) is skipped by readers and does
+not take the next record with it.
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ def append_metrics(run: Path, source: str, step: int, **values: Any) -> dict[str
     record = {"source": source, "step": step, "time": round(time.time(), 3), **values}
     line = (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8")
     path = layout.metrics_path(run)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        # A write cut short (a full disk, a writer killed) leaves a line without its end;
+        # the next record starts a line of its own rather than being lost glued to it.
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
         os.write(fd, line)
     finally:
         os.close(fd)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,30 @@ def test_step_listing_is_numeric_and_ignores_other_entries(tmp_path: Path):
     assert layout.latest_stable_step(tmp_path) is None
     layout.mark_stable(tmp_path / "step_2")
     assert layout.latest_stable_step(tmp_path) == 2
+
+
+WRITER_KILLED_MID_WAY = """
+import sys, time
+from pathlib import Path
+from workbench import layout
+with layout.staged_directory(Path(sys.argv[1])) as staging:
+    (staging / "adapter.safetensors").write_bytes(b"half")
+    print("writing", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_writing_a_step_again_removes_what_a_killed_writer_left(tmp_path: Path):
+    final = tmp_path / "checkpoints" / "step_3"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER_KILLED_MID_WAY, str(final)], stdout=subprocess.PIPE
+    )
+    assert writer.stdout.readline() == b"writing\n"
+    writer.kill()
+    writer.wait()
+    assert list(final.parent.glob(".step_3.*.tmp")), "SIGKILL leaves the staging directory"
+
+    with layout.staged_directory(final) as staging:
+        (staging / "adapter.safetensors").write_bytes(b"whole")
+    assert sorted(p.name for p in final.parent.iterdir()) == ["step_3"]
+    assert layout.is_stable(final)

@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import free_port
 from workbench.config import InferenceConfig, InferenceSection, ModelSection, model_to_toml
 from workbench.inference import server
-from workbench.inference.endpoint import Endpoint, new_api_key, write_endpoint
+from workbench.inference.endpoint import Endpoint, new_api_key, read_endpoint, write_endpoint
 from workbench.inference.readiness import InferenceStartError, wait_until_ready
 
 
@@ -68,3 +68,44 @@ def test_api_key_is_passed_in_the_environment_not_the_command_line(tmp_path: Pat
     command = server.build_vllm_command(config, tmp_path, 8000)
     assert "--api-key" not in command and "--enable-lora" in command
     assert server.server_environment("secret", {})["VLLM_API_KEY"] == "secret"
+
+
+def test_with_any_port_allowed_a_port_taken_since_the_plan_moves_the_server(tmp_path: Path):
+    """The plan picks the port a minute before vLLM binds it; it was once taken meanwhile."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = InferenceConfig(
+            output_dir=tmp_path, model=ModelSection(base=str(tmp_path)),
+            inference=InferenceSection(port=port),
+        )  # fmt: skip
+        path = tmp_path / "inference.toml"
+        path.write_text(model_to_toml(config))
+        key = new_api_key()
+        write_endpoint(tmp_path, Endpoint(f"http://127.0.0.1:{port}/v1", key, "m"))
+        result = subprocess.run(
+            [sys.executable, "-m", "workbench.inference", "--config", str(path),
+             "--move-port-if-taken"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    moved = read_endpoint(tmp_path)
+    assert moved is not None and moved.api_key == key
+    new_port = int(moved.base_url.rsplit(":", 1)[1].removesuffix("/v1"))
+    assert new_port != port and f"serving on {new_port}" in result.stdout
+    # It got past the port to the next check (this model directory is not one).
+    assert "is in use" not in result.stderr and "not a model directory" in result.stderr
+
+
+def test_too_little_free_memory_for_the_cpu_server_names_what_it_needs_and_the_setting():
+    gib = 1 << 30
+    assert server.cpu_memory_problem(7 * gib, kv_cache_gib=1, weights=gib // 10) is None
+    problem = server.cpu_memory_problem(gib, kv_cache_gib=1, weights=gib // 10)
+    assert "needs about 2.6 GiB" in problem and "1.0 GiB is available" in problem
+    assert "VLLM_CPU_KVCACHE_SPACE" in problem
+
+
+def test_the_cpu_server_reserves_a_fixed_kv_cache_not_a_fraction_of_the_machine():
+    """With the variable unset vLLM's CPU build asks for gpu_memory_utilization of all RAM
+    and refuses to start while a neighbour holds most of it."""
+    assert server.server_environment("key", base={})["VLLM_CPU_KVCACHE_SPACE"] == "1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import stat
 import sys
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from workbench import layout
+from workbench import layout, ports
 from workbench.config import load_inference_config, load_trainer_config
+from workbench.inference.endpoint import Endpoint, read_endpoint, write_endpoint
+from workbench.lifeline import PARENT_PID_ENV
 from workbench.supervisor import paths, plan
 from workbench.supervisor.plan import (
     DeviceAssignment,
@@ -89,11 +92,13 @@ def test_plan_writes_configs_and_an_owner_only_endpoint_with_a_random_key(experi
         "workbench.inference",
         "--config",
         str(paths.inference_config_path(experiment)),
+        "--move-port-if-taken",  # the recipe asked for any free port
     ]
     trainer_config = load_trainer_config(paths.trainer_config_path(experiment))
     assert trainer_config.output_dir == experiment.resolve()
     assert trainer.argv[trainer.argv.index("--nproc_per_node") + 1] == "2"
     assert "--master_port" in trainer.argv
+    assert trainer.argv[:3] == [sys.executable, "-m", "workbench.trainer.launch"]
     assert trainer.argv[-4:] == [
         "-m",
         "workbench.trainer.rl",
@@ -115,6 +120,21 @@ def test_plan_writes_configs_and_an_owner_only_endpoint_with_a_random_key(experi
     assert (
         json.loads(paths.endpoint_path(experiment).read_text())["api_key"] != endpoint["api_key"]
     ), "every start draws a new key"
+
+
+def test_inference_readiness_follows_the_port_in_endpoint_json(experiment: Path, no_gpu):
+    write_recipe(experiment)
+    inference = plan_from_recipe(experiment).processes[0]
+    current = read_endpoint(experiment)
+    write_endpoint(experiment, Endpoint("http://127.0.0.1:12345/v1", current.api_key, "m"))
+    assert inference.readiness.url == "http://127.0.0.1:12345/health"
+
+
+def test_children_get_the_supervisors_pid_to_die_with_it(experiment: Path, no_gpu):
+    write_recipe(experiment)
+    result = plan_from_recipe(experiment)
+    specs = [*result.processes, result.orchestrator("run_a", experiment / "run_a")]
+    assert all(spec.env[PARENT_PID_ENV] == str(os.getpid()) for spec in specs)
 
 
 def test_a_fixed_inference_port_in_use_is_refused_naming_the_port(experiment: Path, no_gpu):
@@ -151,6 +171,14 @@ def test_plan_factories_load_from_a_module_or_a_file(tmp_path: Path):
 
 
 def test_free_ports_come_from_below_the_kernels_ephemeral_range():
-    low, _ = plan.ephemeral_port_range()
-    ports = {plan.free_port() for _ in range(5)}
-    assert all(port < low for port in ports) or low <= 12000
+    low, _ = ports.ephemeral_port_range()
+    picked = {ports.free_port() for _ in range(5)}
+    assert all(port < low for port in picked) or low <= 12000
+
+
+def test_inference_and_the_trainer_restart_even_after_a_clean_exit(experiment: Path, no_gpu):
+    """A stray SIGTERM makes the trainer checkpoint and exit 0; the runs still need it."""
+    write_recipe(experiment)
+    inference, trainer = plan_from_recipe(experiment).processes
+    assert inference.restart.wants_restart(exit_ok=True)
+    assert trainer.restart.wants_restart(exit_ok=True)

@@ -72,6 +72,20 @@ def test_two_ranks_train_the_same_adapters_as_one_rank_with_the_whole_batch(tmp_
     assert changed, "B starts at zero: a trained adapter must have moved it"
 
 
+def write_trainer_config(
+    tmp_path: Path, experiment: Path, tiny_llama: Path
+) -> tuple[TrainerConfig, Path]:
+    """Two slots, short rows and a fast poll: `tmp_path/trainer.toml`."""
+    config = TrainerConfig(
+        output_dir=experiment,
+        model=ModelSection(base=str(tiny_llama)),
+        trainer=TrainerSection(max_concurrent_runs=2, seq_len=32, poll_interval_s=0.05),
+    )
+    config_path = tmp_path / "trainer.toml"
+    config_path.write_text(model_to_toml(config))
+    return config, config_path
+
+
 def wait_for(path: Path, process: subprocess.Popen, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while not layout.is_stable(path):
@@ -84,13 +98,7 @@ def test_killed_trainer_resumes_each_run_from_its_checkpoint_with_identical_stat
     tmp_path, tiny_llama
 ):
     experiment = experiment_with_batches(tmp_path / "exp", steps=2, lr=0.05, checkpoint_interval=1)
-    config = TrainerConfig(
-        output_dir=experiment,
-        model=ModelSection(base=str(tiny_llama)),
-        trainer=TrainerSection(max_concurrent_runs=2, seq_len=32, poll_interval_s=0.05),
-    )
-    config_path = tmp_path / "trainer.toml"
-    config_path.write_text(model_to_toml(config))
+    config, config_path = write_trainer_config(tmp_path, experiment, tiny_llama)
     command = [sys.executable, "-m", "workbench.trainer.rl", "--config", str(config_path)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     log = open(tmp_path / "trainer.log", "w")  # noqa: SIM115 - closed at the end of the test

@@ -397,6 +397,44 @@ def e2e(
         raise typer.Exit(1)
 
 
+@bench_app.command("faults")
+def faults(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Five scenarios on 10-step runs (CI-sized).")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Draws the moment of each injection.")] = 0,
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(help="Run only these scenarios (repeatable); see the table for names."),
+    ] = None,
+    keep_outputs: Annotated[
+        bool, typer.Option(help="Keep each scenario's experiment directory.")
+    ] = False,
+) -> None:
+    """Faults injected into the real system, and what it promises checked after each.
+
+    For each scenario a fresh experiment (the built-in tiny model, vLLM's server, the
+    torchrun trainer, two runs of 16 steps, a checkpoint every 4; --quick: 10 and 3) is
+    started with `workbench up --headless --detach`; at a step drawn from the seed the
+    fault is injected; once the runs are done, `workbench down`. Reported per scenario:
+    faults injected, runs completed, steps trained twice (at most one checkpoint interval),
+    incomplete checkpoints loaded, half-written files, processes left after `down`, and
+    seconds until every run trained again. Exit status 1 if any scenario broke a promise.
+    """
+    from workbench.bench.faults.runner import format_table, run_faults_benchmark
+
+    try:
+        report = run_faults_benchmark(
+            seed=seed, quick=quick, only=scenario or None, keep_outputs=keep_outputs
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--scenario") from None
+    typer.echo(format_table(report))
+    typer.echo(f"results: {report['path']}")
+    if not all(record["ok"] for record in report["scenarios"]):
+        raise typer.Exit(1)
+
+
 @bench_app.command("eval")
 def evaluation(
     recipe: Annotated[Path, typer.Argument(help="Recipe TOML file.")] = Path(

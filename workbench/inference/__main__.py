@@ -1,9 +1,13 @@
 """`python -m workbench.inference --config PATH`: start vLLM for an experiment.
 
 Checks what can be checked before vLLM's slow start (vLLM installed, port free, model
-directory), then replaces this process with vLLM's server so signals from the supervisor
-reach it directly. The port comes from the config; the API key from the experiment's
-`supervisor/endpoint.json`.
+directory, enough free memory on a CPU machine), then replaces this process with vLLM's
+server so signals from the supervisor reach it directly. The port comes from the config
+(or, with --move-port-if-taken, from `supervisor/endpoint.json`, rewritten when the port
+was taken meanwhile); the API key from `supervisor/endpoint.json`.
+
+Exit status: 2 a setup that a restart cannot fix, 1 too little free memory (a restart may
+find more), otherwise vLLM's own.
 """
 
 from __future__ import annotations
@@ -17,17 +21,26 @@ from workbench.config import ConfigError, load_inference_config
 from workbench.inference.endpoint import read_endpoint
 from workbench.inference.server import (
     InferenceSetupError,
+    NotEnoughMemory,
     build_vllm_command,
+    check_cpu_memory,
     check_model_dir,
-    check_port_free,
     check_vllm_installed,
     server_environment,
+    serving_port,
 )
+from workbench.lifeline import die_with_parent
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # survives the execve below: vLLM stops when the supervisor dies
     parser = argparse.ArgumentParser(prog="python -m workbench.inference", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="an InferenceConfig TOML")
+    parser.add_argument(
+        "--move-port-if-taken",
+        action="store_true",
+        help="serve on a new free port (written to endpoint.json) if the planned one is taken",
+    )
     args = parser.parse_args(argv)
     try:
         config = load_inference_config(args.config)
@@ -40,15 +53,19 @@ def main(argv: list[str] | None = None) -> int:
         if config.inference.port == 0:
             raise InferenceSetupError(f"{args.config}: [inference] port must be set (not 0) here")
         check_vllm_installed()
-        check_port_free(config.inference.host, config.inference.port)
+        port = serving_port(config, endpoint, may_move=args.move_port_if_taken)
         from workbench.models.resolve import resolve_model
 
         model = resolve_model(config.model.base)
         check_model_dir(model)
+        check_cpu_memory(model)
+    except NotEnoughMemory as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1  # memory may free up: the supervisor tries again with backoff
     except (ConfigError, InferenceSetupError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    command = build_vllm_command(config, model, config.inference.port)
+    command = build_vllm_command(config, model, port)
     print("starting:", " ".join(command), file=sys.stderr, flush=True)
     os.execve(sys.executable, command, server_environment(endpoint.api_key))
     return 0  # not reached

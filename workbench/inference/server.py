@@ -12,15 +12,31 @@ import importlib.util
 import os
 import socket
 import sys
+import urllib.parse
 from pathlib import Path
 
 from workbench.config import InferenceConfig
+from workbench.inference.endpoint import Endpoint, write_endpoint
+from workbench.ports import free_port, port_is_free
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# vLLM's CPU build reserves this many GiB for its KV cache when the variable is set, and
+# otherwise a fraction of the machine's whole memory (`gpu_memory_utilization`), refusing
+# to start when that much is not free: beside a process holding 17 of 24 GB it never did.
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+DEFAULT_CPU_KV_CACHE_GIB = "1"
+# What the server needs beyond the KV cache and the weights (runtime, sampler, the engine's
+# second process), rounded up.
+CPU_RUNTIME_GIB = 1.5
+GIB = 1 << 30
 
 
 class InferenceSetupError(RuntimeError):
     """The server cannot start; the message says what to do."""
+
+
+class NotEnoughMemory(InferenceSetupError):
+    """Too little free memory now; it may free up, so a restart is worth trying."""
 
 
 def check_vllm_installed() -> None:
@@ -42,6 +58,84 @@ def check_port_free(host: str, port: int) -> None:
                 f"port {port} on {host} is in use ({err.strerror}); set [inference] port to a "
                 "free port in the recipe, or 0 to pick one"
             ) from None
+
+
+def serving_port(config: InferenceConfig, endpoint: Endpoint, *, may_move: bool) -> int:
+    """The port to serve on: the planned one, or with `may_move` (the recipe asked for any
+    free port) a new one when the planned one was taken since the plan chose it.
+
+    The plan picks the port a minute before vLLM binds it (imports, model loading); a
+    port taken meanwhile used to fail the server for good. A new port is written to
+    `supervisor/endpoint.json`, which orchestrators and the supervisor's readiness check
+    read, so they follow it.
+    """
+    host = config.inference.host
+    port = endpoint_port(endpoint) if may_move else config.inference.port
+    if port_is_free(host, port):
+        return port
+    if not may_move:
+        check_port_free(host, port)  # raises, naming the setting
+    moved = free_port(host)
+    write_endpoint(
+        config.output_dir,
+        Endpoint(f"http://127.0.0.1:{moved}/v1", endpoint.api_key, endpoint.model),
+    )
+    print(f"port {port} on {host} was taken since it was chosen; serving on {moved}", flush=True)
+    return moved
+
+
+def endpoint_port(endpoint: Endpoint) -> int:
+    port = urllib.parse.urlsplit(endpoint.base_url).port
+    if port is None:
+        raise InferenceSetupError(f"endpoint.json: base_url {endpoint.base_url!r} has no port")
+    return port
+
+
+def cpu_memory_problem(available: int, kv_cache_gib: float, weights: int) -> str | None:
+    """Why vLLM's CPU server cannot start with `available` bytes of free memory, or None."""
+    needed = (kv_cache_gib + CPU_RUNTIME_GIB) * GIB + weights
+    if available >= needed:
+        return None
+    return (
+        f"vLLM's CPU server needs about {needed / GIB:.1f} GiB of free memory ({kv_cache_gib:g} "
+        f"GiB of KV cache, set by {CPU_KV_CACHE_ENV}; {weights / GIB:.1f} GiB of weights; about "
+        f"{CPU_RUNTIME_GIB:g} GiB for the runtime) but {available / GIB:.1f} GiB is available: "
+        "stop what holds the memory, or lower the KV cache with "
+        f"{CPU_KV_CACHE_ENV}=<GiB> in the environment of `workbench up`"
+    )
+
+
+def check_cpu_memory(model: Path) -> None:
+    """On a machine without a GPU, refuse to start vLLM without the memory it needs, saying
+    what it needs; vLLM itself would fail later and less plainly."""
+    if any(Path("/proc/driver/nvidia/gpus").glob("*")):
+        return
+    available = _memory_available()
+    if available is None:
+        return
+    raw = os.environ.get(CPU_KV_CACHE_ENV) or DEFAULT_CPU_KV_CACHE_GIB
+    try:
+        kv_cache_gib = float(raw)
+    except ValueError:
+        raise InferenceSetupError(f"{CPU_KV_CACHE_ENV}={raw!r} is not a number of GiB") from None
+    weights = sum(
+        path.stat().st_size
+        for pattern in ("*.safetensors", "*.bin")
+        for path in model.glob(pattern)
+    )
+    problem = cpu_memory_problem(available, kv_cache_gib, weights)
+    if problem is not None:
+        raise NotEnoughMemory(problem)
+
+
+def _memory_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def pick_free_port(host: str = "127.0.0.1") -> int:
@@ -101,5 +195,5 @@ def server_environment(api_key: str, base: dict[str, str] | None = None) -> dict
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     # vLLM's CPU backend reserves this many GiB for the KV cache; its default (4 GiB) is
     # more than a tiny model needs and crowds the trainer on a small machine.
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault(CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_GIB)
     return env

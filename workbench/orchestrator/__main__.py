@@ -27,6 +27,7 @@ from workbench.envs import EnvironmentConfigError
 from workbench.inference.client import AdapterVersions, InferenceClient
 from workbench.inference.endpoint import read_endpoint
 from workbench.inference.readiness import is_healthy
+from workbench.lifeline import die_with_parent
 from workbench.orchestrator.loop import Orchestrator, RunEvicted
 
 logger = logging.getLogger("workbench.orchestrator")
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging()
     signal.signal(signal.SIGTERM, _raise_stopped)
+    die_with_parent()  # a SIGTERM when the supervisor dies, as on `workbench down`
     run: Path = args.run_dir
     experiment = run.parent
     try:

@@ -19,9 +19,7 @@ from __future__ import annotations
 import errno
 import importlib.util
 import os
-import random
 import secrets
-import shutil
 import socket
 import sys
 from collections.abc import Callable
@@ -31,6 +29,8 @@ from pathlib import Path
 from workbench import layout
 from workbench.config import ConfigError, load_recipe, model_to_toml
 from workbench.inference import endpoint
+from workbench.lifeline import PARENT_PID_ENV
+from workbench.ports import free_port
 from workbench.supervisor import paths
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec
@@ -40,15 +40,25 @@ from workbench.sweep.spec import AshaSpec
 DEFAULT_PLAN = "workbench.supervisor.plan:plan_from_recipe"
 INFERENCE_MODULE = "workbench.inference"
 TRAINER_MODULE = "workbench.trainer.rl"
+# torchrun's agent, run so that a SIGTERM-ed trainer exits with its workers' status.
+TRAINER_LAUNCHER = "workbench.trainer.launch"
 ORCHESTRATOR_MODULE = "workbench.orchestrator"
 
 # Exit code 2 is "my setup is wrong" (bad config, vLLM missing, port taken) for inference and
 # orchestrators, 3 an orchestrator's self-eviction: restarting cannot help. torchrun reports
-# any worker failure as 1, so the trainer has no such code.
+# any worker failure as 1, so the trainer has no such code. Inference and the trainer are
+# services: while the experiment runs, even a clean exit (a stray SIGTERM: the trainer
+# checkpoints and exits 0) is restarted; the supervisor's own stops are not.
 INFERENCE_RESTART = RestartPolicy(
-    max_restarts=3, backoff_initial_s=2.0, backoff_max_s=60.0, permanent_exit_codes=(2,)
+    mode="always",
+    max_restarts=3,
+    backoff_initial_s=2.0,
+    backoff_max_s=60.0,
+    permanent_exit_codes=(2,),
 )
-TRAINER_RESTART = RestartPolicy(max_restarts=3, backoff_initial_s=2.0, backoff_max_s=60.0)
+TRAINER_RESTART = RestartPolicy(
+    mode="always", max_restarts=3, backoff_initial_s=2.0, backoff_max_s=60.0
+)
 ORCHESTRATOR_RESTART = RestartPolicy(
     max_restarts=5, backoff_initial_s=1.0, backoff_max_s=30.0, permanent_exit_codes=(2, 3)
 )
@@ -102,38 +112,6 @@ def load_plan_factory(reference: str) -> PlanFactory:
 
 
 # ---------------------------------------------------------------- ports and devices
-
-
-def ephemeral_port_range() -> tuple[int, int]:
-    """The ports the kernel hands out for bind(0) and outgoing connections."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now, below the kernel's ephemeral range.
-
-    The kernel's own pick (bind to port 0) comes from the ephemeral range, where any
-    process binding port 0 (gloo, vLLM's internal sockets, other tests) or any outgoing
-    connection may take it in the minute before vLLM binds it. Below that range only
-    explicit choices land.
-    """
-    low, _ = ephemeral_port_range()
-    if low > 12000:
-        candidates = random.SystemRandom().sample(range(10000, low), k=50)
-        for port in candidates:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                try:
-                    probe.bind((host, port))
-                except OSError:
-                    continue
-                return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
 
 
 def choose_port(requested: int, host: str, what: str) -> int:
@@ -251,13 +229,24 @@ def module_problem(module: str) -> str | None:
     )
 
 
-def torchrun_command() -> list[str]:
-    """torchrun from the interpreter's own environment, whatever PATH says."""
-    beside = Path(sys.executable).with_name("torchrun")
-    if beside.is_file():
-        return [str(beside)]
-    found = shutil.which("torchrun")
-    return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
+@dataclass(frozen=True)
+class EndpointHealth:
+    """Ready when `/health` answers 200 at the address in `supervisor/endpoint.json`, which
+    the inference process rewrites when it had to move to a new port."""
+
+    experiment: Path
+
+    @property
+    def url(self) -> str | None:
+        current = endpoint.read_endpoint(self.experiment)
+        return None if current is None else f"{current.server_url}/health"
+
+    def is_ready(self) -> bool:
+        url = self.url
+        return url is not None and HttpReady(url).is_ready()
+
+    def describe(self) -> str:
+        return f"GET {self.url} answers 200"
 
 
 def _module_preflight(module: str) -> Callable[[], str | None]:
@@ -331,19 +320,29 @@ def plan_from_recipe(experiment: Path) -> Plan:
     orchestrator_env = {"CUDA_VISIBLE_DEVICES": ""} if gpu_count else {}
     # Orchestrators do little arithmetic (rewards, advantages): one thread each.
     orchestrator_env.update(shared_cpu_env(gpu_count, threads=1))
+    # Children stop when the supervisor dies (workbench.lifeline explains why).
+    orchestrator_env[PARENT_PID_ENV] = str(os.getpid())
+    inference_argv = [
+        sys.executable,
+        "-m",
+        INFERENCE_MODULE,
+        "--config",
+        str(paths.inference_config_path(experiment)),
+    ]
+    if recipe.inference.port == 0:  # any free port will do: move if this one is taken
+        inference_argv.append("--move-port-if-taken")
     inference = ProcessSpec(
         name="inference",
         kind="inference",
-        argv=[
-            sys.executable,
-            "-m",
-            INFERENCE_MODULE,
-            "--config",
-            str(paths.inference_config_path(experiment)),
-        ],
+        argv=inference_argv,
         log_path=layout.process_log_path(experiment, "inference"),
-        env={**cuda_env(devices.inference), **shared_cpu_env(gpu_count), "VLLM_API_KEY": api_key},
-        readiness=HttpReady(f"http://127.0.0.1:{inference_port}/health"),
+        env={
+            **cuda_env(devices.inference),
+            **shared_cpu_env(gpu_count),
+            "VLLM_API_KEY": api_key,
+            PARENT_PID_ENV: str(os.getpid()),
+        },
+        readiness=EndpointHealth(experiment),
         ready_timeout_s=recipe.inference.startup_timeout_s,
         restart=INFERENCE_RESTART,
         stop_timeout_s=INFERENCE_STOP_TIMEOUT_S,
@@ -353,7 +352,9 @@ def plan_from_recipe(experiment: Path) -> Plan:
         name="trainer",
         kind="trainer",
         argv=[
-            *torchrun_command(),
+            sys.executable,
+            "-m",
+            TRAINER_LAUNCHER,
             "--nproc_per_node",
             str(ranks),
             "--master_port",
@@ -364,7 +365,11 @@ def plan_from_recipe(experiment: Path) -> Plan:
             str(paths.trainer_config_path(experiment)),
         ],
         log_path=layout.process_log_path(experiment, "trainer"),
-        env={**cuda_env(devices.trainer), **shared_cpu_env(gpu_count)},
+        env={
+            **cuda_env(devices.trainer),
+            **shared_cpu_env(gpu_count),
+            PARENT_PID_ENV: str(os.getpid()),
+        },
         restart=TRAINER_RESTART,
         stop_timeout_s=TRAINER_STOP_TIMEOUT_S,
         preflight=_module_preflight(TRAINER_MODULE),

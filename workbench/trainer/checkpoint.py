@@ -34,6 +34,16 @@ PART = "trainer"
 ADAPTER_FILE = "adapter.safetensors"
 
 
+def remove_killed_writes(experiment: Path) -> None:
+    """Remove what a trainer killed mid-write left in every run: staged checkpoints and
+    broadcasts. Called by a starting trainer (the only writer of both): a run that finished
+    meanwhile is never written again, so nothing else would remove them."""
+    for run in layout.list_run_dirs(experiment):
+        layout.remove_staging(layout.broadcasts_dir(run))
+        for _, step in layout.list_step_dirs(layout.checkpoints_dir(run)):
+            layout.remove_staging(step, PART)
+
+
 class PerRunState(Protocol):
     def state_dict_for_run(self, idx: int) -> dict[str, Any]: ...
 

@@ -22,11 +22,12 @@ from torch import nn
 
 from workbench import layout
 from workbench.config import ConfigError, TrainerConfig, load_trainer_config
+from workbench.lifeline import die_with_parent
 from workbench.metrics import append_metrics
 from workbench.runs import MultiRunManager, setup_multi_run_manager
 from workbench.trainer import distributed
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
-from workbench.trainer.checkpoint import RunCheckpointer
+from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
 from workbench.trainer.compute import ComputePlan, packed_row_logprobs, prepare_model
 from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lora_num_tokens
 from workbench.trainer.loss import compute_rl_loss
@@ -261,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchrun -m workbench.trainer.rl", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="a TrainerConfig TOML")
     args = parser.parse_args(argv)
+    # torchrun starts each worker in a session of its own: without this a killed agent
+    # would leave it training beside the trainer that replaces it.
+    die_with_parent()
     device = distributed.init_process_group()
     try:
         return train_from_config(args.config, device)
@@ -281,6 +285,8 @@ def train_from_config(config_path: Path, device: torch.device) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if distributed.is_master():
+        remove_killed_writes(config.output_dir)
     torch.manual_seed(0)
     dtype = getattr(torch, config.trainer.dtype)
     trainer = build_trainer(config, load_base_model(config.model.base, dtype, device), device)

@@ -1,0 +1,75 @@
+"""The real plan's children stop when the supervisor is killed with SIGKILL.
+
+They run in sessions of their own (a closed terminal must not reach them), so nothing else
+would stop them: they would train and generate on, unsupervised, until someone ran
+`workbench down`. The supervisor here is a stand-in parent that builds the real plan and
+spawns its trainer and an orchestrator exactly as the daemon does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.helpers import make_run
+from workbench import layout
+from workbench.supervisor.process import process_is_alive
+from workbench.trainer.launch import child_pids
+
+PARENT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from workbench.supervisor.plan import plan_from_recipe
+    from workbench.supervisor.process import SupervisedProcess
+
+    experiment = Path(sys.argv[1])
+    plan = plan_from_recipe(experiment)
+    trainer = plan.processes[1]
+    for spec in (trainer, plan.orchestrator("run_a", experiment / "run_a")):
+        process = SupervisedProcess(spec)
+        assert process.spawn(time.monotonic()) is None
+        print(process.pid, flush=True)
+    time.sleep(3600)
+    """
+)
+RECIPE = '[model]\nbase = "builtin:tiny-reverse"\n'
+
+
+def wait(condition, timeout: float = 120) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return bool(condition())
+
+
+def test_the_trainer_its_worker_and_orchestrators_stop_when_the_supervisor_is_killed(
+    tmp_path: Path,
+):
+    experiment = tmp_path / "exp"
+    experiment.mkdir()
+    layout.recipe_path(experiment).write_text(RECIPE)
+    make_run(experiment, "run_a")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(experiment)], stdout=subprocess.PIPE, text=True
+    )
+    children = [int(parent.stdout.readline()), int(parent.stdout.readline())]
+    trainer = children[0]
+    try:
+        assert wait(lambda: child_pids(trainer)), "torchrun started no worker"
+        family = [*children, *child_pids(trainer)]
+        parent.kill()
+        parent.wait()
+        assert wait(lambda: not any(process_is_alive(pid) for pid in family)), [
+            pid for pid in family if process_is_alive(pid)
+        ]
+    finally:
+        parent.kill()
+        for pid in [*children, *child_pids(trainer)]:
+            if process_is_alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,59 @@
+"""`python -m workbench.trainer.launch TORCHRUN_ARGS...`: torchrun, with a stop that is clean.
+
+torchrun's agent answers SIGTERM by raising an exception: it forwards the signal to its
+workers, waits for them, and exits 1 even when every worker checkpointed and exited 0, so
+a clean `workbench down` looked like a trainer crash. Here the agent runs in this process
+with SIGTERM left to us: we pass it on to the workers and let the agent go on watching
+them, so its exit status is theirs (0 after a clean stop, 1 if one failed).
+
+torchrun starts each worker in a session of its own, out of reach of a signal to the
+agent's process group; the workers arm a parent-death signal (`workbench.lifeline`) so a
+killed agent never leaves one behind, and this process arms one for the supervisor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+from workbench.lifeline import die_with_parent
+
+# The agent's handler for the signals it handles raises; SIGTERM is handled here instead.
+AGENT_SIGNALS = ("--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT")
+
+
+def child_pids(parent: int) -> list[int]:
+    """Processes whose parent is `parent`, from /proc."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = open(f"/proc/{entry}/stat").read()  # noqa: SIM115 - one read, closed by GC
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1] == str(parent):
+            children.append(int(entry))
+    return children
+
+
+def forward_to_workers(signum: int, _frame: object) -> None:
+    for pid in child_pids(os.getpid()):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
+    signal.signal(signal.SIGTERM, forward_to_workers)
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main([*AGENT_SIGNALS, *(sys.argv[1:] if argv is None else argv)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
