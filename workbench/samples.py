@@ -142,3 +142,30 @@ def _read_lines(path: Path) -> list[str]:
         return [line for line in path.read_text(encoding="utf-8").splitlines() if line]
     except FileNotFoundError:
         return []
+
+
+def describe_step(samples: StepSamples, bar_width: int = 20) -> list[str]:
+    """The step as plain text lines: a header, the reward histogram, then each group with
+    its completions, best first (what `workbench samples` prints)."""
+    state = "trained" if samples.written else "dropped: no learning signal"
+    lines = [
+        f"step {samples.step}  policy version {samples.policy_version}  {state}  "
+        f"reward mean {samples.reward_mean:.3f}  {len(samples.groups)} groups",
+        "rewards:",
+    ]
+    bins = reward_histogram(samples.rewards)
+    most = max((count for _, _, count in bins), default=0)
+    for low, high, count in bins:
+        bar = "#" * (round(bar_width * count / most) if most else 0)
+        lines.append(f"  {low:5.2f}-{high:5.2f} {bar:<{bar_width}} {count}")
+    for number, group in enumerate(samples.groups, start=1):
+        lines.append(
+            f"group {number}: mean {group.reward_mean:.2f} spread {group.reward_spread:.2f}  "
+            f"prompt {group.prompt!r}  answer {group.answer!r}"
+        )
+        for completion in sorted(group.completions, key=lambda c: c.reward, reverse=True):
+            cut = "  [cut at max_tokens]" if completion.truncated else ""
+            lines.append(
+                f"  {completion.reward:5.2f} {completion.advantage:+5.2f}  {completion.text!r}{cut}"
+            )
+    return lines

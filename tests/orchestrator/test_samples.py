@@ -10,7 +10,14 @@ from tests.helpers import make_run
 from tests.orchestrator.scripted import ScriptedChat, make_orchestrator
 from workbench import layout
 from workbench.rollouts import read_rollouts
-from workbench.samples import KEEP_STEPS, find_step, read_steps, record_step, reward_histogram
+from workbench.samples import (
+    KEEP_STEPS,
+    describe_step,
+    find_step,
+    read_steps,
+    record_step,
+    reward_histogram,
+)
 
 
 def test_a_step_records_each_group_with_text_reward_and_the_advantage_the_trainer_gets(
@@ -87,3 +94,18 @@ def test_histogram_bins_cover_the_rewards_seen():
     assert bins[0][0] == 0.0 and bins[-1][1] == 1.0
     assert reward_histogram([0.7, 0.7]) == [(0.7, 0.7, 2)]
     assert reward_histogram([]) == []
+
+
+def test_a_step_described_as_text_has_every_group_best_completion_first(experiment: Path):
+    run = make_run(experiment, "run_a")
+    make_orchestrator(run, ScriptedChat()).step_once()
+    (recorded,) = read_steps(run)
+
+    lines = describe_step(recorded)
+    assert lines[0].startswith("step 0  policy version 0  trained")
+    assert sum(line.startswith("group ") for line in lines) == 2
+    group_start = next(i for i, line in enumerate(lines) if line.startswith("group 1"))
+    rewards = [float(line.split()[0]) for line in lines[group_start + 1 : group_start + 5]]
+    assert rewards == sorted(rewards, reverse=True)
+    histogram = lines[2:group_start]
+    assert sum(int(line.split()[-1]) for line in histogram) == 8
