@@ -667,6 +667,44 @@ def export(
     )
 
 
+@app.command()
+def samples(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to look at.")],
+    step: Annotated[
+        int | None, typer.Option(help="The step to show (default: the newest recorded).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the step as JSON.")] = False,
+    experiment: ExperimentOption = None,
+) -> None:
+    """Print what a run's policy wrote at a recent step: every prompt and its completions.
+
+    The orchestrator keeps its last 8 steps as text in run_<id>/samples.jsonl: per GRPO
+    group the prompt, the reference answer and each completion with its reward, advantage
+    and whether it was cut at max_tokens, plus the step's reward histogram. The TUI shows
+    the same with `s`.
+    """
+    from workbench.samples import describe_step, find_step, read_steps
+
+    try:
+        ref = resolve_run(run_id, experiment)
+    except RunLookupError as err:
+        raise _fail(str(err)) from None
+    steps = read_steps(ref.path)
+    shown = find_step(steps, step)
+    if shown is None:
+        kept = ", ".join(str(s) for s in sorted({s.step for s in steps})) or "none yet"
+        raise _fail(
+            f"{ref.run_id} has no recorded samples of "
+            f"{'step ' + str(step) if step is not None else 'any step'} (steps kept: {kept}); "
+            "its orchestrator records the last 8 steps as it goes"
+        )
+    if as_json:
+        sys.stdout.write(json.dumps(shown.to_json(), indent=2) + "\n")
+        return
+    for line in describe_step(shown):
+        sys.stdout.write(line + "\n")
+
+
 # ------------------------------------------------------------------ sft and built-in models
 
 model_app = typer.Typer(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,25 @@ def test_a_step_described_as_text_has_every_group_best_completion_first(experime
     assert rewards == sorted(rewards, reverse=True)
     histogram = lines[2:group_start]
     assert sum(int(line.split()[-1]) for line in histogram) == 8
+
+
+def test_samples_command_prints_a_recorded_step_as_text_or_json(experiment: Path):
+    from typer.testing import CliRunner
+
+    from workbench.cli import app
+
+    run = make_run(experiment, "run_a")
+    orchestrator = make_orchestrator(run, ScriptedChat(), async_level=3)
+    orchestrator.step_once()
+    orchestrator.step_once()
+    runner = CliRunner()
+
+    newest = runner.invoke(app, ["samples", "a", "-e", str(experiment)])
+    assert newest.exit_code == 0 and newest.output.startswith("step 1  policy version 0")
+    first = runner.invoke(app, ["samples", "run_a", "--step", "0", "--json", "-e", str(experiment)])
+    record = json.loads(first.output)
+    assert record["step"] == 0 and len(record["groups"]) == 2
+    assert record["groups"][0]["completions"][0]["text"]
+
+    missing = runner.invoke(app, ["samples", "run_a", "--step", "7", "-e", str(experiment)])
+    assert missing.exit_code == 1 and "steps kept: 0, 1" in missing.output
