@@ -15,6 +15,7 @@ from workbench.envs import (
     environment_names,
     get_environment,
     register_environment,
+    registry,
 )
 
 
@@ -96,7 +97,10 @@ def test_an_import_path_that_is_not_an_environment_is_rejected():
         get_environment("no_such_module_here:Env")
 
 
-def test_registering_makes_an_environment_available_by_name():
+def test_registering_makes_an_environment_available_by_name(monkeypatch):
+    # On a copy of the registry: the environment stays out of every later test (the README's
+    # generated key reference lists the registered environments).
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     register_environment(ConstantEnv)
     assert isinstance(get_environment("always_yes"), ConstantEnv)
     assert register_environment(ConstantEnv) is ConstantEnv  # idempotent
