@@ -477,10 +477,19 @@ def normalize_run_id(raw: str) -> str:
     return raw if raw.startswith(layout.RUN_PREFIX) else layout.RUN_PREFIX + raw
 
 
+# A run id names its directory (255 bytes at most on Linux) and shows in tables.
+MAX_RUN_ID_CHARS = 128
+
+
 def check_run_id(raw: str) -> str | None:
     """None if `raw` is a usable run id, else what is wrong with it."""
     if not raw:
         return "run id is empty"
+    if len(raw) > MAX_RUN_ID_CHARS:
+        return (
+            f"run id {raw[:20]!r}... is {len(raw)} characters long; at most "
+            f"{MAX_RUN_ID_CHARS} (it names a directory)"
+        )
     if not layout.RUN_ID_PATTERN.match(raw):
         bad = sorted({c for c in raw if not re.match(r"[A-Za-z0-9_-]", c)})
         return (

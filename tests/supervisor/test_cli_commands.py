@@ -234,6 +234,21 @@ def test_runs_add_with_bad_settings_exits_2_naming_the_key_and_writes_nothing(
     assert taken.exit_code == 2 and "run_a already exists" in taken.output
 
 
+def test_runs_add_refuses_ids_with_path_tricks_control_characters_or_huge_sizes(
+    cli, standin: StandinExperiment
+):
+    before = sorted(p.name for p in standin.path.iterdir())
+    for bad, says in (
+        ("../escape", "may contain only"),
+        ("a\x1b[2Jb", "may contain only"),
+        ("x" * 10_000, "at most 128"),  # was a traceback: file name too long
+    ):
+        result = cli("runs", "add", bad, "-e", standin.path)
+        assert result.exit_code == 2 and says in result.output, result.output[-500:]
+    assert sorted(p.name for p in standin.path.iterdir()) == before
+    assert not (standin.path.parent / "escape").exists()
+
+
 # ---------------------------------------------------------------- logs
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     signal.signal(signal.SIGTERM, _raise_stopped)
     die_with_parent()  # a SIGTERM when the supervisor dies, as on `workbench down`
+    supervisor = os.getppid()
     run: Path = args.run_dir
     experiment = run.parent
     try:
@@ -107,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 Orchestrator(run, config, client, adapters, poll_s=args.poll_s).run_until_done()
             finally:
-                adapters.unload_all()
+                # With the supervisor gone vLLM is stopping too (it got the same SIGTERM):
+                # unloading would wait on a server that no longer answers.
+                if os.getppid() == supervisor:
+                    adapters.unload_all()
     except (ConfigError, EnvironmentConfigError) as err:
         # A bad env or env_args (or a task space too small to hold out eval prompts) fails
         # the same way on every restart: report it as a config error, not a crash.
@@ -129,4 +134,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: that joins the generation threads, which may wait on requests that a
+    # server stopping at the same time (its supervisor died) never answers. Every state
+    # worth keeping is already written (atomically, after each step).
+    os._exit(code)

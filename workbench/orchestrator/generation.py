@@ -48,5 +48,11 @@ def complete_prompts(
         )
 
     # One request per prompt, all in flight at once so vLLM batches them.
-    with ThreadPoolExecutor(max_workers=min(MAX_REQUESTS_IN_FLIGHT, len(prompts))) as pool:
+    pool = ThreadPoolExecutor(max_workers=min(MAX_REQUESTS_IN_FLIGHT, len(prompts)))
+    try:
         return list(pool.map(one, zip(prompts, seeds, strict=True)))
+    finally:
+        # Interrupted (SIGTERM), do not wait for requests in flight: a server stopping at
+        # the same time (its supervisor died) may never answer them. Closing the client
+        # then ends them.
+        pool.shutdown(wait=False, cancel_futures=True)

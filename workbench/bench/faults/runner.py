@@ -154,6 +154,8 @@ def check(scenario: Scenario, inj: Injection, orphans: list) -> dict[str, Any]:
         and not orphans
         and not record["deleted_run_recreated"]
         and not inj.extra.get("security_problems")
+        # A killed supervisor's children must stop by themselves (they die with it).
+        and not ("children_gone_s" in inj.extra and inj.extra["children_gone_s"] is None)
     )
     return record
 

@@ -130,10 +130,11 @@ def kill_supervisor(inj: Injection) -> None:
     gone = exp.wait(lambda: not any(still_alive(seen) for seen in children), 120, 0.2)
     waited = time.monotonic() - started
     inj.extra["children_gone_s"] = round(waited, 1) if gone else None
+    survivors = [f"{seen.pid} {seen.command[:80]}" for seen in children if still_alive(seen)]
     inj.notes.append(
         f"children stopped by themselves {waited:.1f}s after the supervisor died"
         if gone
-        else "children still running 120s after the supervisor died"
+        else f"still running 120s after the supervisor died: {'; '.join(survivors)}"
     )
     _up_again(inj)
 
