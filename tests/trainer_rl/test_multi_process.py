@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,3 +145,34 @@ def test_killed_trainer_resumes_each_run_from_its_checkpoint_with_identical_stat
             torch.testing.assert_close(
                 saved_opt["state"][key]["exp_avg"], state["exp_avg"], rtol=1e-6, atol=1e-7
             )
+
+
+def test_a_checkpoint_without_its_broadcast_is_published_when_the_run_resumes(tmp_path, tiny_llama):
+    # A SIGTERM between an update and its broadcast checkpoints the step the orchestrator
+    # never received: the orchestrator waits for that version, so resuming must publish it.
+    experiment = experiment_with_batches(tmp_path / "exp", steps=2, lr=0.05, checkpoint_interval=1)
+    config, _ = write_trainer_config(tmp_path, experiment, tiny_llama)
+
+    def trainer():
+        model = load_base_model(str(tiny_llama), torch.float32, torch.device("cpu"))
+        return build_trainer(config, model, torch.device("cpu"))
+
+    first = trainer()
+    assert [iterate(first) for _ in range(3)] == ["trained", "trained", "idle"]
+    lost = layout.broadcast_dir(experiment / "run_a", 2)
+    shutil.rmtree(lost)
+
+    second = trainer()
+    assert iterate(second) == "idle"
+    assert layout.is_stable(lost)
+    published = load_file(str(lost / "adapter_model.safetensors"))
+    kept = load_file(
+        str(layout.broadcast_dir(experiment / "run_b", 2) / "adapter_model.safetensors")
+    )
+    assert published.keys() == kept.keys()
+    idx = second.manager.id_2_idx["run_a"]
+    assert second.manager.progress[idx].step == 2
+    # peft's names prefix the manager's (`base_model.model.`): match each by its ending.
+    for key, value in second.manager.get_state_dict_for_run(idx).items():
+        (name,) = [name for name in published if name.endswith(key)]
+        torch.testing.assert_close(published[name], value.detach())

@@ -102,8 +102,15 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
     def resume_run(idx: int, run_id: str) -> None:
         # Runs after the optimizer and scheduler hooks (registered earlier), on every rank.
         step = checkpointer.restore(idx)
-        if step is not None:
-            logger.info("run %s resumes at step %d", run_id, step)
+        if step is None:
+            return
+        logger.info("run %s resumes at step %d", run_id, step)
+        run = manager.get_run_dir(idx)
+        if manager.is_master and not layout.is_stable(layout.broadcast_dir(run, step)):
+            # Stopped between an update and its broadcast (a SIGTERM checkpoints every run
+            # at once): the orchestrator waits for this version, so it is published now.
+            publish_adapter(trainer, idx)
+            logger.info("run %s: adapter of step %d published from its checkpoint", run_id, step)
 
     def checkpoint_leaving_run(idx: int, run_id: str) -> None:
         # Master only, before the run's data is dropped: an evicted or finished run keeps
@@ -168,25 +175,32 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
 # ---------------------------------------------------------------------- after an update
 
 
+def publish_adapter(trainer: Trainer, idx: int) -> None:
+    """Write the run's adapter at its current step as `broadcast/step_N` (master only)."""
+    manager, section = trainer.manager, trainer.config.trainer
+    run = manager.get_run_dir(idx)
+    rank, alpha = resolve_run_lora(manager.config[idx], section.lora.rank, section.lora.alpha)
+    write_adapter(
+        layout.broadcast_dir(run, manager.progress[idx].step),
+        manager.get_state_dict_for_run(idx),
+        rank=rank,
+        alpha=alpha,
+        target_modules=section.target_modules,
+        base_model=trainer.base_model,
+    )
+    prune_broadcasts(run, KEEP_BROADCASTS)
+
+
 def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
     """Master: broadcast each updated run's adapter, log its metrics, checkpoint if due."""
-    manager, section = trainer.manager, trainer.config.trainer
+    manager = trainer.manager
     for idx in manager.ready_to_update_idxs:
         run = manager.get_run_dir(idx)
         if not run.is_dir():
             continue  # deleted while it trained; the next discovery forgets it
         progress = manager.progress[idx]
-        rank, alpha = resolve_run_lora(manager.config[idx], section.lora.rank, section.lora.alpha)
         try:
-            write_adapter(
-                layout.broadcast_dir(run, progress.step),
-                manager.get_state_dict_for_run(idx),
-                rank=rank,
-                alpha=alpha,
-                target_modules=section.target_modules,
-                base_model=trainer.base_model,
-            )
-            prune_broadcasts(run, KEEP_BROADCASTS)
+            publish_adapter(trainer, idx)
             append_metrics(
                 run,
                 "trainer",
