@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from tomlkit import TOMLDocument
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.bench.cli import bench_app
 from workbench.config import (
     ConfigError,
@@ -49,7 +49,7 @@ from workbench.supervisor.client import (
     read_state,
     running_supervisor_pid,
 )
-from workbench.supervisor.control import ControlError, new_run_config
+from workbench.supervisor.control_socket import ControlError, new_run_config
 from workbench.sweep import scheduler
 from workbench.sweep.expand import planned_runs
 from workbench.sweep.fit import SigmoidFit
@@ -371,7 +371,7 @@ def evict(
         ref = resolve_run(run_id, experiment)
     except RunLookupError as err:
         raise _fail(str(err)) from None
-    existing = control.read_eviction(ref.path)
+    existing = run_control.read_eviction(ref.path)
     if existing is not None:
         console.print(
             escape(f"{ref.run_id} is already evicted ({existing.evicted_at}): {existing.reason}"),
@@ -379,7 +379,7 @@ def evict(
             soft_wrap=True,
         )
     else:
-        control.write_eviction(ref.path, reason, by="user")
+        run_control.write_eviction(ref.path, reason, by="user")
         console.print(
             escape(f"evicted {ref.run_id} ({ref.path}): {reason}"), highlight=False, soft_wrap=True
         )

@@ -23,7 +23,7 @@ from typing import Any
 
 import tomlkit
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.supervisor.process import process_is_alive
 from workbench.sweep.asha import RungResult, latest_by_run
@@ -104,14 +104,14 @@ def _run_status(run: Path, slots: dict[str, int], progress: dict[str, Any]) -> R
         total_tokens=int(trained.get("total_tokens", 0)),
         total_samples=int(trained.get("total_samples", 0)),
     )
-    eviction = control.read_eviction(run)
-    rejection = control.read_validation_error(run)
+    eviction = run_control.read_eviction(run)
+    rejection = run_control.read_validation_error(run)
     if eviction is not None:
         status.status, status.reason, status.slot = "evicted", eviction.reason, None
         status.evicted_by = eviction.evicted_by
     elif rejection is not None:
         status.status, status.reason, status.slot = "rejected", rejection, None
-    elif control.is_finished(run):
+    elif run_control.is_finished(run):
         status.status = "finished"
     elif run_id in slots:
         status.status = "active"

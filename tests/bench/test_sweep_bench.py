@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import make_run
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.bench.headless import HeadlessRun, run_accounted
 from workbench.bench.sweep import (
     ModeOutcome,
@@ -78,7 +78,7 @@ def synthetic_sweep(root: Path, runs: dict[str, list[tuple[int, float, float]]])
         ]
         lines += [{"source": "trainer", "step": s, "time": 0.0} for s in range(1, evals[-1][0] + 1)]
         layout.metrics_path(run).write_text("".join(json.dumps(line) + "\n" for line in lines))
-        control.mark_finished(run, evals[-1][0])
+        run_control.mark_finished(run, evals[-1][0])
     return experiment
 
 
@@ -163,13 +163,13 @@ def test_runs_stopped_by_the_systems_own_rules_are_outcomes_and_anything_else_a_
 ):
     asha = outcomes["asha"].report.experiment
     assert outcomes["asha"].problems == []
-    control.write_eviction(asha / "run_b", "asha rung 0 (step 5): ...", by="asha")
-    control.write_eviction(asha / "run_a", "no learning signal: ...", by="orchestrator")
+    run_control.write_eviction(asha / "run_b", "asha rung 0 (step 5): ...", by="asha")
+    run_control.write_eviction(asha / "run_a", "no learning signal: ...", by="orchestrator")
     assert outcome("asha", asha, 60.0, 100.0).problems == []
 
-    control.write_eviction(asha / "run_a", "by hand", by="user")
+    run_control.write_eviction(asha / "run_a", "by hand", by="user")
     layout.finished_path(asha / "run_b").unlink()
-    control.clear_eviction(asha / "run_b")
+    run_control.clear_eviction(asha / "run_b")
     late = make_run(asha, "run_c", "max_steps = 20\n")
     layout.metrics_path(late).write_text("")
     assert outcome("asha", asha, 60.0, 100.0, timed_out=True).problems == [

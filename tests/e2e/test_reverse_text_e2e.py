@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.metrics import read_metrics
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
@@ -124,10 +124,10 @@ def test_evicting_one_run_mid_way_stops_it_with_the_reason_while_the_other_finis
     assert code == 1, "not every run finished: the exit status says so\n" + output[-2000:]
 
     survivor, victim = experiment / "run_lr3e-3", experiment / "run_lr5e-3"
-    assert control.is_finished(survivor)
+    assert run_control.is_finished(survivor)
     assert layout.latest_stable_step(layout.broadcasts_dir(survivor)) == 8
-    assert control.read_eviction(victim).reason == "e2e: stopped mid-way"
-    assert not control.is_finished(victim)
+    assert run_control.read_eviction(victim).reason == "e2e: stopped mid-way"
+    assert not run_control.is_finished(victim)
     assert "e2e: stopped mid-way" in layout.orchestrator_log_path(victim).read_text()
     victim_steps = layout.latest_stable_step(layout.rollouts_dir(victim))
     assert victim_steps is not None and victim_steps < 7, "it stopped generating mid-way"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.metrics import read_metrics
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
@@ -95,7 +95,7 @@ def first_trained_at(run: Path) -> float:
 
 
 def evicted_at(run: Path) -> float:
-    eviction = control.read_eviction(run)
+    eviction = run_control.read_eviction(run)
     assert eviction is not None and eviction.evicted_at is not None
     return dt.datetime.fromisoformat(eviction.evicted_at).timestamp()
 
@@ -113,7 +113,7 @@ def test_asha_stops_the_runs_that_cannot_learn_and_a_queued_run_takes_the_slot(t
     assert result.returncode == 0, "runs stopped early are an outcome, not a failure\n" + output
 
     for run_id in LOW:
-        eviction = control.read_eviction(experiment / run_id)
+        eviction = run_control.read_eviction(experiment / run_id)
         assert eviction is not None, f"{run_id} was not stopped\n{output}"
         assert eviction.evicted_by == "asha"
         assert REASON.fullmatch(eviction.reason), eviction.reason
@@ -123,7 +123,7 @@ def test_asha_stops_the_runs_that_cannot_learn_and_a_queued_run_takes_the_slot(t
 
     for run_id in GOOD:
         run = experiment / run_id
-        assert control.is_finished(run) and control.read_eviction(run) is None, run_id
+        assert run_control.is_finished(run) and run_control.read_eviction(run) is None, run_id
         evals = read_metrics(run, "eval")
         assert [e["policy_version"] for e in evals] == [0, 4, 8], f"{run_id}: {evals}"
         assert evals[-1]["eval_reward_mean"] > evals[0]["eval_reward_mean"], evals

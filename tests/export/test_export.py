@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from tests.export.harness import BASE, STEPS, TrainedRun, logits_without_workbench
 from tests.helpers import make_run
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.cli import app
 from workbench.export import ExportError, export_adapter
 from workbench.metrics import append_metrics
@@ -36,7 +36,7 @@ def test_best_is_the_best_evaluated_adapter_even_one_kept_only_as_a_checkpoint(
     run = experiment_copy / "run_a"
     # Step 2 scored best; the trainer keeps it only as checkpoints/step_2/trainer.
     record_evals(run, {0: 0.2, 2: 0.9, 4: 0.5, STEPS: 0.6})
-    control.mark_finished(run, STEPS)
+    run_control.mark_finished(run, STEPS)
     assert not layout.broadcast_dir(run, 2).exists()
     exported = export_adapter(run, tmp_path / "out")
 

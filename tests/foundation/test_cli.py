@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.helpers import make_run
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.cli import app
 from workbench.supervisor import standins
 
@@ -36,9 +36,9 @@ def synthetic(tmp_path: Path) -> Path:
     for name in ("run_wait", "run_active", "run_rejected", "run_evicted", "run_done"):
         make_run(experiment, name, "max_steps = 20\n")
     (experiment / "recipe.toml").write_text("")
-    control.write_validation_error(experiment / "run_rejected", "orch.toml: [lr] must be > 0")
-    control.write_eviction(experiment / "run_evicted", "reward collapsed", by="trainer")
-    control.mark_finished(experiment / "run_done", 20)
+    run_control.write_validation_error(experiment / "run_rejected", "orch.toml: [lr] must be > 0")
+    run_control.write_eviction(experiment / "run_evicted", "reward collapsed", by="trainer")
+    run_control.mark_finished(experiment / "run_done", 20)
     layout.atomic_write_text(
         layout.trainer_state_path(experiment),
         json.dumps(
@@ -103,14 +103,14 @@ def test_status_without_experiments_says_where_it_looked(cli):
 def test_evict_writes_reason_and_timestamp(cli, synthetic: Path):
     result = cli("evict", "run_wait", "--reason", "wrong learning rate")
     assert result.exit_code == 0, result.output
-    eviction = control.read_eviction(synthetic / "run_wait")
+    eviction = run_control.read_eviction(synthetic / "run_wait")
     assert eviction.reason == "wrong learning rate"
     assert eviction.evicted_by == "user" and eviction.evicted_at.startswith("20")
 
 
 def test_evict_accepts_the_id_without_its_run_prefix(cli, synthetic: Path):
     assert cli("evict", "wait").exit_code == 0
-    assert control.read_eviction(synthetic / "run_wait") is not None
+    assert run_control.read_eviction(synthetic / "run_wait") is not None
 
 
 def test_evicting_an_evicted_run_says_so_and_changes_nothing(cli, synthetic: Path):

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import make_run, random_adapter
 from tests.inference.conftest import server, tiny_reverse  # noqa: F401 - the shared server
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.inference.client import AdapterVersions, InferenceClient
 from workbench.metrics import read_metrics
@@ -60,5 +60,5 @@ def test_an_orchestrator_records_greedy_evals_of_each_version_it_serves(
     base, first, second = (r["eval_reward_mean"] for r in records)
     assert base > 0.3, "the tiny model reverses 9-letter texts in part (about 0.6 greedy)"
     assert first != base and second != base, "the adapters, not the base, were scored"
-    assert control.is_finished(run)
+    assert run_control.is_finished(run)
     assert not [name for name in served_after if name.startswith("run_x@")]

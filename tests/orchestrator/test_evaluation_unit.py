@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import make_run
 from tests.orchestrator.scripted import ScriptedChat, make_orchestrator, publish_adapter
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.envs import EnvironmentConfigError
 from workbench.envs.splits import split_of
 from workbench.metrics import read_metrics
@@ -69,7 +69,7 @@ def test_the_base_model_every_interval_th_version_and_the_last_are_scored_under_
         assert record["eval_samples"] == 4
         assert 0.0 <= record["eval_reward_mean"] <= 1.0 and record["eval_reward_std"] >= 0.0
         assert record["eval_s"] >= 0.0 and 0.0 <= record["eval_truncated_frac"] <= 1.0
-    assert control.is_finished(run)
+    assert run_control.is_finished(run)
 
 
 def test_every_eval_asks_the_same_held_out_prompts_with_the_same_seeds_greedily(
@@ -156,7 +156,7 @@ def test_a_failed_eval_costs_its_record_not_the_run(experiment: Path, caplog):
     orchestrator = make_orchestrator(run, client, max_steps=3, eval=EVERY_2)
     with caplog.at_level(logging.WARNING):
         train_to_the_end(orchestrator, run)
-    assert control.is_finished(run) and evaluated(run) == []
+    assert run_control.is_finished(run) and evaluated(run) == []
     assert "eval of policy version 0 failed" in caplog.text
     assert client.served == {"run_a@step3"}, "held versions were released after the failure"
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import make_run
 from tests.orchestrator.scripted import ScriptedChat, make_orchestrator, publish_adapter
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.metrics import read_metrics
 from workbench.orchestrator.advantages import (
     group_advantages,
@@ -95,7 +95,7 @@ def test_evicted_run_stops_at_the_start_of_the_next_iteration_with_the_reason(ex
     run = make_run(experiment, "run_a")
     orchestrator = make_orchestrator(run, ScriptedChat())
     orchestrator.step_once()
-    control.write_eviction(run, "evicted from the TUI: wrong lr", by="tui")
+    run_control.write_eviction(run, "evicted from the TUI: wrong lr", by="tui")
     with pytest.raises(RunEvicted, match="wrong lr"):
         orchestrator.step_once()
     assert not layout.rollout_dir(run, 1).exists()
@@ -109,7 +109,7 @@ def test_three_batches_without_learning_signal_evict_the_run(experiment: Path):
     assert not orchestrator.step_once().written
     with pytest.raises(RunEvicted, match="no learning signal"):
         orchestrator.step_once()
-    eviction = control.read_eviction(run)
+    eviction = run_control.read_eviction(run)
     assert eviction.evicted_by == "orchestrator" and "3 consecutive" in eviction.reason
     assert not layout.rollout_dir(run, 0).exists()
 
@@ -155,4 +155,4 @@ def test_finished_run_waits_for_the_trainers_last_adapter_then_marks_finished(ex
 
     orchestrator.sleep = trainer
     orchestrator.run_until_done()
-    assert control.is_finished(run) and len(waits) == 1
+    assert run_control.is_finished(run) and len(waits) == 1

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers import free_port, make_run
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.runs import MultiRunManager, get_multi_run_manager, setup_multi_run_manager
 
 
@@ -150,7 +150,7 @@ def test_invalid_config_writes_the_error_file_and_is_retried_once_fixed(experime
     run = make_run(experiment, "run_bad", "lr = 'fast'\nbogus_key = 1\n")
     refresh(manager)
     assert manager.idx_2_id == {}
-    error = control.read_validation_error(run)
+    error = run_control.read_validation_error(run)
     assert error is not None
     assert "lr" in error and "bogus_key" in error and "orch.toml" in error
 
@@ -169,7 +169,7 @@ def test_eviction_writes_the_reason_and_the_run_leaves_at_next_discovery(experim
     hooks.take()
     manager.evict_run(0, "batch at step 3 had no tokens")
     assert manager.idx_2_id == {0: "run_a"}, "eviction takes effect at the next discovery"
-    eviction = control.read_eviction(run)
+    eviction = run_control.read_eviction(run)
     assert eviction.reason == "batch at step 3 had no tokens"
     assert eviction.evicted_by == "trainer" and eviction.evicted_at
     refresh(manager)
@@ -190,7 +190,7 @@ def test_raising_validation_hook_rejects_only_that_run(experiment: Path):
     bad = make_run(experiment, "run_huge", "lr = 0.5\n")
     refresh(manager)
     assert list(manager.id_2_idx) == ["run_ok"]
-    assert "learning rate above 0.1" in control.read_validation_error(bad)
+    assert "learning rate above 0.1" in run_control.read_validation_error(bad)
 
 
 def test_validation_hook_returning_false_rejects_with_its_message(experiment: Path):
@@ -201,7 +201,7 @@ def test_validation_hook_returning_false_rejects_with_its_message(experiment: Pa
     bad = make_run(experiment, "run_x", "env = 'chess'\n")
     refresh(manager)
     assert manager.idx_2_id == {}
-    assert "unknown env 'chess'" in control.read_validation_error(bad)
+    assert "unknown env 'chess'" in run_control.read_validation_error(bad)
 
 
 def test_failing_creation_hook_rejects_the_run_without_stopping_the_trainer(experiment: Path):
@@ -217,7 +217,7 @@ def test_failing_creation_hook_rejects_the_run_without_stopping_the_trainer(expe
     refresh(manager)
     refresh(manager)
     assert list(manager.id_2_idx) == ["run_fine"]
-    assert "optimizer state is corrupt" in control.read_validation_error(broken)
+    assert "optimizer state is corrupt" in run_control.read_validation_error(broken)
 
 
 def test_hooks_run_in_the_documented_order(experiment: Path):

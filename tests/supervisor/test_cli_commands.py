@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from tests.helpers import make_run
 from tests.supervisor.conftest import StandinExperiment, wait_for
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.cli import app
 from workbench.config import load_orchestrator_config
 from workbench.supervisor import standins
@@ -170,7 +170,7 @@ def test_evict_tells_the_supervisor_and_restart_lifts_the_eviction(cli, standin:
 
     result = cli("restart", "run_a", "-e", standin.path)
     assert result.exit_code == 0 and "restarting run_a (eviction lifted)" in result.output
-    assert control.read_eviction(standin.path / "run_a") is None
+    assert run_control.read_eviction(standin.path / "run_a") is None
     wait_for(
         lambda: len([e for e in standin.events() if e.name == "run_a" and e.what == "start"]) == 2,
         what="run_a to start again",

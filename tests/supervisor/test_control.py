@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.supervisor.conftest import StandinExperiment, wait_for
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import load_orchestrator_config
 from workbench.supervisor import paths
 from workbench.supervisor.client import SupervisorClient, SupervisorError, SupervisorUnavailable
-from workbench.supervisor.control import ControlServer
+from workbench.supervisor.control_socket import ControlServer
 from workbench.supervisor.process import process_is_alive
 
 
@@ -58,7 +58,7 @@ def test_evict_writes_the_file_and_stops_the_orchestrator(running: StandinExperi
     pid = running.process("run_a")["pid"]
     reply = running.client.evict("run_a", reason="diverged")
     assert reply == {"ok": True, "run_id": "run_a", "already_evicted": False, "stopped": True}
-    eviction = control.read_eviction(running.path / "run_a")
+    eviction = run_control.read_eviction(running.path / "run_a")
     assert eviction.reason == "diverged" and eviction.evicted_by == "user"
     stopped = running.wait_for_process("run_a", "stopped")
     assert stopped["reason"] == "evicted: diverged"
@@ -78,7 +78,7 @@ def test_restart_run_clears_the_eviction_and_starts_the_orchestrator_again(
     running.wait_for_process("run_a", "stopped")
     reply = running.client.restart_run("a")  # the run_ prefix may be left out
     assert reply == {"ok": True, "run_id": "run_a", "cleared_eviction": True}
-    assert control.read_eviction(running.path / "run_a") is None
+    assert run_control.read_eviction(running.path / "run_a") is None
     wait_for(
         lambda: len([e for e in running.events() if e.name == "run_a" and e.what == "start"]) == 2,
         what="a second start of run_a",

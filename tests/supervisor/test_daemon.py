@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers import make_run
 from tests.supervisor.conftest import FAST_RESTART, StandinExperiment, wait_for
-from workbench import control
+from workbench import run_control
 from workbench.supervisor import paths
 from workbench.supervisor.launch import SupervisorStartError, start_daemon
 from workbench.supervisor.process import process_is_alive
@@ -337,7 +337,7 @@ def test_evicted_txt_stops_the_orchestrator_and_state_shows_the_reason(
     (run,) = standin.add_runs("run_a")
     standin.start()
     pid = standin.wait_for_process("run_a", "running")["pid"]
-    control.write_eviction(run, "reward collapsed", by="trainer")
+    run_control.write_eviction(run, "reward collapsed", by="trainer")
     stopped = standin.wait_for_process("run_a", "stopped", timeout_s=5)
     assert stopped["reason"] == "evicted: reward collapsed"
     assert not process_is_alive(pid)
@@ -366,7 +366,7 @@ def test_with_exit_when_done_the_supervisor_stops_once_every_run_finished(
     assert state["status"] == "stopped" and state["stop_reason"] == "every run is done"
     assert state["processes"]["run_a"]["state"] == "exited"
     assert state["processes"]["run_a"]["reason"] == "run finished"
-    assert control.is_finished(standin.path / "run_b")
+    assert run_control.is_finished(standin.path / "run_b")
 
 
 def test_a_state_json_that_cannot_be_written_does_not_stop_training(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import make_run
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.supervisor.discovery import (
     RUN_DELETED,
     OrchestratorView,
@@ -27,12 +27,12 @@ from workbench.supervisor.discovery import (
 def test_scan_reads_eviction_rejection_invalid_config_and_finish(experiment: Path):
     ok = make_run(experiment, "run_ok")
     evicted = make_run(experiment, "run_evicted")
-    control.write_eviction(evicted, "reward collapsed", by="trainer")
+    run_control.write_eviction(evicted, "reward collapsed", by="trainer")
     rejected = make_run(experiment, "run_rejected")
-    control.write_validation_error(rejected, "lr must be > 0")
+    run_control.write_validation_error(rejected, "lr must be > 0")
     make_run(experiment, "run_invalid", "lr = -1\n")
     finished = make_run(experiment, "run_finished")
-    control.mark_finished(finished, 30)
+    run_control.mark_finished(finished, 30)
     (experiment / "run_bare").mkdir()
     (experiment / "not_a_run").mkdir()
 
@@ -137,7 +137,7 @@ def test_watcher_reports_new_runs_control_files_and_deletions(watcher, experimen
     watcher.sync()  # the supervisor syncs the watched directories on every rescan
     assert layout.control_dir(run) in watcher.watched
 
-    control.write_eviction(run, "because", by="user")
+    run_control.write_eviction(run, "because", by="user")
     changes.expect_change()
     shutil.rmtree(run)
     changes.expect_change()
@@ -172,5 +172,5 @@ def test_watcher_follows_a_run_directory_that_is_deleted_and_created_again(
     run = make_run(experiment, "run_a")
     changes.expect_change()
     watcher.sync()
-    control.write_eviction(run, "again", by="user")
+    run_control.write_eviction(run, "again", by="user")
     changes.expect_change()

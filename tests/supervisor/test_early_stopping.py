@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.supervisor.conftest import StandinExperiment, wait_for
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.cli import app
 from workbench.supervisor import standins
 from workbench.supervisor.launch import PLAN_ENV
@@ -71,10 +71,10 @@ def test_a_run_behind_at_a_rung_is_evicted_and_the_waiting_run_takes_its_slot(
     standin.start()
 
     wait_for(lambda: slots(standin.path) == ["run_a", "run_b"], 30, "run_a and run_b to get slots")
-    eviction = wait_for(lambda: control.read_eviction(run_b), 30, "run_b to be evicted")
+    eviction = wait_for(lambda: run_control.read_eviction(run_b), 30, "run_b to be evicted")
     assert eviction.reason == "asha rung 0 (step 2): eval_reward_mean 0.1 < cutoff 0.4, rank 2/2"
     assert eviction.evicted_by == "asha"
-    assert control.read_eviction(run_a) is None
+    assert run_control.read_eviction(run_a) is None
 
     wait_for(lambda: "run_c" in slots(standin.path), 10, "run_c to take the freed slot")
     admitted_after = time.time() - layout.evicted_path(run_b).stat().st_mtime

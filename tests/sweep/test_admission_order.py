@@ -8,7 +8,7 @@ from pathlib import Path
 
 import tomlkit
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import recipe_from_document
 from workbench.experiment import create_experiment
 from workbench.runs import MultiRunManager
@@ -55,5 +55,5 @@ def test_waiting_runs_take_freed_slots_in_recipe_order(tmp_path: Path, monkeypat
         if len(admitted) == 1:
             assert manager.waiting_run_ids == ["run_lr3e-3", "run_lr1e-3", "run_lr2e-3"]
         # The freed slot goes to the next run in the same discovery that lets this one go.
-        control.write_eviction(layout.run_dir(experiment, run_id), "next", by="test")
+        run_control.write_eviction(layout.run_dir(experiment, run_id), "next", by="test")
     assert admitted == ["run_zz_baseline", "run_lr3e-3", "run_lr1e-3", "run_lr2e-3"]

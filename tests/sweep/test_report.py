@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.helpers import make_run
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.cli import app
 from workbench.sweep.asha import RungResult
 from workbench.sweep.files import AshaRecord, write_asha
@@ -54,7 +54,7 @@ def experiment(tmp_path: Path) -> Path:
     write_records(good, evals((0, 0.3), (10, 0.6), (20, 0.8)))
     write_records(middling, evals((0, 0.3), (10, 0.5), (20, 0.6)))
     write_records(poor, [*evals((0, 0.3), (10, 0.31)), {"source": "trainer", "step": 11}])
-    control.write_eviction(poor, "asha rung 0 (step 10)", by=EVICTED_BY)
+    run_control.write_eviction(poor, "asha rung 0 (step 10)", by=EVICTED_BY)
     spec = AshaSpec(grace_steps=10, reduction_factor=2, min_runs=2)
     results = [
         RungResult("run_lr1e-2", 0, 10, 0.6, 1, 1, None, "too_few", 2.0),
@@ -88,15 +88,15 @@ def test_only_a_carried_out_scheduler_stop_counts_as_evicted(experiment: Path):
 
 
 def test_a_run_restarted_after_early_stopping_is_no_longer_evicted(experiment: Path):
-    control.clear_eviction(experiment / "run_lr3e-4")
+    run_control.clear_eviction(experiment / "run_lr3e-4")
     runs = {run.id: run for run in build_report(experiment).runs}
     assert not runs["run_lr3e-4"].evicted_by_scheduler
 
 
 def test_a_run_restarted_then_evicted_by_hand_is_not_marked_as_stopped_early(experiment: Path):
     run = experiment / "run_lr3e-4"
-    control.clear_eviction(run)
-    control.write_eviction(run, "enough of it", by="tui")
+    run_control.clear_eviction(run)
+    run_control.write_eviction(run, "enough of it", by="tui")
     runs = {run.id: run for run in build_report(experiment).runs}
     assert not runs["run_lr3e-4"].evicted_by_scheduler
 

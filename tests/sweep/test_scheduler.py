@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
 from workbench.sweep.files import read_asha
@@ -61,7 +61,7 @@ def test_a_restarted_supervisor_keeps_the_decisions_and_decides_nothing_twice(ex
     first = EarlyStopping(experiment, SPEC)
     [eviction] = first.poll(TICK)
     first.evicted(eviction)
-    control.write_eviction(runs["run_c"], eviction.reason, by="asha")
+    run_control.write_eviction(runs["run_c"], eviction.reason, by="asha")
     before = layout.asha_state_path(experiment).read_text()
 
     again = EarlyStopping(experiment, SPEC)
@@ -126,11 +126,11 @@ def test_polls_closer_than_the_interval_read_nothing(experiment: Path):
 
 def test_a_run_already_evicted_by_hand_is_not_evicted_again(experiment: Path):
     runs = three_runs_at_rung_zero(experiment)
-    control.write_eviction(runs["run_c"], "looked wrong", by="user")
+    run_control.write_eviction(runs["run_c"], "looked wrong", by="user")
     scheduler = EarlyStopping(experiment, SPEC)
     assert scheduler.poll(TICK) == []
     assert scheduler.record.actions == {("run_c", 0): "already evicted"}
-    assert control.read_eviction(runs["run_c"]).reason == "looked wrong"  # type: ignore[union-attr]
+    assert run_control.read_eviction(runs["run_c"]).reason == "looked wrong"  # type: ignore[union-attr]
 
 
 def test_other_records_and_other_metrics_are_ignored(experiment: Path):

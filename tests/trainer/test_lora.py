@@ -16,7 +16,7 @@ from tests.trainer.builders import (
     packed_logits,
     tiny_causal_lm,
 )
-from workbench import control
+from workbench import run_control
 from workbench.trainer.lora import (
     DEFAULT_TARGET_MODULES,
     MultiLoRALinear,
@@ -277,7 +277,7 @@ def test_apply_lora_wraps_every_projection_and_registers_it_under_its_module_pat
 def test_a_run_asking_for_more_rank_than_the_slots_is_rejected_with_a_reason(tmp_path: Path):
     trainer = build_trainer(tmp_path / "exp", {"run_big": "[lora]\nrank = 16\n"}, rank=8)
     assert trainer.manager.idx_2_id == {}
-    reason = control.read_validation_error(tmp_path / "exp" / "run_big")
+    reason = run_control.read_validation_error(tmp_path / "exp" / "run_big")
     assert reason is not None and "rank = 16" in reason and "at most 8" in reason
 
 

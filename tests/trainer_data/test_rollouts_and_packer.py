@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.helpers import make_run
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.rollouts import InvalidRollouts, RolloutBatch, Sample, read_rollouts, write_rollouts
 from workbench.runs import MultiRunManager
 from workbench.trainer.packer import Packer, distribute, pack_batches
@@ -122,7 +122,7 @@ def test_packer_takes_each_runs_next_batch_updates_progress_and_evicts_bad_runs(
     assert manager.ready_to_update_idxs == [good_idx]
     progress = manager.progress[good_idx]
     assert (progress.step, progress.total_samples, progress.total_tokens) == (1, 2, 11)
-    eviction = control.read_eviction(bad)
+    eviction = run_control.read_eviction(bad)
     assert eviction is not None and "batch.json is not valid JSON" in eviction.reason
-    assert control.read_eviction(idle) is None and control.read_eviction(good) is None
+    assert run_control.read_eviction(idle) is None and run_control.read_eviction(good) is None
     assert packer.collect() == {}, "a ready run is not collected twice before it trains"

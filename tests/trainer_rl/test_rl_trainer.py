@@ -11,7 +11,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from tests.helpers import make_run, random_batch
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.metrics import read_metrics
 from workbench.rollouts import write_rollouts
@@ -81,7 +81,7 @@ def test_bad_rollout_file_evicts_only_its_run_with_a_readable_reason(experiment,
     write_rollouts(bad, broken)
     assert iterate(trainer) == "trained"
     assert layout.is_stable(layout.broadcast_dir(good, 1))
-    reason = control.read_eviction(bad).reason
+    reason = run_control.read_eviction(bad).reason
     assert "sample 2" in reason and "token id 999" in reason
     iterate(trainer)
     assert list(trainer.manager.id_2_idx) == ["run_good"]

@@ -22,7 +22,7 @@ from tests.tui.synthetic import (
     rung_result,
     write_json,
 )
-from workbench import control
+from workbench import run_control
 from workbench.sweep.report import build_report
 from workbench.tui.format import sparkline
 from workbench.tui.screens.evict import EvictScreen
@@ -195,7 +195,9 @@ async def test_a_new_early_stopping_decision_shows_at_the_next_poll(sweep, make_
         asha = json.loads((sweep / "sweep" / "asha.json").read_text())
         asha["results"].append(rung_result("run_lr1e-3_rank8", 0, 0.2, 4, 4, 0.43, "stop"))
         write_json(sweep / "sweep" / "asha.json", asha)
-        control.write_eviction(run, "asha rung 0 (step 5): eval_reward_mean 0.2 < ...", by="asha")
+        run_control.write_eviction(
+            run, "asha rung 0 (step 5): eval_reward_mean 0.2 < ...", by="asha"
+        )
         await next_polls(pilot, app)
         shown = rows(app, LeaderboardTable)["run_lr1e-3_rank8"]
         assert (shown["state"], shown["rung"], shown["value"]) == ("early-stop", "0", "0.2")
@@ -241,7 +243,7 @@ async def test_evict_from_the_leaderboard_acts_on_the_selected_run(sweep, make_a
         assert app.screen.run_id == "run_lr1e-2_rank8"
         await pilot.press(*"plateau", "enter")
         await wait_until(pilot, lambda: commands.sent, what="the evict command")
-        assert control.read_eviction(sweep / "run_lr1e-2_rank8").evicted_by == "tui"
+        assert run_control.read_eviction(sweep / "run_lr1e-2_rank8").evicted_by == "tui"
         await next_polls(pilot, app)
         assert isinstance(app.screen, LeaderboardScreen)
         assert rows(app, LeaderboardTable)["run_lr1e-2_rank8"]["state"] == "evicted"

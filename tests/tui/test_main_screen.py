@@ -15,7 +15,7 @@ from tests.tui.synthetic import (
     process,
     write_supervisor_state,
 )
-from workbench import control
+from workbench import run_control
 from workbench.tui.data import ExperimentReader
 from workbench.tui.screens.add_run import AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
@@ -65,7 +65,7 @@ async def test_tables_follow_changes_to_the_directory(experiment, make_app):
         await next_polls(pilot, app)
 
         make_run(experiment, "run_new")
-        control.write_eviction(experiment / "run_lr3e-4", "reward stuck at 0.38", by="test")
+        run_control.write_eviction(experiment / "run_lr3e-4", "reward stuck at 0.38", by="test")
         append_metrics(experiment / "run_lr1e-3", metrics_lines(13, 15, reward0=0.3, slope=0.04))
         await next_polls(pilot, app)
 
@@ -132,7 +132,7 @@ async def test_evict_key_asks_for_a_reason_and_writes_it(experiment, make_app, c
 
         evicted = experiment / "run_lr1e-3" / "control" / "evicted.txt"
         await wait_until(pilot, evicted.exists, what="evicted.txt")
-        eviction = control.read_eviction(experiment / "run_lr1e-3")
+        eviction = run_control.read_eviction(experiment / "run_lr1e-3")
         assert eviction.reason == "reward plateaued"
         assert eviction.evicted_by == "tui"
         await wait_until(pilot, lambda: commands.sent, what="the evict command")
@@ -235,7 +235,7 @@ async def test_stop_all_asks_first(experiment, make_app, commands):
 
 
 async def test_enter_opens_the_run_detail_with_reason_curves_and_config(experiment, make_app):
-    control.write_eviction(experiment / "run_lr1e-3", "learning rate too high", by="test")
+    run_control.write_eviction(experiment / "run_lr1e-3", "learning rate too high", by="test")
     app = make_app(experiment)
     async with app.run_test(size=(80, 24)) as pilot:
         await next_polls(pilot, app)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.tui.synthetic import append_log, build_experiment, build_sweep_experiment
-from workbench import control
+from workbench import run_control
 
 TMUX = shutil.which("tmux")
 pytestmark = pytest.mark.skipif(
@@ -163,7 +163,7 @@ def test_tui_on_a_synthetic_experiment_in_a_real_80x24_terminal(
         lambda s: any("run_lr1e-3" in line and "evicted" in line for line in s.splitlines()),
         "run_lr1e-3 shown as evicted",
     )
-    assert control.read_eviction(experiment / "run_lr1e-3").reason == "reward plateaued"
+    assert run_control.read_eviction(experiment / "run_lr1e-3").reason == "reward plateaued"
 
     # Detail screen and back, help and back: all by keyboard.
     tmux_session.send("Enter")
@@ -311,7 +311,7 @@ def test_tui_attached_to_a_headless_experiment(tmp_path, tmux_session):
             lambda s: any("run_b" in line and "evicted" in line for line in s.splitlines()),
             "run_b shown as evicted",
         )
-        eviction = control.read_eviction(experiment / "run_b")
+        eviction = run_control.read_eviction(experiment / "run_b")
         assert (eviction.reason, eviction.evicted_by) == ("enough of b", "tui")
 
         # Restart the trainer from the processes table, confirming the dialog.

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_config
 from workbench.export.selection import Choice
 from workbench.metrics import read_metrics
@@ -69,8 +69,8 @@ def _base_model_text(name: str, path: str) -> str:
 def _training_lines(run: Path, config: OrchestratorConfig | None) -> list[str]:
     trained = max((r["step"] for r in read_metrics(run, "trainer")), default=0)
     max_steps = config.max_steps if config else "?"
-    eviction = control.read_eviction(run)
-    if control.is_finished(run):
+    eviction = run_control.read_eviction(run)
+    if run_control.is_finished(run):
         state = "finished"
     elif eviction is not None:
         state = f"evicted: {eviction.reason.splitlines()[0]}"

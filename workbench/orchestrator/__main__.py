@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.envs import EnvironmentConfigError
 from workbench.inference.client import AdapterVersions, InferenceClient
@@ -49,7 +49,7 @@ def wait_until(condition, run: Path, what: str, poll_s: float) -> None:
     """Poll until `condition()`; logs once what it waits for; stops if the run is evicted."""
     logged = False
     while not condition():
-        eviction = control.read_eviction(run)
+        eviction = run_control.read_eviction(run)
         if eviction is not None:
             raise RunEvicted(eviction.reason)
         if not logged:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         # The trainer may reject a config our own validation accepts (its hooks): write
         # nothing for a rejected run; go on once the config is fixed and accepted.
         wait_until(
-            lambda: control.read_validation_error(run) is None,
+            lambda: run_control.read_validation_error(run) is None,
             run,
             "the trainer to accept the config (see control/config_validation_error.txt)",
             args.poll_s,
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     except (Stopped, KeyboardInterrupt):
         # The supervisor stops an evicted run's orchestrator at once rather than waiting
         # for its next iteration: say why it stopped.
-        eviction = control.read_eviction(run)
+        eviction = run_control.read_eviction(run)
         if eviction is not None:
             print(f"{run.name} evicted: {eviction.reason}", file=sys.stderr)
             return EXIT_EVICTED

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.envs import get_environment
 from workbench.envs.base import Prompt
@@ -112,11 +112,11 @@ class Orchestrator:
             self._load_newest_adapter()
             self.evaluator.start_if_due(last=True)
             self.evaluator.wait()
-        control.mark_finished(self.run, self.config.max_steps)
+        run_control.mark_finished(self.run, self.config.max_steps)
         logger.info("%s finished %d steps", self.run_id, self.config.max_steps)
 
     def check_evicted(self) -> None:
-        eviction = control.read_eviction(self.run)
+        eviction = run_control.read_eviction(self.run)
         if eviction is not None:
             raise RunEvicted(eviction.reason)
 
@@ -198,7 +198,7 @@ class Orchestrator:
                 f"consecutive batches at step {step} (every completion of a prompt got the same "
                 "reward); raise sampling.temperature or change the environment's difficulty"
             )
-            control.write_eviction(self.run, reason, by="orchestrator")
+            run_control.write_eviction(self.run, reason, by="orchestrator")
             raise RunEvicted(reason)
         return StepResult(step=step, written=written, reward_mean=reward_mean)
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import (
     ConfigError,
     OrchestratorConfig,
@@ -224,7 +224,7 @@ class MultiRunManager:
             self._reject(run_id, path, error, signature)
             return None
         self._rejected_signature.pop(run_id, None)
-        control.clear_validation_error(path)
+        run_control.clear_validation_error(path)
         return config
 
     def _load_and_validate(self, config_path: Path) -> tuple[OrchestratorConfig | None, str | None]:
@@ -250,7 +250,7 @@ class MultiRunManager:
         logger.warning("run %s rejected: %s", run_id, error)
         self._rejected_signature[run_id] = signature
         try:
-            control.write_validation_error(path, error)
+            run_control.write_validation_error(path, error)
         except OSError as err:  # the directory may be gone already
             logger.warning("could not write the validation error of %s: %s", run_id, err)
 
@@ -293,7 +293,7 @@ class MultiRunManager:
             raise RuntimeError("evict_run() runs on the master rank only")
         run_id = self.idx_2_id[idx]
         logger.warning("evicting run %s (slot %d): %s", run_id, idx, reason)
-        control.write_eviction(self.get_run_dir(idx), reason, by="trainer")
+        run_control.write_eviction(self.get_run_dir(idx), reason, by="trainer")
 
     # ------------------------------------------------------------------ synchronisation (all ranks)
 
@@ -415,7 +415,9 @@ class MultiRunManager:
         try:
             layout.atomic_write_text(
                 layout.trainer_state_path(self.output_dir),
-                json.dumps({**state, "updated_at": control.now_iso()}, indent=2, sort_keys=True),
+                json.dumps(
+                    {**state, "updated_at": run_control.now_iso()}, indent=2, sort_keys=True
+                ),
             )
             self._published = text
         except OSError as err:  # a full disk must not stop training; the next sync retries

@@ -31,12 +31,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench import control as run_control
-from workbench import layout
+from workbench import layout, run_control
 from workbench.config import ConfigError, normalize_run_id
 from workbench.experiment import write_run
 from workbench.supervisor import paths
-from workbench.supervisor.control import COMMANDS, ControlError, ControlServer, new_run_config
+from workbench.supervisor.control_socket import (
+    COMMANDS,
+    ControlError,
+    ControlServer,
+    new_run_config,
+)
 from workbench.supervisor.discovery import (
     RUN_DELETED,
     OrchConfigValidator,

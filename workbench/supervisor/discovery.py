@@ -40,7 +40,7 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import ObservedWatch
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.supervisor.process import TERMINAL_STATES
 
@@ -105,16 +105,16 @@ class OrchConfigValidator:
 def scan_run(run: Path, validator: OrchConfigValidator | None = None) -> RunCondition:
     """The condition of one run directory; eviction wins over rejection over the rest."""
     validator = validator or OrchConfigValidator()
-    eviction = control.read_eviction(run)
+    eviction = run_control.read_eviction(run)
     if eviction is not None:
         return RunCondition(run.name, run, hold_reason=f"evicted: {eviction.reason}")
-    rejection = control.read_validation_error(run)
+    rejection = run_control.read_validation_error(run)
     if rejection is not None:
         return RunCondition(run.name, run, hold_reason=f"rejected: {rejection}")
     problem = validator.problem(layout.orch_config_path(run))
     if problem is not None:
         return RunCondition(run.name, run, hold_reason=problem)
-    return RunCondition(run.name, run, finished=control.is_finished(run))
+    return RunCondition(run.name, run, finished=run_control.is_finished(run))
 
 
 def scan_runs(

@@ -114,7 +114,7 @@ def main() -> None:
 
     if args.finish_after is not None and args.run_dir is not None:
         time.sleep(args.finish_after)
-        from workbench.control import mark_finished
+        from workbench.run_control import mark_finished
 
         mark_finished(args.run_dir, step=1)
         event(args.events, f"{args.name} finished")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_config, read_toml
 from workbench.metrics import read_metrics
 from workbench.sweep.asha import RungResult, latest_by_run
@@ -273,7 +273,7 @@ def _evicted_by_scheduler(run: Path, standing: RungResult, asha: AshaRecord | No
         return False
     if asha.actions.get((standing.run_id, standing.rung)) != "evicted":
         return False
-    eviction = control.read_eviction(run)
+    eviction = run_control.read_eviction(run)
     return eviction is not None and eviction.evicted_by == EVICTED_BY
 
 

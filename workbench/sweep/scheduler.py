@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.sweep.asha import MetricPoint, RunCurve, RungResult, advance
 from workbench.sweep.files import AshaRecord, read_asha, write_asha
@@ -95,8 +95,8 @@ class EarlyStopping:
             if max_steps is None:
                 continue  # no valid orch.toml: not a run the trainer would take
             self._warn_if_metric_missing(run.name, followed, max_steps)
-            finished = control.is_finished(run)
-            evicted = run.name in pending or control.read_eviction(run) is not None
+            finished = run_control.is_finished(run)
+            evicted = run.name in pending or run_control.read_eviction(run) is not None
             seen = (len(followed.points), max_steps, finished, evicted)
             if seen == followed.seen:
                 continue  # nothing new: whatever it could be judged on, it was
@@ -124,9 +124,9 @@ class EarlyStopping:
             if result.decision != "stop" or key in self.record.actions:
                 continue
             run = layout.run_dir(self.experiment, result.run_id)
-            if control.read_eviction(run) is not None:
+            if run_control.read_eviction(run) is not None:
                 self.record.actions[key] = "already evicted"
-            elif control.is_finished(run) or not run.is_dir():
+            elif run_control.is_finished(run) or not run.is_dir():
                 self.record.actions[key] = "finished" if run.is_dir() else "run deleted"
             else:
                 reason = result.reason(self.spec.metric, self.spec.mode)

@@ -25,7 +25,7 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.reactive import var
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.tui.commands import CommandOutcome, CommandSender, SupervisorCommands
 from workbench.tui.data import SUPERVISOR_PROCESS, ExperimentReader, ExperimentSnapshot
 from workbench.tui.messages import (
@@ -169,7 +169,7 @@ class WorkbenchApp(App[None]):
             self.call_from_thread(self._report, CommandOutcome(False, f"{run_id} is gone"))
             return
         try:
-            control.write_eviction(run, reason, by="tui")
+            run_control.write_eviction(run, reason, by="tui")
         except OSError as err:
             outcome = CommandOutcome(False, f"could not evict {run_id}: {err}")
             self.call_from_thread(self._report, outcome)

@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from workbench import control, layout
+from workbench import layout, run_control
 from workbench.supervisor.client import read_state
 
 RECIPE = """\
@@ -197,7 +197,7 @@ class FaultExperiment:
         return layout.latest_stable_step(layout.broadcasts_dir(self.path / run_id)) or 0
 
     def finished(self, run_id: str) -> bool:
-        return control.is_finished(self.path / run_id)
+        return run_control.is_finished(self.path / run_id)
 
     def wait(self, condition, timeout_s: float, poll_s: float = 0.2) -> bool:
         deadline = time.monotonic() + timeout_s
