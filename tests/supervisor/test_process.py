@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from workbench.supervisor.lifecycle import Event
 from workbench.supervisor.process import (
     FileReady,
     ProcessSpec,
@@ -126,7 +127,7 @@ def test_stop_terminates_the_whole_group_and_leaves_no_orphans(tmp_path: Path, s
     assert process_is_alive(grandchild)
 
     leader = proc.pid
-    proc.begin_stop(time.monotonic(), "test")
+    proc.handle(Event.STOP, time.monotonic(), "test")
     record = wait_exit(proc)
 
     assert record.stop_requested and record.signal == signal.SIGTERM
@@ -149,7 +150,7 @@ def test_a_child_ignoring_sigterm_is_killed_after_its_stop_timeout(tmp_path: Pat
         assert time.monotonic() < deadline
         time.sleep(0.02)
     began = time.monotonic()
-    proc.begin_stop(began, "test")
+    proc.handle(Event.STOP, began, "test")
     record = wait_exit(proc)
     assert record.signal == signal.SIGKILL
     assert time.monotonic() - began >= 0.5

@@ -256,7 +256,7 @@ RUN_CREATORS: dict[str, Callable[[Path, str], Path]] = {
 
 
 def measure_one_discovery(experiment: Path, run_id: str, mode: str) -> DiscoverySample:
-    from workbench.supervisor.process import TERMINAL_STATES
+    from workbench.supervisor.lifecycle import TERMINAL_STATES
     from workbench.tui.data import parse_time
 
     created_wall = time.time()

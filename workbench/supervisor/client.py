@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.supervisor import paths
-from workbench.supervisor.process import LIVE_STATES, process_cmdline, process_is_alive
+from workbench.supervisor.lifecycle import LIVE_STATES
+from workbench.supervisor.process import process_cmdline, process_is_alive
 
 DEFAULT_TIMEOUT_S = 10.0
 

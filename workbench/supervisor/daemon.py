@@ -1,9 +1,11 @@
 """The supervisor: one per experiment; starts, watches, restarts and stops every child.
 
 `Supervisor` is the core and runs on one thread: each tick it answers control requests,
-reaps exits (and applies restart policies), checks readiness, reconciles orchestrators
-with the run directories (discovery) and starts what is due, then writes state.json if
-anything changed. The watchdog thread and the control socket only wake it up.
+reaps exits, checks readiness, reconciles orchestrators with the run directories
+(discovery) and starts what is due, then writes state.json if anything changed. It only
+turns what happens into events for each process's lifecycle
+(`workbench.supervisor.lifecycle`, where every state change is decided). The watchdog
+thread and the control socket only wake it up.
 
 Start order: the plan's processes in order (inference, then trainer); orchestrators once
 the processes they require (inference) are ready. Stop order: orchestrators first, then
@@ -59,10 +61,9 @@ from workbench.supervisor.launch import (
     already_running_message,
     kill_leftovers,
 )
+from workbench.supervisor.lifecycle import TERMINAL_STATES, UP_STATES, Event, ExitFacts
 from workbench.supervisor.plan import DEFAULT_PLAN, Plan, PlanError, load_plan_factory
 from workbench.supervisor.process import (
-    TERMINAL_STATES,
-    UP_STATES,
     ExitRecord,
     ProcessSpec,
     SupervisedProcess,
@@ -254,66 +255,37 @@ class Supervisor:
         elif proc.ready_overdue(now):
             timeout = proc.spec.ready_timeout_s
             log.warning("%s: not ready after %gs; stopping it", proc.name, timeout)
-            proc.begin_stop(now, f"not ready after {timeout:g}s", failure=True)
+            proc.handle(Event.READY_TIMEOUT, now, f"not ready after {timeout:g}s")
 
     def _on_exit(self, proc: SupervisedProcess, record: ExitRecord, now: float) -> None:
-        uptime = _seconds_between(proc.started_at, record.time)
-        log.info("%s: %s after %.1fs", proc.name, record.describe(), uptime)
+        facts = self._exit_facts(proc, record, shutting_down=self.status == "stopping")
+        log.info("%s: %s after %.1fs", proc.name, record.describe(), facts.uptime_s)
         if proc.spec.run_id is not None:
             self._discovery_due = True  # a run ended: its directory may say why
-        failure = proc.stop_is_failure
-        proc.stop_is_failure = False
-        if proc.restart_after_stop:
-            proc.restart_after_stop = False
-            self._queue_start(proc, now)
-            return
-        if self.status == "stopping" or (record.stop_requested and not failure):
-            proc.state = "stopped"
-            return
-        hold = self._run_hold_reason(proc)
-        if hold is not None:
-            proc.state, proc.reason, proc.held = "stopped", hold, True
-            return
-        if proc.spec.run_id is not None and run_control.is_finished(self._run_path(proc)):
-            proc.state, proc.reason = "exited", "run finished"
-            return
-        ok = record.ok and not failure
-        policy = proc.spec.restart
-        if not ok and policy.is_permanent(record.code):
-            proc.state = "failed"
-            proc.reason = (
-                f"{record.describe()}: a failure that a restart cannot fix; see "
-                f"{proc.spec.log_path}"
-            )
+        event = proc.exited(facts, now)
+        if event == Event.EXIT_FAILED:
             log.error("%s: failed: %s", proc.name, proc.reason)
-            return
-        if not policy.wants_restart(ok):
-            proc.state = "exited" if ok else "failed"
-            proc.reason = None if ok else f"{record.describe()}; restart policy is {policy.mode}"
-            return
-        if uptime >= policy.stable_after_s:
-            proc.consecutive_failures = 0
-        proc.consecutive_failures += 1
-        delay = policy.delay_before_restart(proc.consecutive_failures)
-        if delay is None:
-            proc.state = "failed"
-            proc.reason = (
-                f"{record.describe()}; gave up after {policy.max_restarts} restarts "
-                f"(see {proc.spec.log_path})"
-            )
-            log.error("%s: failed: %s", proc.name, proc.reason)
-            return
-        proc.state = "backoff"
-        proc.next_start_at = now + delay
-        proc.reason = (
-            f"{record.describe()}; restart {proc.consecutive_failures} of "
-            f"{policy.max_restarts} in {delay:.1f}s"
+        elif event == Event.EXIT_BACKOFF:
+            log.info("%s: %s", proc.name, proc.reason)
+
+    def _exit_facts(
+        self, proc: SupervisedProcess, record: ExitRecord, *, shutting_down: bool
+    ) -> ExitFacts:
+        # A shutdown decides the exit alone; the run directory need not be read.
+        condition = None if shutting_down else self._run_condition(proc)
+        return ExitFacts(
+            description=record.describe(),
+            clean=record.ok,
+            code=record.code,
+            uptime_s=_seconds_between(proc.started_at, record.time),
+            shutting_down=shutting_down,
+            run_hold=condition.hold_reason if condition else None,
+            run_finished=condition.finished if condition else False,
         )
-        log.info("%s: %s", proc.name, proc.reason)
 
     def _start_due(self, now: float) -> None:
         for proc in list(self.processes.values()):
-            if proc.state not in ("waiting", "backoff") or now < proc.next_start_at:
+            if not proc.lifecycle.due(now):
                 continue
             missing = [
                 name
@@ -321,31 +293,17 @@ class Supervisor:
                 if name not in self.processes or self.processes[name].state not in UP_STATES
             ]
             if missing:
-                if proc.state == "waiting":
-                    proc.reason = f"waiting for {', '.join(missing)} to be ready"
+                proc.handle(Event.BLOCKED, now, f"waiting for {', '.join(missing)} to be ready")
                 continue
             record = proc.spawn(now)
             if record is not None:
-                proc.state, proc.reason = "failed", record.error
                 log.error("%s: cannot start: %s", proc.name, record.error)
             else:
                 log.info("%s: started (pid %s)", proc.name, proc.pid)
 
-    def _queue_start(self, proc: SupervisedProcess, now: float) -> None:
-        """Start `proc` again on this tick (after a restart request), with a fresh budget."""
-        proc.state = "waiting"
-        proc.reason = None
-        proc.held = False
-        proc.consecutive_failures = 0
-        proc.next_start_at = now
-
     def _restart(self, proc: SupervisedProcess, now: float, why: str) -> None:
         log.info("%s: restarting (%s)", proc.name, why)
-        proc.held = False
-        if proc.has_os_process:
-            proc.begin_stop(now, f"restarting: {why}", restart=True)
-        else:
-            self._queue_start(proc, now)
+        proc.handle(Event.START, now, f"restarting: {why}")
 
     # -------------------------------------------------------------- runs
 
@@ -353,13 +311,14 @@ class Supervisor:
         assert proc.spec.run_id is not None
         return layout.run_dir(self.experiment, proc.spec.run_id)
 
-    def _run_hold_reason(self, proc: SupervisedProcess) -> str | None:
+    def _run_condition(self, proc: SupervisedProcess) -> RunCondition | None:
+        """What the run directory of an orchestrator says; None for other processes."""
         if proc.spec.run_id is None:
             return None
         run = self._run_path(proc)
         if not run.is_dir():
-            return RUN_DELETED
-        return scan_run(run, self._validator).hold_reason
+            return RunCondition(proc.spec.run_id, run, hold_reason=RUN_DELETED)
+        return scan_run(run, self._validator)
 
     def _discover(self, now: float) -> None:
         self._discovery_due = False
@@ -379,7 +338,7 @@ class Supervisor:
                 proc = self.processes[action.run_id]
                 if proc.has_os_process:
                     log.info("%s: stopping orchestrator: %s", action.run_id, action.reason)
-                proc.begin_stop(now, action.reason, hold=True)
+                proc.handle(Event.HOLD, now, action.reason)
 
     def _start_orchestrator(self, run_id: str, run: Path, now: float) -> None:
         proc = self.processes.get(run_id)
@@ -387,7 +346,7 @@ class Supervisor:
             log.info("%s: discovered (%s)", run_id, run)
             proc = SupervisedProcess(self._orchestrator_spec(run_id, run))
             self.processes[run_id] = proc
-        self._queue_start(proc, now)
+        proc.handle(Event.START, now)
 
     def _orchestrator_spec(self, run_id: str, run: Path) -> ProcessSpec:
         try:
@@ -502,7 +461,7 @@ class Supervisor:
         proc = self.processes.get(run_id)
         stopping = proc is not None and proc.state not in TERMINAL_STATES
         if proc is not None:
-            proc.begin_stop(now, f"evicted: {reason}", hold=True)
+            proc.handle(Event.HOLD, now, f"evicted: {reason}")
         self._discovery_due = True
         return existing is not None, stopping
 
@@ -527,13 +486,12 @@ class Supervisor:
         if proc is None:
             known = ", ".join(self.processes) or "none"
             raise ControlError(f"no process {name!r} (processes: {known})")
-        if proc.spec.run_id is not None:
-            hold = self._run_hold_reason(proc)
-            if hold is not None:
-                raise ControlError(
-                    f"{proc.name} cannot run: {hold}; to clear an eviction use "
-                    f"`workbench restart {proc.name}` (restart_run)"
-                )
+        condition = self._run_condition(proc)
+        if condition is not None and condition.hold_reason is not None:
+            raise ControlError(
+                f"{proc.name} cannot run: {condition.hold_reason}; to clear an eviction use "
+                f"`workbench restart {proc.name}` (restart_run)"
+            )
         self._restart(proc, now, "requested")
         return {"ok": True, "name": proc.name}
 
@@ -560,9 +518,9 @@ class Supervisor:
         while self._shutdown_stages:
             stage = self._shutdown_stages[0]
             for name in stage:
-                proc = self.processes[name]
-                if proc.state not in TERMINAL_STATES and proc.state != "stopping":
-                    proc.begin_stop(now, f"supervisor stopping ({self._stop_reason})")
+                self.processes[name].handle(
+                    Event.STOP, now, f"supervisor stopping ({self._stop_reason})"
+                )
             if any(self.processes[name].has_os_process for name in stage):
                 return
             self._shutdown_stages.pop(0)
@@ -576,8 +534,10 @@ class Supervisor:
             time.monotonic() < deadline
         ):
             for proc in self.processes.values():
-                if proc.poll(time.monotonic()) is not None:
-                    proc.state = "stopped"
+                now = time.monotonic()
+                record = proc.poll(now)
+                if record is not None:
+                    proc.exited(self._exit_facts(proc, record, shutting_down=True), now)
             time.sleep(0.05)
         self.status = "stopped"
 

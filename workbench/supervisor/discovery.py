@@ -42,7 +42,7 @@ from watchdog.observers.api import ObservedWatch
 
 from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
-from workbench.supervisor.process import TERMINAL_STATES
+from workbench.supervisor.lifecycle import TERMINAL_STATES
 
 log = logging.getLogger(__name__)
 

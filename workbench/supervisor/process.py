@@ -3,8 +3,9 @@
 `ProcessSpec` says what to run (argv, env, cwd, log file, readiness check, restart policy);
 `SupervisedProcess` is the mechanism around one spec: spawning, polling for its exit,
 checking readiness and a non-blocking stop (SIGTERM to the whole process group, SIGKILL
-after `stop_timeout_s`). What to do after an exit (restart, give up) is the supervisor's
-decision, made with `workbench.supervisor.policy`.
+after `stop_timeout_s`). Its state is its `Lifecycle` (`workbench.supervisor.lifecycle`):
+the process reports what happened to its OS process (spawned, ready, exited) as events
+and carries out the `terminate` the table asks for; the supervisor sends the others.
 
 Every child is a session and process-group leader (`start_new_session=True`), so a
 signal to its group reaches the workers it spawned (torchrun's ranks, vLLM's engine) and
@@ -28,22 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from workbench.supervisor.lifecycle import TERMINATE, Event, ExitFacts, Lifecycle
 from workbench.supervisor.policy import RestartPolicy
-
-PROCESS_STATES = (
-    "waiting",  # not started yet: waiting for a process it needs to be ready
-    "starting",  # spawned; its readiness check has not passed yet
-    "ready",  # spawned and its readiness check passed
-    "running",  # spawned; it has no readiness check
-    "backoff",  # exited with a failure; restarts when its backoff delay ends
-    "stopping",  # SIGTERM sent to its group; SIGKILL follows after the stop timeout
-    "exited",  # exited by itself and will not be restarted (a clean exit: done)
-    "failed",  # gave up: restarts exhausted, or it could not be started at all
-    "stopped",  # stopped by the supervisor (down, eviction, deleted run, ...)
-)
-LIVE_STATES = frozenset({"starting", "ready", "running", "stopping"})
-TERMINAL_STATES = frozenset({"exited", "failed", "stopped"})
-UP_STATES = frozenset({"ready", "running"})
 
 LAST_LINES = 20
 MAX_EXIT_RECORDS = 100
@@ -181,31 +168,24 @@ class ExitRecord:
 
 
 class SupervisedProcess:
-    """The live side of a `ProcessSpec`: its OS process, state, restarts and exits.
+    """The live side of a `ProcessSpec`: its OS process, its lifecycle, restarts and exits.
 
-    Never blocks: `poll` and `begin_stop` return at once, and the supervisor's loop calls
+    Never blocks: `poll` and `handle` return at once, and the supervisor's loop calls
     `poll` until a stop is complete. All attributes are read by the supervisor to decide
     what comes next and to write state.json.
     """
 
     def __init__(self, spec: ProcessSpec):
         self.spec = spec
-        self.state = "waiting"
-        self.reason: str | None = None
+        self.lifecycle = Lifecycle(spec.restart, spec.log_path)
         self.pid: int | None = None
         self.restarts = 0
-        self.consecutive_failures = 0
         self.started_at: str | None = None
         self.exits: list[ExitRecord] = []
-        self.next_start_at = 0.0
-        # Stopped because of its run's condition (evicted, deleted, rejected): started
-        # again by discovery once the condition clears.
-        self.held = False
-        self.restart_after_stop = False
-        self.stop_is_failure = False
         self._popen: subprocess.Popen[bytes] | None = None
         self._spawn_count = 0
         self._started_monotonic = 0.0
+        self._terminating = False
         self._stop_deadline = 0.0
         self._killed = False
         self._next_ready_check = 0.0
@@ -215,8 +195,29 @@ class SupervisedProcess:
         return self.spec.name
 
     @property
+    def state(self) -> str:
+        return self.lifecycle.state
+
+    @property
+    def reason(self) -> str | None:
+        return self.lifecycle.reason
+
+    @property
+    def held(self) -> bool:
+        return self.lifecycle.held
+
+    @property
     def has_os_process(self) -> bool:
         return self._popen is not None
+
+    def handle(self, event: Event, now: float, reason: str | None = None) -> None:
+        """Pass `event` to the lifecycle and carry out what it asks of the OS process."""
+        if TERMINATE in self.lifecycle.handle(event, now, reason):
+            self._terminate(now)
+
+    def exited(self, facts: ExitFacts, now: float) -> Event:
+        """Pass the exit `poll` returned, with what the supervisor knows, to the lifecycle."""
+        return self.lifecycle.exited(facts, now)
 
     # -------------------------------------------------------------- start
 
@@ -228,7 +229,7 @@ class SupervisedProcess:
             problem = "empty command line"
         if problem is not None:
             self._append_log(f"cannot start {spec.name}: {problem}", create=True)
-            return self._record(ExitRecord(now_iso(), None, None, [], error=problem))
+            return self._failed_start(problem, now)
         attempt = self._spawn_count + 1
         self._append_log(
             f"starting {spec.name} (attempt {attempt}): {' '.join(spec.argv)}", create=True
@@ -249,30 +250,35 @@ class SupervisedProcess:
         except OSError as err:
             problem = f"cannot run {spec.argv[0]!r}: {err.strerror or err}"
             self._append_log(f"cannot start {spec.name}: {problem}")
-            return self._record(ExitRecord(now_iso(), None, None, [], error=problem))
+            return self._failed_start(problem, now)
         if self._spawn_count:
             self.restarts += 1
         self._spawn_count = attempt
         self.pid = self._popen.pid
         self.started_at = now_iso()
         self._started_monotonic = now
+        self._terminating = False
         self._killed = False
         self._next_ready_check = now
-        self.state = "starting" if spec.readiness is not None else "running"
-        self.reason = None
+        self.handle(Event.SPAWNED if spec.readiness is not None else Event.SPAWNED_UNCHECKED, now)
         return None
+
+    def _failed_start(self, problem: str, now: float) -> ExitRecord:
+        record = self._record(ExitRecord(now_iso(), None, None, [], error=problem))
+        self.handle(Event.SPAWN_FAILED, now, problem)
+        return record
 
     # -------------------------------------------------------------- readiness
 
     def check_ready(self, now: float) -> bool:
-        """True when this call saw the readiness check pass (state becomes `ready`)."""
+        """True when this call saw the readiness check pass (the `ready` event)."""
         if self.state != "starting" or self.spec.readiness is None:
             return False
         if now < self._next_ready_check:
             return False
         self._next_ready_check = now + _READY_CHECK_INTERVAL_S
         if self.spec.readiness.is_ready():
-            self.state = "ready"
+            self.handle(Event.READY, now)
             return True
         return False
 
@@ -288,7 +294,7 @@ class SupervisedProcess:
         if self._popen is None:
             return None
         code = self._popen.poll()
-        if self.state == "stopping":
+        if self._terminating:
             if code is None or family_members(self._popen.pid):
                 if now >= self._stop_deadline and not self._killed:
                     self._append_log(
@@ -307,33 +313,11 @@ class SupervisedProcess:
         signal_family(self._popen.pid, signal.SIGKILL)
         return self._finish(code, stop_requested=False)
 
-    def begin_stop(
-        self,
-        now: float,
-        reason: str | None,
-        *,
-        hold: bool = False,
-        restart: bool = False,
-        failure: bool = False,
-    ) -> None:
-        """Ask the process to stop: SIGTERM to its group now, SIGKILL after the timeout.
-
-        A process with no OS process is marked `stopped` at once if it was waiting or in
-        backoff; one that already ended keeps its state. `restart` asks the supervisor to
-        start it again once stopped; `failure` counts the stop as a failed attempt (a
-        readiness timeout).
-        """
-        self.reason = reason
-        self.held = hold
-        self.restart_after_stop = restart
-        self.stop_is_failure = failure
-        if self._popen is None:
-            if self.state in ("waiting", "backoff"):
-                self.state = "stopped"
+    def _terminate(self, now: float) -> None:
+        """SIGTERM to the whole group now; `poll` sends SIGKILL after the stop timeout."""
+        if self._popen is None or self._terminating:
             return
-        if self.state == "stopping":
-            return
-        self.state = "stopping"
+        self._terminating = True
         self._stop_deadline = now + self.spec.stop_timeout_s
         signal_family(self._popen.pid, signal.SIGTERM)
 
@@ -348,6 +332,7 @@ class SupervisedProcess:
         exit_code = code if code is not None and code >= 0 else None
         self._popen = None
         self.pid = None
+        self._terminating = False
         record = ExitRecord(
             time=now_iso(),
             code=exit_code,
