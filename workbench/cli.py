@@ -22,6 +22,7 @@ from tomlkit import TOMLDocument
 
 from workbench import layout, run_control
 from workbench.bench.cli import bench_app
+from workbench.clock import format_duration
 from workbench.config import (
     ConfigError,
     Recipe,
@@ -39,9 +40,9 @@ from workbench.experiment import (
     resolve_run,
     write_run,
 )
+from workbench.file_tail import AppendedLines, last_lines
 from workbench.status import run_statuses
 from workbench.supervisor import launch
-from workbench.supervisor import logs as process_logs
 from workbench.supervisor.client import (
     SupervisorClient,
     SupervisorError,
@@ -371,15 +372,14 @@ def evict(
         ref = resolve_run(run_id, experiment)
     except RunLookupError as err:
         raise _fail(str(err)) from None
-    existing = run_control.read_eviction(ref.path)
-    if existing is not None:
+    eviction, already = run_control.evict(ref.path, reason, by="user")
+    if already:
         console.print(
-            escape(f"{ref.run_id} is already evicted ({existing.evicted_at}): {existing.reason}"),
+            escape(f"{ref.run_id} is already evicted ({eviction.evicted_at}): {eviction.reason}"),
             highlight=False,
             soft_wrap=True,
         )
     else:
-        run_control.write_eviction(ref.path, reason, by="user")
         console.print(
             escape(f"evicted {ref.run_id} ({ref.path}): {reason}"), highlight=False, soft_wrap=True
         )
@@ -596,35 +596,32 @@ def logs(
     exit of a process with a line of its own in the process's log. With --follow, new lines
     are printed as they arrive, across restarts of the process, until Ctrl-C.
     """
-    if name in process_logs.EXPERIMENT_LOGS:
-        path = process_logs.experiment_log_path(_experiment_or_fail(experiment), name)
+    if name in layout.PROCESS_LOG_NAMES:
+        path = layout.process_log_path(_experiment_or_fail(experiment), name)
     else:
         try:
             ref = resolve_run(name, experiment)
         except RunLookupError as err:
             raise _fail(f"{err}\n(or name a process: inference, trainer, supervisor)") from None
-        path = process_logs.run_log_path(ref.path)
-    offset = 0
-    if path.is_file():
-        shown, offset = process_logs.last_lines(path, lines)
-        for line in shown:
+        path = layout.orchestrator_log_path(ref.path)
+    if not follow:
+        if not path.is_file():
+            raise _fail(
+                f"no log yet at {path}: {name} has not been started (see `workbench status`; "
+                "--follow waits for it)"
+            )
+        for line in last_lines(path, lines):
             sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-    elif not follow:
-        raise _fail(
-            f"no log yet at {path}: {name} has not been started (see `workbench status`; "
-            "--follow waits for it)"
-        )
-    if follow:
-
-        def write(text: str) -> None:
-            sys.stdout.write(text)
+        return
+    tail = AppendedLines.from_last_lines(path, lines)
+    try:
+        while True:
+            for raw in tail.read():
+                sys.stdout.write(raw.decode("utf-8", errors="replace") + "\n")
             sys.stdout.flush()
-
-        try:
-            process_logs.follow(path, offset, write)
-        except KeyboardInterrupt:
-            return
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        return
 
 
 @app.command()
@@ -1019,23 +1016,10 @@ def _print_processes(supervisor: dict, processes: list[dict]) -> None:
             row["state"] or "",
             "" if row["pid"] is None else str(row["pid"]),
             str(row["restarts"]),
-            _duration(row["uptime_s"]),
+            format_duration(row["uptime_s"]),
             escape(note.splitlines()[0] if note else ""),
         )
     console.print(table)
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
 def _load_recipe_or_fail(path: Path, max_steps: int | None) -> tuple[TOMLDocument, Recipe]:

@@ -60,8 +60,15 @@ def logs_dir(experiment: Path) -> Path:
     return experiment / "logs"
 
 
+# The processes that log under logs/; an orchestrator logs in its run directory.
+PROCESS_LOG_NAMES = ("inference", "trainer", "supervisor")
+
+
 def process_log_path(experiment: Path, name: str) -> Path:
-    """Log file of a supervised process (`inference`, `trainer`, `supervisor`)."""
+    """Log file of a supervised process by its name: `inference`, `trainer` and
+    `supervisor` under logs/; an orchestrator (named by its run id) in its run directory."""
+    if is_run_dir_name(name):
+        return orchestrator_log_path(run_dir(experiment, name))
     return logs_dir(experiment) / f"{name}.log"
 
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from workbench import layout, run_control
+from workbench import layout
+from workbench.clock import now_iso
 
 FORMAT = "workbench.rollouts"
 VERSION = 1
@@ -101,7 +102,7 @@ def write_rollouts(run: Path, batch: RolloutBatch) -> Path:
         "policy_version": batch.policy_version,
         "num_samples": len(samples),
         "num_tokens": batch.num_tokens,
-        "created_at": run_control.now_iso(),
+        "created_at": now_iso(),
     }
     final = layout.rollout_dir(run, batch.step)
     with layout.staged_directory(final) as staging:

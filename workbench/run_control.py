@@ -14,11 +14,11 @@ The module has no heavy imports so the CLI and TUI stay quick to start.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
 from workbench import layout
+from workbench.clock import now_iso
 
 _META_KEYS = ("evicted_at", "evicted_by")
 
@@ -30,12 +30,22 @@ class Eviction:
     evicted_by: str | None
 
 
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+def evict(run: Path, reason: str, by: str) -> tuple[Eviction, bool]:
+    """Evict a run unless it is evicted already: how the CLI, the TUI and the supervisor
+    evict. Returns the eviction in force (an earlier one keeps its reason) and whether it
+    was there before. Raises FileNotFoundError when the run directory is gone: writing
+    would bring a deleted run back."""
+    existing = read_eviction(run)
+    if existing is not None:
+        return existing, True
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run} is gone")
+    return write_eviction(run, reason, by), False
 
 
 def write_eviction(run: Path, reason: str, by: str) -> Eviction:
-    """Evict a run: write `control/evicted.txt`. The reason must say what to do next."""
+    """Write `control/evicted.txt` (a run that evicts itself: the trainer, an orchestrator).
+    The reason must say what to do next."""
     eviction = Eviction(
         reason=reason.strip() or "no reason given", evicted_at=now_iso(), evicted_by=by
     )

@@ -85,3 +85,15 @@ def test_writing_a_step_again_removes_what_a_killed_writer_left(tmp_path: Path):
         (staging / "adapter.safetensors").write_bytes(b"whole")
     assert sorted(p.name for p in final.parent.iterdir()) == ["step_3"]
     assert layout.is_stable(final)
+
+
+def test_a_process_log_is_found_by_the_process_name(tmp_path):
+    experiment = tmp_path / "exp"
+    assert layout.process_log_path(experiment, "trainer") == experiment / "logs" / "trainer.log"
+    assert layout.process_log_path(experiment, "supervisor") == (
+        experiment / "logs" / "supervisor.log"
+    )
+    # An orchestrator is named by its run id and logs in its run directory.
+    assert layout.process_log_path(experiment, "run_lr1e-3") == layout.orchestrator_log_path(
+        layout.run_dir(experiment, "run_lr1e-3")
+    )

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from workbench.supervisor.client import describe_last_exit
 from workbench.supervisor.lifecycle import Event
 from workbench.supervisor.process import (
+    ExitRecord,
     FileReady,
     ProcessSpec,
     SupervisedProcess,
@@ -168,6 +170,24 @@ def test_leftovers_of_a_leader_that_exited_by_itself_are_killed(tmp_path: Path, 
     while process_is_alive(grandchild):
         assert time.monotonic() < deadline, "the orphaned grandchild was not killed"
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("record", "words"),
+    [
+        (ExitRecord("t", code=None, signal=signal.SIGKILL, last_lines=[]), "killed by SIGKILL"),
+        (ExitRecord("t", code=None, signal=200, last_lines=[]), "killed by signal 200"),
+        (ExitRecord("t", code=1, signal=None, last_lines=[]), "exit code 1"),
+        (ExitRecord("t", None, None, [], error="module x not found"), "module x not found"),
+    ],
+)
+def test_an_exit_is_worded_alike_in_the_log_in_state_json_and_in_status(record, words):
+    assert record.describe() == words
+    assert describe_last_exit({"exits": [record.to_json()]}) == words
+
+
+def test_a_process_that_never_ended_has_no_last_exit():
+    assert describe_last_exit({"exits": []}) is None
 
 
 def _zombie(pid: int) -> bool:

@@ -18,10 +18,11 @@ from tests.tui.synthetic import (
     make_run,
     metrics_lines,
 )
+from workbench import layout
 from workbench.sweep.report import build_report
 from workbench.sweep.values import describe_values
 from workbench.tui.commands import SupervisorCommands
-from workbench.tui.data import ExperimentReader, MetricsReader, parse_time, process_log_path
+from workbench.tui.data import ExperimentReader, MetricsReader, parse_time
 from workbench.tui.leaderboard import EARLY_STOPPED
 from workbench.tui.screens.add_run import parse_add_run
 from workbench.tui.tail import LogTail
@@ -87,10 +88,10 @@ def test_snapshot_of_the_synthetic_experiment(tmp_path):
     assert "max_step" in snapshot.run("run_typo").reason
     assert [p.name for p in snapshot.processes][:3] == ["supervisor", "inference", "trainer"]
     orchestrator = snapshot.process("run_lr1e-3")
-    assert process_log_path(experiment, orchestrator) == (
+    assert layout.process_log_path(experiment, orchestrator.name) == (
         experiment / "run_lr1e-3" / "logs" / "orchestrator.log"
     )
-    assert process_log_path(experiment, snapshot.process("trainer")) == (
+    assert layout.process_log_path(experiment, snapshot.process("trainer").name) == (
         experiment / "logs" / "trainer.log"
     )
 

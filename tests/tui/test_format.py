@@ -4,26 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.tui.format import format_age, format_count, format_duration, sparkline
+from workbench.tui.format import format_age, format_count, sparkline
 from workbench.tui.widgets.curves import braille_plot, resample, resample_by_step
 from workbench.tui.widgets.keyed_table import shorten_middle
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [
-        (None, "-"),
-        (0, "0s"),
-        (42.9, "42s"),
-        (420, "7m"),
-        (11_100, "3h05m"),
-        (200_000, "2d07h"),
-        (5_000_000, "57d"),
-    ],
-)
-def test_durations_are_coarse_and_short(seconds, text):
-    assert format_duration(seconds) == text
-    assert len(format_duration(seconds)) <= 6
 
 
 def test_ages_count_back_from_the_clock():

@@ -47,6 +47,7 @@ from typing import Any
 
 from workbench import layout
 from workbench.supervisor import standins
+from workbench.supervisor.lifecycle import STARTED_STATES
 
 RECIPE = """\
 [experiment]
@@ -68,7 +69,6 @@ STANDINS = {
     ],
     "orchestrator": {},
 }
-LIVE_STATES = frozenset({"starting", "ready", "running"})
 DISCOVERY_MODES = ("write_run", "rename")
 STATE_POLL_S = 0.005
 TUI_RUNS = 8
@@ -189,7 +189,7 @@ def process_record(experiment: Path, name: str) -> dict[str, Any]:
 
 
 def is_live(experiment: Path, name: str) -> bool:
-    return process_record(experiment, name).get("state") in LIVE_STATES
+    return process_record(experiment, name).get("state") in STARTED_STATES
 
 
 # ---------------------------------------------------------------- a supervisor on stand-ins
@@ -264,7 +264,7 @@ def measure_one_discovery(experiment: Path, run_id: str, mode: str) -> Discovery
     run = RUN_CREATORS[mode](experiment, run_id)
     while True:
         record = process_record(experiment, run_id)
-        if record.get("state") in LIVE_STATES:
+        if record.get("state") in STARTED_STATES:
             visible = time.perf_counter()
             break
         if time.perf_counter() - created > 30.0:

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections import deque
 from pathlib import Path
 
 import httpx
 
+from workbench.file_tail import last_lines
+
 
 class InferenceStartError(RuntimeError):
     """The server died or never became ready; the message quotes the end of its log."""
-
-
-def tail_lines(path: Path, n: int = 30) -> list[str]:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return list(deque(handle, maxlen=n))
-    except FileNotFoundError:
-        return []
 
 
 def is_healthy(server_url: str, timeout: float = 2.0) -> bool:
@@ -57,7 +50,7 @@ def wait_until_ready(
 def _log_excerpt(log_path: Path | None) -> str:
     if log_path is None:
         return ""
-    lines = tail_lines(log_path)
+    lines = last_lines(log_path, 30)
     if not lines:
         return f" Its log ({log_path}) is empty."
-    return f" Last lines of {log_path}:\n" + "".join(lines)
+    return f" Last lines of {log_path}:\n" + "".join(f"{line}\n" for line in lines)

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from workbench import layout, run_control
+from workbench.clock import now_iso
 from workbench.config import (
     ConfigError,
     OrchestratorConfig,
@@ -415,9 +416,7 @@ class MultiRunManager:
         try:
             layout.atomic_write_text(
                 layout.trainer_state_path(self.output_dir),
-                json.dumps(
-                    {**state, "updated_at": run_control.now_iso()}, indent=2, sort_keys=True
-                ),
+                json.dumps({**state, "updated_at": now_iso()}, indent=2, sort_keys=True),
             )
             self._published = text
         except OSError as err:  # a full disk must not stop training; the next sync retries

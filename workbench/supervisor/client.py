@@ -20,7 +20,7 @@ from typing import Any
 
 from workbench.supervisor import paths
 from workbench.supervisor.lifecycle import LIVE_STATES
-from workbench.supervisor.process import process_cmdline, process_is_alive
+from workbench.supervisor.process import describe_exit, process_cmdline, process_is_alive
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -65,23 +65,20 @@ def read_state(experiment: Path) -> dict[str, Any] | None:
 
 
 def describe_last_exit(record: dict[str, Any]) -> str | None:
-    """How a process of state.json last ended ("exit code 1", "signal 9", an error), or None."""
+    """How a process of state.json last ended ("exit code 1", "killed by SIGKILL", an
+    error), or None when it never ended."""
     exits = record.get("exits")
     if not (isinstance(exits, list) and exits and isinstance(exits[-1], dict)):
         return None
     last = exits[-1]
-    if last.get("error"):
-        return str(last["error"])
-    if last.get("signal") is not None:
-        return f"signal {last['signal']}"
-    if last.get("code") is not None:
-        return f"exit code {last['code']}"
-    return None
+    if not (last.get("error") or last.get("signal") is not None or last.get("code") is not None):
+        return None
+    return describe_exit(last.get("code"), last.get("signal"), last.get("error"))
 
 
 def process_summaries(state: dict[str, Any] | None, *, live: bool) -> list[dict[str, Any]]:
     """One row per process of a state.json: name, kind, run_id, state, pid, restarts,
-    uptime_s (None unless it runs), reason and last_exit ("exit code 1", "signal 9").
+    uptime_s (None unless it runs), reason and last_exit ("exit code 1", "killed by SIGKILL").
 
     `live` says whether the supervisor that wrote the state still runs; if not, pids and
     uptimes are left out: they describe processes that may be long gone.

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout, run_control
+from workbench.clock import now_iso
 from workbench.config import ConfigError, normalize_run_id
 from workbench.experiment import write_run
 from workbench.supervisor import paths
@@ -67,7 +68,6 @@ from workbench.supervisor.process import (
     ExitRecord,
     ProcessSpec,
     SupervisedProcess,
-    now_iso,
 )
 from workbench.sweep.scheduler import EVICTED_BY, EarlyStopping
 
@@ -451,19 +451,15 @@ class Supervisor:
         """The one eviction path: write `evicted.txt` (unless there is one) and stop the
         run's orchestrator; the trainer frees its slot at its next discovery. Returns
         (already evicted, an orchestrator was stopping)."""
-        run = layout.run_dir(self.experiment, run_id)
-        existing = run_control.read_eviction(run)
-        if existing is None:
-            run_control.write_eviction(run, reason, by=by)
+        eviction, already = run_control.evict(layout.run_dir(self.experiment, run_id), reason, by)
+        if not already:
             log.info("%s: evicted by %s: %s", run_id, by, reason)
-        else:
-            reason = existing.reason
         proc = self.processes.get(run_id)
         stopping = proc is not None and proc.state not in TERMINAL_STATES
         if proc is not None:
-            proc.handle(Event.HOLD, now, f"evicted: {reason}")
+            proc.handle(Event.HOLD, now, f"evicted: {eviction.reason}")
         self._discovery_due = True
-        return existing is not None, stopping
+        return already, stopping
 
     def _restart_run(self, raw_id: str, now: float) -> dict[str, Any]:
         run_id, run = self._existing_run(raw_id)

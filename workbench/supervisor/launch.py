@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench import layout
+from workbench.file_tail import last_lines
 from workbench.status import run_statuses
 from workbench.supervisor.client import (
     SupervisorClient,
@@ -35,7 +36,6 @@ from workbench.supervisor.process import (
     process_is_alive,
     read_proc_stat,
     stop_families,
-    tail_lines,
 )
 
 # Names the plan (MODULE:FUNCTION or FILE.py:FUNCTION) when no `plan` is passed; unset means
@@ -124,7 +124,7 @@ def _start_failure(experiment: Path, code: int, state: dict | None, log_path: Pa
         return already_running_message(experiment, running_supervisor_pid(experiment))
     if state is not None and state.get("error"):
         return str(state["error"])
-    tail = "\n".join(f"  {line}" for line in tail_lines(log_path, 10))
+    tail = "\n".join(f"  {line}" for line in last_lines(log_path, 10))
     return f"the supervisor exited at once (exit code {code}); end of {log_path}:\n{tail}"
 
 

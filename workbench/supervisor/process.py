@@ -16,7 +16,6 @@ zombies (dead, waiting to be reaped by someone else) do not count as alive.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import http.client
 import os
 import signal
@@ -29,19 +28,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from workbench.clock import now_iso
+from workbench.file_tail import last_lines
 from workbench.supervisor.lifecycle import TERMINATE, Event, ExitFacts, Lifecycle
 from workbench.supervisor.policy import RestartPolicy
 
 LAST_LINES = 20
+# Every exit record keeps its lines in state.json: a bound, whatever the lines are like.
+LAST_LINES_MAX_BYTES = 16384
 MAX_EXIT_RECORDS = 100
 _READY_CHECK_INTERVAL_S = 0.5
 # After SIGKILL, how long to wait for the group to vanish before giving up on it (a process
 # in uninterruptible sleep cannot be killed; the supervisor must not hang on it forever).
 _KILL_GRACE_S = 10.0
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 # ---------------------------------------------------------------- readiness checks
@@ -134,6 +133,19 @@ class ProcessSpec:
     preflight: Callable[[], str | None] | None = None
 
 
+def describe_exit(code: int | None, signal_number: int | None, error: str | None) -> str:
+    """How a process ended, in the words of logs, state.json reasons, `workbench status` and
+    the TUI: the error that kept it from starting, "killed by SIGKILL", or "exit code 1"."""
+    if error:
+        return error
+    if signal_number is not None:
+        try:
+            return f"killed by {signal.Signals(signal_number).name}"
+        except ValueError:
+            return f"killed by signal {signal_number}"
+    return f"exit code {code}"
+
+
 @dataclass
 class ExitRecord:
     """One exit of a process: exit code or signal, when, and the end of its log."""
@@ -150,15 +162,7 @@ class ExitRecord:
         return self.code == 0 and self.error is None
 
     def describe(self) -> str:
-        if self.error:
-            return self.error
-        if self.signal is not None:
-            try:
-                name = signal.Signals(self.signal).name
-            except ValueError:
-                name = f"signal {self.signal}"
-            return f"killed by {name}"
-        return f"exit code {self.code}"
+        return describe_exit(self.code, self.signal, self.error)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -337,7 +341,7 @@ class SupervisedProcess:
             time=now_iso(),
             code=exit_code,
             signal=signal_number,
-            last_lines=tail_lines(self.spec.log_path, LAST_LINES),
+            last_lines=last_lines(self.spec.log_path, LAST_LINES, max_bytes=LAST_LINES_MAX_BYTES),
             stop_requested=stop_requested,
         )
         self._append_log(f"{self.spec.name} ended: {record.describe()}")
@@ -488,19 +492,3 @@ def stop_families(leaders: list[int], timeout_s: float) -> list[int]:
             killed = True
             deadline = now + 5.0
         time.sleep(0.05)
-
-
-def tail_lines(path: Path, count: int, max_bytes: int = 16384) -> list[str]:
-    """The last `count` lines of a text file (reading at most `max_bytes` from its end)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
-            data = handle.read()
-    except OSError:
-        return []
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    if size > max_bytes and lines:
-        lines = lines[1:]  # the first line is probably cut
-    return lines[-count:]

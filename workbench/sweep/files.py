@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import layout, run_control
+from workbench import layout
+from workbench.clock import now_iso
 from workbench.sweep.asha import RungResult
 from workbench.sweep.expand import PlannedRun
 from workbench.sweep.spec import AshaSpec
@@ -39,7 +40,7 @@ def write_plan(experiment: Path, runs: list[PlannedRun], slots: int) -> None:
             {"id": run.run_id, "source": run.source, "position": position, "values": run.values}
             for position, run in enumerate(runs)
         ],
-        "created_at": run_control.now_iso(),
+        "created_at": now_iso(),
     }
     layout.atomic_write_text(
         layout.sweep_plan_path(experiment), json.dumps(payload, indent=2) + "\n"
@@ -83,7 +84,7 @@ def write_asha(experiment: Path, record: AshaRecord) -> None:
             {**result.to_json(), "action": record.actions.get((result.run_id, result.rung))}
             for result in record.results
         ],
-        "updated_at": run_control.now_iso(),
+        "updated_at": now_iso(),
     }
     layout.atomic_write_text(
         layout.asha_state_path(experiment), json.dumps(payload, indent=2) + "\n"

@@ -164,12 +164,13 @@ class WorkbenchApp(App[None]):
 
     @work(thread=True, group="commands")
     def _evict(self, run_id: str, reason: str) -> None:
-        run = layout.run_dir(self.experiment, run_id)
-        if not run.is_dir():  # writing would recreate a deleted run's directory
+        try:
+            eviction, already = run_control.evict(
+                layout.run_dir(self.experiment, run_id), reason, by="tui"
+            )
+        except FileNotFoundError:
             self.call_from_thread(self._report, CommandOutcome(False, f"{run_id} is gone"))
             return
-        try:
-            run_control.write_eviction(run, reason, by="tui")
         except OSError as err:
             outcome = CommandOutcome(False, f"could not evict {run_id}: {err}")
             self.call_from_thread(self._report, outcome)
@@ -177,7 +178,8 @@ class WorkbenchApp(App[None]):
         # The file is the eviction; telling a running supervisor only makes it act sooner.
         if self.commands.is_running():
             self.commands.send("evict", run_id=run_id, reason=reason, by="tui")
-        self.call_from_thread(self._report, CommandOutcome(True, f"evicted {run_id}: {reason}"))
+        said = f"{run_id} was already evicted" if already else f"evicted {run_id}"
+        self.call_from_thread(self._report, CommandOutcome(True, f"{said}: {eviction.reason}"))
         self.call_from_thread(self.action_poll_now)
 
     # ------------------------------------------------------------ restart, add, stop

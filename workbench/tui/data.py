@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
+from workbench.file_tail import AppendedLines
 from workbench.status import run_statuses
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.sweep.report import DEFAULT_METRIC, MetricCurve
 from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, RunMetric
-from workbench.tui.tail import AppendedLines
 
 # Points of reward and loss history kept per run: enough for a chart as wide as a large
 # terminal (two braille dots per cell) without growing for ever on a long run.
@@ -262,19 +262,6 @@ def _process_view(name: str, entry: dict[str, Any]) -> ProcessView:
         run_id=entry.get("run_id") if isinstance(entry.get("run_id"), str) else None,
         last_exit=last_exit,
     )
-
-
-def process_log_path(experiment: Path, process: ProcessView) -> Path:
-    """Where a process writes its output (docs/contracts.md, "Process names")."""
-    if process.run_id or layout.is_run_dir_name(process.name):
-        return layout.orchestrator_log_path(
-            layout.run_dir(experiment, process.run_id or process.name)
-        )
-    return layout.process_log_path(experiment, process.name)
-
-
-def run_log_path(experiment: Path, run_id: str) -> Path:
-    return layout.orchestrator_log_path(layout.run_dir(experiment, run_id))
 
 
 # ---------------------------------------------------------------- the whole experiment

@@ -1,7 +1,7 @@
 """How numbers, ages and series are written in the TUI's cells: pure functions.
 
-Ages are coarse on purpose ("42s", "7m", "3h05m"): a cell whose text does not change is
-not redrawn, so an idle screen costs nothing.
+Durations are `workbench.clock.format_duration`'s, coarse on purpose: a cell whose text
+does not change is not redrawn, so an idle screen costs nothing.
 """
 
 from __future__ import annotations
@@ -9,23 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from workbench.clock import format_duration
+
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
-
-
-def format_duration(seconds: float | None) -> str:
-    """`None` -> "-"; 42 -> "42s"; 420 -> "7m"; 11100 -> "3h05m"; 200000 -> "2d07h";
-    from ten days on, days only ("12d"): never more than 6 characters."""
-    if seconds is None or math.isnan(seconds):
-        return "-"
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    days = seconds // 86400
-    return f"{days}d" if days >= 10 else f"{days}d{seconds % 86400 // 3600:02d}h"
 
 
 def format_age(since: float | None, now: float) -> str:

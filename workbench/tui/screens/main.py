@@ -22,7 +22,8 @@ from textual.events import Resize
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from workbench.tui.data import ExperimentSnapshot, SupervisorView, process_log_path, run_log_path
+from workbench import layout
+from workbench.tui.data import ExperimentSnapshot, SupervisorView
 from workbench.tui.messages import (
     AddRun,
     EvictRun,
@@ -141,13 +142,13 @@ class MainScreen(Screen[None]):
                     log_pane.follow(target)
 
     def _run_target(self, run_id: str) -> LogTarget:
-        return LogTarget(title=run_id, path=run_log_path(self.experiment, run_id))
+        return LogTarget(title=run_id, path=layout.process_log_path(self.experiment, run_id))
 
     def _process_target(self, name: str) -> LogTarget | None:
         process = self.snapshot.process(name) if self.snapshot else None
         if process is None:
             return None
-        return LogTarget(title=name, path=process_log_path(self.experiment, process))
+        return LogTarget(title=name, path=layout.process_log_path(self.experiment, process.name))
 
     # ------------------------------------------------------------ selection
 

@@ -7,12 +7,11 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.message import Message
 
+from workbench.clock import format_duration
+from workbench.supervisor.lifecycle import LIVE_STATES
 from workbench.tui.data import ProcessView
-from workbench.tui.format import format_duration
 from workbench.tui.widgets.keyed_table import Cell, ColumnSpec, KeyedTable
 
-# States in which a process has an uptime; the others show when it last exited instead.
-LIVE_STATES = frozenset({"starting", "ready", "running", "stopping"})
 STATE_STYLES = {
     "running": "green",
     "ready": "bold green",
@@ -27,6 +26,7 @@ STATE_STYLES = {
 
 
 def process_cells(process: ProcessView, now: float) -> dict[str, Cell]:
+    # Only a live process has an uptime.
     live = process.state in LIVE_STATES and process.started_at is not None
     uptime = format_duration(now - process.started_at) if live and process.started_at else "-"
     return {

@@ -1,0 +1,33 @@
+"""Time as files and people read it: one timestamp format, one way to write a duration."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from workbench.clock import format_duration, now_iso
+
+
+def test_timestamps_are_utc_to_the_millisecond():
+    stamp = now_iso()
+    parsed = dt.datetime.fromisoformat(stamp)
+    assert parsed.utcoffset() == dt.timedelta(0) and stamp.endswith("+00:00")
+    assert len(stamp.split("T")[1].split("+")[0]) == len("20:00:00.123")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "-"),
+        (0, "0s"),
+        (42.9, "42s"),
+        (420, "7m"),
+        (11_100, "3h05m"),
+        (200_000, "2d07h"),
+        (5_000_000, "57d"),
+    ],
+)
+def test_durations_are_coarse_and_short(seconds, text):
+    assert format_duration(seconds) == text
+    assert len(format_duration(seconds)) <= 6

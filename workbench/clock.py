@@ -1,0 +1,35 @@
+"""Time as the project writes it: UTC timestamps in files, short durations for people.
+
+`now_iso()` stamps every file that says when something happened (state.json, evicted.txt,
+finished.txt, runs.json, rollouts, the sweep's files) in one format, ISO 8601 in UTC to
+the millisecond: a supervisor event and the file it reacts to can be told apart.
+`format_duration` writes uptimes and ages for `workbench status` and the TUI; it is
+coarse on purpose ("42s", "7m", "3h05m"): a TUI cell whose text does not change is not
+redrawn, so an idle screen costs nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+
+def now_iso() -> str:
+    """Now, e.g. `2026-11-21T20:00:00.123+00:00`."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def format_duration(seconds: float | None) -> str:
+    """`None` -> "-"; 42 -> "42s"; 420 -> "7m"; 11100 -> "3h05m"; 200000 -> "2d07h";
+    from ten days on, days only ("12d"): never more than 6 characters."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    days = seconds // 86400
+    return f"{days}d" if days >= 10 else f"{days}d{seconds % 86400 // 3600:02d}h"
