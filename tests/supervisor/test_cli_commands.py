@@ -313,7 +313,7 @@ def test_every_command_has_a_help_page(cli, command: list[str]):
 
 
 def test_headless_lines_name_each_change_once():
-    from workbench.supervisor.launch import Snapshot, describe_changes
+    from workbench.up import Snapshot, describe_changes
 
     before = Snapshot(
         processes={"inference": ("starting", None), "orchestrator run_a": ("waiting", "w")},

@@ -1,4 +1,4 @@
-"""The CLI side of the supervisor: start one in its own session, stop one, follow one.
+"""The outside of the supervisor daemon: start one in its own session, stop one.
 
 - `start_daemon` spawns `python -m workbench.supervisor` in a new session (so closing the
   terminal or the TUI never reaches it) and returns once it has written its state, or
@@ -6,8 +6,9 @@
 - `stop_experiment` stops it gracefully through the control socket (SIGTERM when the socket
   does not answer, SIGKILL as a last resort), then removes any child a dead supervisor
   left behind (`kill_leftovers`, process groups recorded in state.json).
-- `snapshot` / `describe_changes` turn the experiment directory into one line per change,
-  for `workbench up --headless`.
+
+`workbench up` as a whole (the recipe, the experiment directory, following it) is
+`workbench.up`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from pathlib import Path
 
 from workbench import layout
 from workbench.file_tail import last_lines
-from workbench.status import run_statuses
 from workbench.supervisor.client import (
     SupervisorClient,
     SupervisorError,
@@ -203,59 +203,3 @@ def _same_command(cmdline: list[str], argv: list[str]) -> bool:
     if len(argv) > 1:
         return cmdline[-(len(argv) - 1) :] == argv[1:]
     return Path(cmdline[-1]).name == Path(argv[0]).name
-
-
-# ---------------------------------------------------------------- following (headless)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What `workbench up --headless` reports on: process states and run statuses."""
-
-    processes: dict[str, tuple[str, str | None]]
-    runs: dict[str, tuple[str, int, int | None, str | None]]
-
-
-def snapshot(experiment: Path) -> Snapshot:
-    state = read_state(experiment) or {}
-    # An orchestrator's process name is its run id: say which of the two a line is about.
-    processes = {
-        (f"orchestrator {name}" if record.get("run_id") else name): (
-            str(record.get("state")),
-            record.get("reason"),
-        )
-        for name, record in (state.get("processes") or {}).items()
-        if isinstance(record, dict)
-    }
-    runs = {
-        run.id: (run.status, run.step, run.max_steps, run.reason)
-        for run in run_statuses(experiment)
-    }
-    return Snapshot(processes, runs)
-
-
-def describe_changes(before: Snapshot | None, after: Snapshot) -> list[str]:
-    """One line per process state change, run status change or run step."""
-    before = before or Snapshot({}, {})
-    lines = []
-    for name, (state, reason) in after.processes.items():
-        old = before.processes.get(name)
-        if old is not None and old[0] == state:
-            continue
-        arrow = f"{old[0]} -> {state}" if old is not None else state
-        note = f" ({reason})" if reason and state not in ("ready", "running") else ""
-        lines.append(f"{name}: {arrow}{note}")
-    for run_id, (status, step, max_steps, reason) in after.runs.items():
-        old_run = before.runs.get(run_id)
-        progress = f"step {step}/{max_steps}" if max_steps else f"step {step}"
-        if old_run is None or old_run[0] != status:
-            note = f": {reason.splitlines()[0]}" if reason else ""
-            lines.append(f"{run_id}: {status}, {progress}{note}")
-        elif old_run[1] != step:
-            lines.append(f"{run_id}: {progress}")
-    return lines
-
-
-def all_runs_finished(experiment: Path) -> bool:
-    """The headless exit status: true when every run of the experiment is finished."""
-    return all(run.status == "finished" for run in run_statuses(experiment))

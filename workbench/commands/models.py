@@ -1,0 +1,138 @@
+"""`workbench sft` and `workbench model ...`: training and building a model outside an
+experiment. The work is `workbench.trainer.sft_flow` (sft) and `workbench.models` (build);
+torch loads only when one of them runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from workbench.commands.common import EXIT_BAD_INPUT, command_group, err_console, fail, say, warn
+from workbench.trainer.sft_flow import SFTInputError, describe_result, run_sft
+
+model_app = command_group("model", "The models the project builds itself (builtin:tiny-reverse).")
+
+
+def sft(
+    output_dir: Annotated[
+        Path,
+        typer.Option("--output-dir", "-o", help="Where to save the model (or LoRA adapter)."),
+    ],
+    model: Annotated[
+        str, typer.Option(help="builtin:tiny-reverse, a local model directory or a hub id.")
+    ] = "builtin:tiny-reverse",
+    env: Annotated[
+        str | None,
+        typer.Option(help="Train on this environment's prompts and reference answers."),
+    ] = None,
+    env_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env-arg",
+            metavar="KEY=VALUE",
+            help="Environment argument, repeatable, e.g. --env-arg max_length=8.",
+        ),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help='JSONL file of {"prompt", "completion"} or {"messages"} lines.'),
+    ] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 200,
+    batch_size: Annotated[int, typer.Option(min=1, help="Examples per step.")] = 64,
+    lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate.")] = 1e-3,
+    warmup_steps: Annotated[int, typer.Option(min=0, help="Linear warm-up steps.")] = 0,
+    schedule: Annotated[str, typer.Option(help="constant or cosine (after warm-up).")] = (
+        "constant"
+    ),
+    seed: Annotated[int, typer.Option(help="Seeds the data order and initialisation.")] = 0,
+    lora: Annotated[
+        bool, typer.Option("--lora/--full", help="Train a LoRA adapter, or every weight.")
+    ] = False,
+    lora_rank: Annotated[int, typer.Option(min=1)] = 8,
+    lora_alpha: Annotated[float, typer.Option(min=0.0)] = 16.0,
+    eval_prompts: Annotated[
+        int, typer.Option(min=0, help="Greedy reward on this many held-out prompts (needs --env).")
+    ] = 0,
+    eval_every: Annotated[int, typer.Option(min=0, help="Also evaluate every N steps.")] = 0,
+    threads: Annotated[
+        int | None,
+        typer.Option(min=1, help="torch threads; 1 is fastest for builtin:tiny-reverse."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Supervised fine-tuning of one model on chat (prompt, completion) pairs.
+
+    The data is an environment's prompt stream (--env reverse_text) or a JSONL file (--data).
+    The loss covers completion tokens only. Full fine-tuning saves a Hugging Face model
+    directory; --lora saves a peft adapter (adapter_config.json, adapter_model.safetensors).
+    The output appears whole when training ends, with sft_summary.json (losses, rewards).
+    This is how builtin:tiny-reverse is warmed up.
+    """
+    settings = {
+        "model": model,
+        "output_dir": output_dir,
+        "env": env,
+        "data": data,
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "warmup_steps": warmup_steps,
+        "schedule": schedule,
+        "seed": seed,
+        "eval_prompts": eval_prompts,
+        "eval_every": eval_every,
+        "threads": threads,
+    }
+    try:
+        result = run_sft(
+            settings,
+            env_args=env_arg,
+            lora_rank=lora_rank if lora else None,
+            lora_alpha=lora_alpha,
+            console=err_console,
+            progress=None if as_json else warn,
+        )
+    except SFTInputError as err:
+        raise fail(str(err), EXIT_BAD_INPUT) from None
+    except OSError as err:
+        raise fail(str(err)) from None
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2))
+        return
+    say(describe_result(result, lora=lora))
+
+
+@model_app.command("build")
+def model_build(
+    name: Annotated[
+        str, typer.Argument(help="The builtin model to build.")
+    ] = "builtin:tiny-reverse",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the build info as JSON.")] = False,
+) -> None:
+    """Build a builtin model into the cache now (it is otherwise built on first use).
+
+    Prints its directory and build info (parameters, warm-up time, greedy rewards). A model
+    already built is reused. The cache is $WORKBENCH_CACHE_DIR/models, else the user cache
+    directory (~/.cache/workbench/models on Linux).
+    """
+    from workbench.models import ModelResolutionError, is_builtin, resolve_model
+    from workbench.models.tiny_reverse import read_build_info
+
+    if not is_builtin(name):
+        raise fail(f"{name!r} is not a builtin model (builtin:tiny-reverse)", EXIT_BAD_INPUT)
+    try:
+        path = resolve_model(name, console=err_console)
+    except ModelResolutionError as err:
+        raise fail(str(err)) from None
+    info = read_build_info(path) or {}
+    if as_json:
+        print(json.dumps({"path": str(path), **info}, indent=2))
+        return
+    say(str(path))
+    for key in ("params", "warmup_seconds", "greedy_reward"):
+        if key in info:
+            say(f"  {key}: {info[key]}")

@@ -1,0 +1,172 @@
+"""The commands about one run: `workbench runs add` (a Typer sub-app), `workbench export`
+(its adapter with a model card) and `workbench samples` (what its policy wrote lately).
+
+A run added while a supervisor runs is added by the supervisor (its discovery starts the
+orchestrator at once); without one, the run directory is written and starts with the
+next `workbench up`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from workbench.commands.common import (
+    EXIT_BAD_INPUT,
+    ExperimentOption,
+    command_group,
+    experiment_or_fail,
+    fail,
+    say,
+)
+from workbench.config import ConfigError, deep_merge, nest_dotted, parse_assignment, read_toml
+from workbench.experiment import RunLookupError, resolve_run, write_run
+from workbench.supervisor.client import SupervisorClient, SupervisorError
+from workbench.supervisor.control_socket import ControlError, new_run_config
+
+runs_app = command_group("runs", "Add runs to an experiment.")
+
+
+@runs_app.command("add")
+def runs_add(
+    run_id: Annotated[
+        str, typer.Argument(help="Id of the new run, e.g. lr3e-3 (its directory: run_lr3e-3).")
+    ],
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="Override one orchestrator setting of the recipe's defaults (repeatable); "
+            "dotted keys reach nested tables: --set sampling.temperature=0.7.",
+            show_default=False,
+        ),
+    ] = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--from",
+            metavar="ORCH_TOML",
+            help="A file of orchestrator settings (the keys of [defaults], e.g. "
+            "configs/orch.toml) over the recipe's defaults; --set values win over it.",
+            show_default=False,
+        ),
+    ] = None,
+    experiment: ExperimentOption = None,
+) -> None:
+    """Add a run: write run_<id>/control/orch.toml from the recipe's defaults, the --from
+    file's keys and --set values, in that order.
+
+    Values are read as TOML (1e-3 is a number, true a boolean); anything else is a string.
+    The config is validated before anything is written: an unknown key or a bad value exits
+    with status 2 and names the key. An id already in use is refused.
+
+    A running supervisor discovers the new run directory within a second and starts its
+    orchestrator; the trainer gives the run a slot when one is free. Without a supervisor,
+    the run starts with the next `workbench up`.
+    """
+    path = experiment_or_fail(experiment)
+    overrides: dict = {}
+    if from_file is not None:
+        try:
+            overrides = read_toml(from_file)[0].unwrap()
+        except ConfigError as err:
+            raise fail(str(err), EXIT_BAD_INPUT) from None
+    for assignment in settings or []:
+        try:
+            key, value = parse_assignment(assignment)
+        except ValueError as err:
+            raise fail(f"--set {assignment}: {err}", EXIT_BAD_INPUT) from None
+        overrides = deep_merge(overrides, nest_dotted(key, value))
+    try:
+        new_id, config = new_run_config(path, run_id, overrides)
+    except ControlError as err:
+        raise fail(str(err), EXIT_BAD_INPUT) from None
+    client = SupervisorClient(path)
+    if client.is_running():
+        try:
+            reply = client.add_run(run_id, overrides)
+        except SupervisorError as err:
+            raise fail(str(err)) from None
+        say(f"added {new_id} ({reply.get('path')}); the supervisor starts its orchestrator")
+        return
+    run = write_run(path, new_id, config)
+    say(f"added {new_id} ({run}); no supervisor is running: it starts with the next `workbench up`")
+
+
+def export(
+    run_id: Annotated[
+        str, typer.Argument(metavar="RUN_ID", help="The run whose adapter to export.")
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="A new directory for the adapter.")
+    ],
+    which: Annotated[
+        Literal["best", "latest"],
+        typer.Option(help="best: by held-out eval reward (else training reward); latest."),
+    ] = "best",
+    experiment: ExperimentOption = None,
+) -> None:
+    """Copy a run's adapter, with a model card (README.md), to a directory of its own.
+
+    The adapter is one the run keeps (broadcast/step_N or checkpoints/step_N/trainer, each
+    complete only with its STABLE marker), in peft's layout: adapter_config.json names a
+    base model that peft and vLLM load without workbench. The card gives the base model,
+    the run's config, the steps trained, its reward and eval curves and how to load it.
+    Nothing is left behind when the export fails.
+    """
+    from workbench.export import ExportError, export_adapter
+
+    try:
+        ref = resolve_run(run_id, experiment)
+    except RunLookupError as err:
+        raise fail(str(err)) from None
+    try:
+        exported = export_adapter(ref.path, output, which)
+    except ExportError as err:
+        raise fail(str(err), err.exit_code) from None
+    say(
+        f"exported {ref.run_id} step {exported.choice.adapter.step} to {exported.path}: "
+        f"{exported.choice.note}. Its README.md says how to load it."
+    )
+
+
+def samples(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to look at.")],
+    step: Annotated[
+        int | None, typer.Option(help="The step to show (default: the newest recorded).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the step as JSON.")] = False,
+    experiment: ExperimentOption = None,
+) -> None:
+    """Print what a run's policy wrote at a recent step: every prompt and its completions.
+
+    The orchestrator keeps its last 8 steps as text in run_<id>/samples.jsonl: per GRPO
+    group the prompt, the reference answer and each completion with its reward, advantage
+    and whether it was cut at max_tokens, plus the step's reward histogram. The TUI shows
+    the same with `s`.
+    """
+    from workbench.samples import describe_step, find_step, read_steps
+
+    try:
+        ref = resolve_run(run_id, experiment)
+    except RunLookupError as err:
+        raise fail(str(err)) from None
+    steps = read_steps(ref.path)
+    shown = find_step(steps, step)
+    if shown is None:
+        kept = ", ".join(str(s) for s in sorted({s.step for s in steps})) or "none yet"
+        raise fail(
+            f"{ref.run_id} has no recorded samples of "
+            f"{'step ' + str(step) if step is not None else 'any step'} (steps kept: {kept}); "
+            "its orchestrator records the last 8 steps as it goes"
+        )
+    if as_json:
+        sys.stdout.write(json.dumps(shown.to_json(), indent=2) + "\n")
+        return
+    for line in describe_step(shown):
+        sys.stdout.write(line + "\n")

@@ -1,0 +1,120 @@
+"""`workbench status`: every run of an experiment and every process of its supervisor, as
+tables or (--json) for scripts. The runs come from `workbench.status`, the processes from
+the supervisor's state.json (`workbench.supervisor.client`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from workbench.clock import format_duration
+from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
+from workbench.status import run_statuses
+from workbench.supervisor.client import process_summaries, read_state, running_supervisor_pid
+from workbench.sweep.values import describe_values
+
+
+def status(
+    experiment: ExperimentArg = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """Show every run of an experiment and every process of its supervisor.
+
+    Runs: id, status, step and reason. Status is one of waiting, active, rejected, evicted,
+    finished; the reason is the eviction or validation message.
+
+    Processes (from supervisor/state.json): name, state, pid, restarts, uptime and a note
+    (why it waits, stopped or failed). State is one of waiting, starting, ready, running,
+    backoff, stopping, exited, failed, stopped. When the supervisor is not running, its last
+    recorded states are shown without pids.
+
+    A sweep adds the values each run varies and, under early stopping, each run's highest
+    rung so far and its rank there (rank 1 is the best; `6/8`: sixth of the eight runs that
+    had recorded the rung when it was judged).
+
+    --json prints {"experiment", "supervisor": {"running", "pid", "status"}, "runs": [{"id",
+    "status", "step", "reason", "values", "asha": null or {"rung", "step", "value",
+    "cutoff", "rank", "of", "decision"}, ...}], "processes": [{"name", "state", "pid",
+    "restarts", "uptime_s", "reason", "last_exit", ...}]}.
+    """
+    path = experiment_or_fail(experiment)
+    runs = run_statuses(path)
+    state = read_state(path)
+    supervisor_pid = running_supervisor_pid(path)
+    processes = process_summaries(state, live=supervisor_pid is not None)
+    supervisor = {
+        "running": supervisor_pid is not None,
+        "pid": supervisor_pid,
+        "status": (state or {}).get("status") if supervisor_pid else "not running",
+    }
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "experiment": str(path),
+                    "supervisor": supervisor,
+                    "runs": [r.to_json() for r in runs],
+                    "processes": processes,
+                },
+                indent=2,
+            )
+        )
+        return
+    table = Table(title=str(path), title_justify="left")
+    show_values = any(run.values for run in runs)
+    show_asha = any(run.asha for run in runs)
+    columns = ["run", "status", "step", "slot"]
+    columns += ["values"] if show_values else []
+    columns += ["rung", "rank"] if show_asha else []
+    for column in [*columns, "reason"]:
+        table.add_column(column, overflow="fold")
+    for run in runs:
+        steps = f"{run.step}/{run.max_steps}" if run.max_steps else str(run.step)
+        slot = "" if run.slot is None else str(run.slot)
+        reason = (run.reason or "").splitlines()[0] if run.reason else ""
+        cells = [run.id, run.status, steps, slot]
+        if show_values:
+            cells.append(escape(describe_values(run.values or {})))
+        if show_asha:
+            cells += _asha_cells(run.asha)
+        table.add_row(*cells, escape(reason))
+    console.print(table)
+    _print_processes(supervisor, processes)
+
+
+def _print_processes(supervisor: dict, processes: list[dict]) -> None:
+    if supervisor["running"]:
+        title = f"processes (supervisor pid {supervisor['pid']}, {supervisor['status']})"
+    elif processes:
+        title = "processes (supervisor not running; last recorded states)"
+    else:
+        say("supervisor: not running (start it with `workbench up`)")
+        return
+    table = Table(title=title, title_justify="left")
+    for column in ("process", "state", "pid", "restarts", "uptime", "note"):
+        table.add_column(column, overflow="fold")
+    for row in processes:
+        note = row["reason"] or (f"last: {row['last_exit']}" if row["last_exit"] else "")
+        table.add_row(
+            escape(row["name"]),
+            row["state"] or "",
+            "" if row["pid"] is None else str(row["pid"]),
+            str(row["restarts"]),
+            format_duration(row["uptime_s"]),
+            escape(note.splitlines()[0] if note else ""),
+        )
+    console.print(table)
+
+
+def _asha_cells(standing: dict | None) -> list[str]:
+    if not standing:
+        return ["", ""]
+    rung = f"{standing['rung']} (step {standing['step']})"
+    if standing["rank"] is None:
+        return [rung, standing["decision"].replace("_", " ")]
+    return [rung, f"{standing['rank']}/{standing['of']}"]

@@ -1,0 +1,247 @@
+"""`workbench up` in one flow: from a recipe file to a supervised, followed experiment.
+
+    status = launch_experiment(recipe_file, Report(say=print, warn=print), headless=True)
+
+1. `read_recipe`: parse and validate the recipe (`--max-steps` applied); every problem names
+   the file, line and key, and nothing is written (`RecipeError`).
+2. Refuse an experiment whose supervisor already runs, naming its pid (`LaunchError`).
+3. `create_experiment`: recipe.toml and one run_<id>/control/orch.toml per run.
+4. `start_daemon`: the supervisor in its own session; it returns once the supervisor runs.
+5. Hand the terminal to the TUI; or, headless, follow the experiment (one line per
+   change) until every run is done and return its status; or, detached, return at once.
+
+What happens is said through `report` as plain lines; the CLI only prints them.
+`follow_experiment` serves `workbench attach` too, where no TUI can be shown.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tomlkit import TOMLDocument
+
+from workbench import layout
+from workbench.config import ConfigError, Recipe, parse_toml, recipe_from_document
+from workbench.experiment import create_experiment
+from workbench.status import run_statuses
+from workbench.supervisor.client import (
+    SupervisorClient,
+    process_summaries,
+    read_state,
+    running_supervisor_pid,
+)
+from workbench.supervisor.launch import (
+    SupervisorStartError,
+    already_running_message,
+    start_daemon,
+    stop_experiment,
+)
+from workbench.sweep.scheduler import EVICTED_BY
+
+POLL_S = 0.5
+
+
+class RecipeError(Exception):
+    """The recipe cannot be read or is invalid; the message lists every problem."""
+
+
+class LaunchError(Exception):
+    """The experiment could not be started; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """Where the flow says what happens: `say` for progress, `warn` for what went wrong."""
+
+    say: Callable[[str], None]
+    warn: Callable[[str], None]
+
+
+def read_recipe(path: Path, max_steps: int | None = None) -> tuple[TOMLDocument, Recipe]:
+    """The recipe's document (comments kept, for recipe.toml) and its validated model."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: file not found; check the path") from None
+    except (IsADirectoryError, UnicodeDecodeError) as err:
+        raise RecipeError(f"{path}: cannot read: {err}") from None
+    try:
+        document = parse_toml(text, path)
+        if max_steps is not None:
+            document.setdefault("defaults", {})["max_steps"] = max_steps
+        return document, recipe_from_document(document, path)
+    except ConfigError as err:
+        raise RecipeError(f"invalid recipe\n{err}") from None
+
+
+def launch_experiment(
+    recipe_file: Path,
+    report: Report,
+    *,
+    max_steps: int | None = None,
+    headless: bool = False,
+    detach: bool = False,
+    load_tui: Callable[[], Callable[[Path], None] | None] = lambda: None,
+) -> int:
+    """Start an experiment from `recipe_file` and follow it as asked; the exit status.
+
+    `load_tui` gives the TUI's entry point, or None where there is no TUI: the experiment
+    is then followed headless. The status is 1 when headless and a run did not finish
+    (early stopping aside), else 0.
+    """
+    document, recipe = read_recipe(recipe_file, max_steps)
+    running = running_supervisor_pid(recipe.output_dir)
+    if running is not None:
+        raise LaunchError(already_running_message(recipe.output_dir, running))
+    run_tui = None if headless or detach else load_tui()
+    headless = headless or (run_tui is None and not detach)
+    experiment = create_experiment(recipe, document)
+    report.say(f"experiment {recipe.experiment.name} at {experiment}")
+    for run_id in recipe.run_configs():
+        report.say(f"  {run_id}: {layout.orch_config_path(layout.run_dir(experiment, run_id))}")
+    try:
+        started = start_daemon(experiment, exit_when_done=headless)
+    except SupervisorStartError as err:
+        raise LaunchError(str(err)) from None
+    supervisor_log = layout.process_log_path(experiment, "supervisor")
+    report.say(f"supervisor started (pid {started.pid}), log: {supervisor_log}")
+    if detach:
+        report_still_running(experiment, report)
+        return 0
+    if headless:
+        return follow_experiment(experiment, report, ctrl_c_stops=True, supervisor=started.process)
+    assert run_tui is not None
+    run_tui(experiment)
+    report_still_running(experiment, report)
+    return 0
+
+
+def report_still_running(experiment: Path, report: Report) -> None:
+    """Say how to reach an experiment whose supervisor runs on in the background."""
+    if running_supervisor_pid(experiment) is None:
+        return
+    report.say(
+        "the experiment keeps running in the background:\n"
+        f"  workbench attach {experiment}        reopen the TUI\n"
+        f"  workbench status {experiment}        runs and processes\n"
+        f"  workbench logs supervisor -e {experiment}\n"
+        f"  workbench down {experiment}          stop everything"
+    )
+
+
+# ---------------------------------------------------------------- following (headless)
+
+
+def follow_experiment(
+    experiment: Path,
+    report: Report,
+    *,
+    ctrl_c_stops: bool,
+    supervisor: subprocess.Popen[bytes] | None = None,
+) -> int:
+    """Say one line per change until the supervisor exits; return the headless status.
+
+    Ctrl-C stops the experiment when `ctrl_c_stops` (a second Ctrl-C leaves it running),
+    else it only stops following.
+    """
+    client = SupervisorClient(experiment)
+    previous: Snapshot | None = None
+
+    def say_changes() -> None:
+        nonlocal previous
+        current = snapshot(experiment)
+        for line in describe_changes(previous, current):
+            report.say(f"{time.strftime('%H:%M:%S')} {line}")
+        previous = current
+
+    try:
+        while True:
+            say_changes()
+            if not client.is_running():
+                break
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        if not ctrl_c_stops:
+            report_still_running(experiment, report)
+            return 0
+        report.say("stopping the experiment (Ctrl-C again leaves it running)...")
+        try:
+            stop_experiment(experiment)
+        except KeyboardInterrupt:
+            report_still_running(experiment, report)
+            return 1
+    if supervisor is not None:
+        supervisor.wait()
+    say_changes()
+    return _report_outcome(experiment, report)
+
+
+def _report_outcome(experiment: Path, report: Report) -> int:
+    runs = run_statuses(experiment)
+    # A run early stopping gave up on is an outcome of the sweep, not a failure.
+    stopped_early = [r for r in runs if r.status == "evicted" and r.evicted_by == EVICTED_BY]
+    unfinished = [r for r in runs if r.status != "finished" and r not in stopped_early]
+    if not unfinished:
+        finished = len(runs) - len(stopped_early)
+        early = f", {len(stopped_early)} stopped early by {EVICTED_BY}" if stopped_early else ""
+        report.say(f"every run finished ({finished}{early})")
+        return 0
+    for run in unfinished:
+        reason = f": {run.reason.splitlines()[0]}" if run.reason else ""
+        report.warn(f"{run.id} did not finish ({run.status}{reason})")
+    for row in process_summaries(read_state(experiment) or {}, live=False):
+        if row["state"] == "failed":
+            report.warn(f"{row['name']} failed: {row['reason'] or row['last_exit']}")
+    return 1
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What headless following reports on: process states and run statuses."""
+
+    processes: dict[str, tuple[str, str | None]]
+    runs: dict[str, tuple[str, int, int | None, str | None]]
+
+
+def snapshot(experiment: Path) -> Snapshot:
+    state = read_state(experiment) or {}
+    # An orchestrator's process name is its run id: say which of the two a line is about.
+    processes = {
+        (f"orchestrator {name}" if record.get("run_id") else name): (
+            str(record.get("state")),
+            record.get("reason"),
+        )
+        for name, record in (state.get("processes") or {}).items()
+        if isinstance(record, dict)
+    }
+    runs = {
+        run.id: (run.status, run.step, run.max_steps, run.reason)
+        for run in run_statuses(experiment)
+    }
+    return Snapshot(processes, runs)
+
+
+def describe_changes(before: Snapshot | None, after: Snapshot) -> list[str]:
+    """One line per process state change, run status change or run step."""
+    before = before or Snapshot({}, {})
+    lines = []
+    for name, (state, reason) in after.processes.items():
+        old = before.processes.get(name)
+        if old is not None and old[0] == state:
+            continue
+        arrow = f"{old[0]} -> {state}" if old is not None else state
+        note = f" ({reason})" if reason and state not in ("ready", "running") else ""
+        lines.append(f"{name}: {arrow}{note}")
+    for run_id, (status, step, max_steps, reason) in after.runs.items():
+        old_run = before.runs.get(run_id)
+        progress = f"step {step}/{max_steps}" if max_steps else f"step {step}"
+        if old_run is None or old_run[0] != status:
+            note = f": {reason.splitlines()[0]}" if reason else ""
+            lines.append(f"{run_id}: {status}, {progress}{note}")
+        elif old_run[1] != step:
+            lines.append(f"{run_id}: {progress}")
+    return lines
