@@ -5,6 +5,7 @@ new instance (a restarted supervisor) stands by what was decided."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from workbench import layout, run_control
@@ -162,3 +163,22 @@ def test_changed_settings_set_earlier_decisions_aside(experiment: Path):
     assert scheduler.record.results == []
     assert scheduler.poll(TICK) == []
     assert {r.decision for r in scheduler.record.results} == {"too_few"}
+
+
+def test_a_metrics_file_that_is_replaced_or_truncated_is_read_again_from_its_start(
+    experiment: Path,
+):
+    run = add_run(experiment, "run_a")
+    record(run, 3, 0.9, at=1.0)
+    scheduler = EarlyStopping(experiment, SPEC)
+    scheduler.poll(TICK)
+    replacement = run / "metrics.jsonl.new"
+    replacement.write_text(json.dumps({"step": 2, "time": 2.0, "eval_reward_mean": 0.1}) + "\n")
+    os.replace(replacement, layout.metrics_path(run))  # the run directory came back anew
+    scheduler.poll(2 * TICK)
+    followed = scheduler._runs["run_a"]
+    assert [(p.step, p.value) for p in followed.points] == [(2, 0.1)]
+    layout.metrics_path(run).write_text("")  # truncated
+    record(run, 1, 0.3, at=3.0)
+    scheduler.poll(3 * TICK)
+    assert [(p.step, p.value) for p in followed.points] == [(1, 0.3)]

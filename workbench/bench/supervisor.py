@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import os
 import shlex
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
+from workbench.clock import now_iso
 from workbench.supervisor import standins
 from workbench.supervisor.lifecycle import STARTED_STATES
 
@@ -365,7 +365,7 @@ def publish_trainer_slots(experiment: Path, run_ids: list[str], steps: int = 150
             for run_id in run_ids
         },
         "waiting": [],
-        "updated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "updated_at": now_iso(),
     }
     layout.atomic_write_text(layout.trainer_state_path(experiment), json.dumps(state))
 

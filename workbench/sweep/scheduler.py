@@ -20,6 +20,7 @@ from typing import Any
 
 from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
+from workbench.file_tail import AppendedLines
 from workbench.sweep.asha import MetricPoint, RunCurve, RungResult, advance
 from workbench.sweep.files import AshaRecord, read_asha, write_asha
 from workbench.sweep.spec import AshaSpec
@@ -39,11 +40,9 @@ class EarlyEviction:
 
 @dataclass
 class _FollowedRun:
-    """The part of one run's metrics.jsonl read so far, and the metric's points in it."""
+    """One run's metrics.jsonl as read so far, and the metric's points in it."""
 
-    inode: int | None = None
-    offset: int = 0
-    partial: bytes = b""
+    metrics: AppendedLines
     points: list[MetricPoint] = field(default_factory=list)
     last_step: int = -1  # of any record, to tell "no such metric" from "not there yet"
     config_signature: tuple[int, int] | None = None
@@ -89,8 +88,12 @@ class EarlyStopping:
         pending = {e.run_id for e in self._due_evictions()}
         curves = []
         for run in layout.list_run_dirs(self.experiment):
-            followed = self._runs.setdefault(run.name, _FollowedRun())
-            self._read_new_records(run, followed)
+            followed = self._runs.get(run.name)
+            if followed is None:
+                followed = self._runs[run.name] = _FollowedRun(
+                    AppendedLines(layout.metrics_path(run))
+                )
+            self._read_new_records(followed)
             max_steps = self._max_steps(run, followed)
             if max_steps is None:
                 continue  # no valid orch.toml: not a run the trainer would take
@@ -135,25 +138,13 @@ class EarlyStopping:
 
     # ---------------------------------------------------------------- reading a run
 
-    def _read_new_records(self, run: Path, followed: _FollowedRun) -> None:
-        path = layout.metrics_path(run)
-        try:
-            stat = path.stat()
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        if stat.st_ino != followed.inode or stat.st_size < followed.offset:
+    def _read_new_records(self, followed: _FollowedRun) -> None:
+        restarts = followed.metrics.restarts
+        lines = followed.metrics.read()
+        if followed.metrics.restarts != restarts:
             # A new file (the run directory was replaced) or a truncated one: read afresh.
-            followed.inode, followed.offset, followed.partial = stat.st_ino, 0, b""
             followed.points.clear()
             followed.last_step = -1
-        if stat.st_size == followed.offset:
-            return
-        with open(path, "rb") as handle:
-            handle.seek(followed.offset)
-            chunk = handle.read(stat.st_size - followed.offset)
-        followed.offset += len(chunk)
-        data = followed.partial + chunk
-        *lines, followed.partial = data.split(b"\n")  # the last piece may be half a line
         for line in lines:
             self._take_record(line, followed)
 
