@@ -547,6 +547,25 @@ def load_orchestrator_config(path: Path) -> OrchestratorConfig:
     return validate_model(OrchestratorConfig, document.unwrap(), path, text)
 
 
+def load_partial(model_cls: type[BaseModel], path: Path) -> dict[str, Any]:
+    """The table of a file holding some of `model_cls`'s keys, the rest coming from
+    elsewhere (`runs add --from`). Unknown keys and bad values are reported with this file
+    and their line; missing keys and rules across keys wait for the merged config."""
+    document, text = read_toml(path)
+    data = document.unwrap()
+    try:
+        model_cls.model_validate(data)
+    except ValidationError as err:
+        problems = [
+            _problem(tuple(item["loc"]), _explain(item, model_cls, tuple(item["loc"])), text)
+            for item in err.errors()
+            if item["loc"] and item["type"] != "missing"
+        ]
+        if problems:
+            raise ConfigError(path, problems) from None
+    return data
+
+
 def load_recipe(path: Path) -> Recipe:
     document, text = read_toml(path)
     return recipe_from_document(document, path, text)

@@ -78,8 +78,20 @@ def test_runs_add_from_a_bad_file_exits_2_naming_the_file_and_writes_nothing(tmp
     broken = runs_add("x", "--from", str(bad), "-e", str(experiment))
     bad.write_text("lr = 1e-3\nlearning_rate = 1\n")
     unknown = runs_add("x", "--from", str(bad), "-e", str(experiment))
-    assert [r.exit_code for r in (missing, broken, unknown)] == [2, 2, 2]
+    bad.write_text("lr = 1e-3\n[sampling]\ntemperature = -1\n")
+    bad_value = runs_add("x", "--from", str(bad), "-e", str(experiment))
+    assert [r.exit_code for r in (missing, broken, unknown, bad_value)] == [2, 2, 2, 2]
     assert "nope.toml" in missing.output and "file not found" in missing.output
     assert "bad.toml, line 2" in broken.output
-    assert "learning_rate" in unknown.output
+    assert "bad.toml, line 2: learning_rate: unknown key" in unknown.output
+    assert "bad.toml, line 3: sampling.temperature:" in bad_value.output
     assert not (experiment / "run_x").exists()
+
+
+def test_runs_add_from_a_file_with_some_keys_takes_the_rest_from_the_recipe(tmp_path: Path):
+    experiment = experiment_from_the_recipe(tmp_path)
+    partial = tmp_path / "partial.toml"
+    partial.write_text("max_steps = 3\n")
+    assert runs_add("y", "--from", str(partial), "-e", str(experiment)).exit_code == 0
+    written = load_orchestrator_config(layout.orch_config_path(experiment / "run_y"))
+    assert written.max_steps == 3 and written.env_args == {"min_length": 9, "max_length": 9}

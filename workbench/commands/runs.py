@@ -23,7 +23,14 @@ from workbench.commands.common import (
     fail,
     say,
 )
-from workbench.config import ConfigError, deep_merge, nest_dotted, parse_assignment, read_toml
+from workbench.config import (
+    ConfigError,
+    OrchestratorConfig,
+    deep_merge,
+    load_partial,
+    nest_dotted,
+    parse_assignment,
+)
 from workbench.experiment import RunLookupError, resolve_run, write_run
 from workbench.supervisor.client import SupervisorClient, SupervisorError
 from workbench.supervisor.control_socket import ControlError, new_run_config
@@ -73,7 +80,7 @@ def runs_add(
     overrides: dict = {}
     if from_file is not None:
         try:
-            overrides = read_toml(from_file)[0].unwrap()
+            overrides = load_partial(OrchestratorConfig, from_file)
         except ConfigError as err:
             raise fail(str(err), EXIT_BAD_INPUT) from None
     for assignment in settings or []:

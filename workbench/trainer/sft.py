@@ -68,33 +68,40 @@ _TOKENIZER_FILES = (
 
 
 class SFTLoraConfig(LoraConfig):
-    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
-    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        description="names of the linear layers that get an adapter",
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input")
 
 
 class SFTConfig(StrictModel):
     """Everything one `workbench sft` run needs. Exactly one of `env` and `data`."""
 
     model: str = Field(description="builtin:tiny-reverse, a local model directory or a hub id")
-    output_dir: Path
+    output_dir: Path = Field(description="where the model (or LoRA adapter) is saved")
     env: str | None = Field(None, description="train on this environment's prompts")
-    env_args: dict[str, Any] = Field(default_factory=dict)
+    env_args: dict[str, Any] = Field(
+        default_factory=dict, description="the environment's arguments, as a run's `env_args`"
+    )
     data: Path | None = Field(None, description="JSONL: {prompt, completion} or {messages}")
-    steps: int = Field(200, ge=1)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["constant", "cosine"] = "constant"
+    steps: int = Field(200, ge=1, description="optimizer steps")
+    batch_size: int = Field(64, ge=1, description="examples per step")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0 to lr")
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="after warm-up: stay at lr, or decay to min_lr_ratio * lr"
+    )
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor, as a fraction of lr")
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0, description="gradients are clipped to this norm")
     max_length: int = Field(512, ge=8, description="longer examples are an error")
-    seed: int = 0
+    seed: int = Field(0, description="seeds the data order and initialisation")
     lora: SFTLoraConfig | None = Field(None, description="None: full fine-tuning")
     eval_prompts: int = Field(0, ge=0, description="greedy reward on this many held-out prompts")
     eval_every: int = Field(0, ge=0, description="also evaluate every N steps (0: only at end)")
-    eval_max_new_tokens: int = Field(64, ge=1)
-    log_every: int = Field(10, ge=1)
+    eval_max_new_tokens: int = Field(64, ge=1, description="greedy completion length in evals")
+    log_every: int = Field(10, ge=1, description="one progress line every N steps")
     threads: int | None = Field(
         None,
         ge=1,
