@@ -239,9 +239,10 @@ def _phase_mark(snap: Snapshot) -> tuple | None:
         return None
     if phase.ready:
         return (phase.phase, phase.since)
-    elapsed = phase.elapsed_s(snap.now) or 0.0
-    repeat = int(elapsed // PHASE_EVERY_S)
-    return (phase.phase, phase.process, phase.step, phase.detail, repeat)
+    # A new log line or loss is no news; a new step, a restart (a new `since`) or ten
+    # more seconds are.
+    repeat = int((phase.elapsed_s(snap.now) or 0.0) // PHASE_EVERY_S)
+    return (phase.phase, phase.process, phase.since, phase.step, repeat)
 
 
 def describe_changes(before: Snapshot | None, after: Snapshot) -> list[str]:

@@ -381,6 +381,8 @@ def test_headless_lines_say_the_startup_phase_when_it_moves_and_every_ten_second
     assert describe_changes(at(step_1, start + 9), at(step_2, start + 9)) == [
         "building model: step 2/3, warm-up update 10, 9s"
     ]
+    step_2_later = StartupPhase("building model", since, step=2, steps=3, detail="update 20")
+    assert describe_changes(at(step_2, start + 9), at(step_2_later, start + 9.5)) == []
     starting = StartupPhase("starting", since, process="inference", last_line="a")
     later = StartupPhase("starting", since, process="inference", last_line="b")
     # A new log line alone is not a change worth a line; ten more seconds are.

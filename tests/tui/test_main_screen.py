@@ -38,21 +38,14 @@ async def test_a_line_under_the_top_bar_says_what_startup_does_until_everything_
     experiment, make_app
 ):
     inference = process("inference", "inference", "starting", 4201, 43)
-    building = {
-        "phase": "building model",
-        "since": iso(12),
-        "step": 2,
-        "steps": 3,
-        "detail": "warm-up update 40 of 150 (loss 0.520)",
-        "model": "builtin:tiny-reverse",
-    }
+    building = {"phase": "building model", "since": iso(2), "model": "builtin:tiny-reverse"}
+    building.update(step=1, steps=3, detail="initial weights from seed 0")
     write_supervisor_state(experiment, SUPERVISOR_PID, {"inference": inference}, building)
     app = make_app(experiment)
     async with app.run_test(size=(80, 24)) as pilot:
         await next_polls(pilot, app)
         assert startup_line(app) == (
-            " building model builtin:tiny-reverse: step 2/3, "
-            "warm-up update 40 of 150 (loss 0.520), 12s"
+            " building model builtin:tiny-reverse: step 1/3, initial weights from seed 0, 2s"
         )
         starting = {
             "phase": "starting",

@@ -8,7 +8,8 @@ sees that child "starting". So the child hands `resolve_model` a `BuildProgressF
     {"model": "builtin:tiny-reverse", "step": 2, "steps": 3,
      "what": "warm-up: update 40 of 150, loss 0.52", "started_at": "ISO time", "pid": 4321}
 
-`step` 0 of 0 means the child waits for another process's build of the same model. The
+`step` 0 of 0 means the child waits for another process's build of the same model (written
+only where no other child of the experiment reports the build it waits for). The
 file is removed when the build is over (built, failed, or found in the cache); a writer
 killed mid-build leaves it behind with a pid that no longer runs, which readers ignore
 (`workbench.supervisor.startup` turns it into the "building model" phase).
@@ -86,6 +87,8 @@ class BuildProgressFile:
 
     def __call__(self, step: int, steps: int, what: str) -> None:
         building = steps > 0
+        if not building and self.path.exists():
+            return  # the build it waits for is another child's, which says more
         if self._started_at is None or (building and not self._building):
             # A build's clock starts at its first step, not while it waited for another's.
             self._started_at = now_iso()

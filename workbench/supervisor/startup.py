@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.clock import format_duration, now_iso
+from workbench.clock import format_elapsed, now_iso
 from workbench.file_tail import last_lines
 from workbench.models.build_progress import BuildProgress, read_build_progress
 from workbench.supervisor.lifecycle import UP_STATES
@@ -104,12 +104,12 @@ class StartupPhase:
 
     def describe(self, now: float) -> str:
         """The phase in one line, with the time it has taken at unix time `now`."""
-        elapsed = format_duration(self.elapsed_s(now))
+        elapsed = format_elapsed(self.elapsed_s(now))
         if self.phase == BUILDING:
             model = f" {self.model}" if self.model else ""
-            if not self.steps:
-                return f"{BUILDING}{model}: {self.detail or 'waiting'}, {elapsed}"
-            return f"{BUILDING}{model}: step {self.step}/{self.steps}, {self.detail}, {elapsed}"
+            parts = [f"step {self.step}/{self.steps}"] if self.steps else []
+            parts += [self.detail] if self.detail else []
+            return f"{BUILDING}{model}: {', '.join([*parts, elapsed])}"
         if self.phase == READY:
             return f"{READY}: {self.detail}" if self.detail else READY
         if self.phase == FAILED:
@@ -203,7 +203,7 @@ class StartupTracker:
             if self._ready is None:
                 took = StartupPhase(READY, since=self._began_at).elapsed_s(time.time())
                 self._ready = StartupPhase(
-                    READY, since=now_iso(), detail=f"up after {format_duration(took)}"
+                    READY, since=now_iso(), detail=f"up after {format_elapsed(took)}"
                 )
             return self._ready
         if self._ready is not None:  # a process went down: its start is timed anew
