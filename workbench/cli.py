@@ -104,7 +104,9 @@ def up(
     stops everything, `workbench logs supervisor` shows what it did.
 
     By default the TUI opens. With --headless, one line per change is printed instead and
-    the command exits when every run is done (Ctrl-C stops the experiment). With --detach,
+    the command exits when every run is done (Ctrl-C stops the experiment). Until every
+    process is up, both say what startup is doing: building the built-in model (step k/n),
+    starting inference (seconds so far, the last line of its log), then ready. With --detach,
     it returns at once; with --headless as well, the supervisor still stops by itself once
     every run is done.
 

@@ -5,7 +5,8 @@ finished.txt, runs.json, rollouts, the sweep's files) in one format, ISO 8601 in
 the millisecond: a supervisor event and the file it reacts to can be told apart.
 `format_duration` writes uptimes and ages for `workbench status` and the TUI; it is
 coarse on purpose ("42s", "7m", "3h05m"): a TUI cell whose text does not change is not
-redrawn, so an idle screen costs nothing.
+redrawn, so an idle screen costs nothing. `format_elapsed` counts seconds for longer
+("86s"), for a wait someone watches (the startup phase) where a minute is a long time.
 """
 
 from __future__ import annotations
@@ -33,3 +34,15 @@ def format_duration(seconds: float | None) -> str:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     days = seconds // 86400
     return f"{days}d" if days >= 10 else f"{days}d{seconds % 86400 // 3600:02d}h"
+
+
+# Up to here a wait is counted in seconds.
+ELAPSED_SECONDS_UP_TO = 600
+
+
+def format_elapsed(seconds: float | None) -> str:
+    """Seconds while a wait is being watched: 86 -> "86s"; from ten minutes on, as
+    `format_duration` ("12m")."""
+    if seconds is None or math.isnan(seconds) or seconds >= ELAPSED_SECONDS_UP_TO:
+        return format_duration(seconds)
+    return f"{max(0, int(seconds))}s"

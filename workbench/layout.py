@@ -6,6 +6,7 @@ these paths by hand: they come from here, so a rename is a one-line change.
 
     {experiment}/
       recipe.toml
+      model_build.json          while a built-in model is built: its step (models/build_progress)
       supervisor/               state.json, control socket, pid file
       logs/                     inference.log, trainer.log, supervisor.log
       trainer/runs.json         the trainer's view: which run holds which slot, progress
@@ -70,6 +71,11 @@ def process_log_path(experiment: Path, name: str) -> Path:
     if is_run_dir_name(name):
         return orchestrator_log_path(run_dir(experiment, name))
     return logs_dir(experiment) / f"{name}.log"
+
+
+def model_build_path(experiment: Path) -> Path:
+    """Written by the child that builds a built-in model, while it builds: its current step."""
+    return experiment / "model_build.json"
 
 
 def trainer_state_path(experiment: Path) -> Path:

@@ -40,9 +40,12 @@ from workbench.supervisor.launch import (
     start_daemon,
     stop_experiment,
 )
+from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.scheduler import EVICTED_BY
 
 POLL_S = 0.5
+# A startup phase that goes on (a long build, vLLM's start) is said again this often.
+PHASE_EVERY_S = 10.0
 
 
 class RecipeError(Exception):
@@ -201,13 +204,17 @@ def _report_outcome(experiment: Path, report: Report) -> int:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What headless following reports on: process states and run statuses."""
+    """What headless following reports on: process states, run statuses, and the startup
+    phase (`workbench.supervisor.startup`) at unix time `now`."""
 
     processes: dict[str, tuple[str, str | None]]
     runs: dict[str, tuple[str, int, int | None, str | None]]
+    startup: StartupPhase | None = None
+    now: float = 0.0
 
 
 def snapshot(experiment: Path) -> Snapshot:
+    now = time.time()
     state = read_state(experiment) or {}
     # An orchestrator's process name is its run id: say which of the two a line is about.
     processes = {
@@ -222,11 +229,25 @@ def snapshot(experiment: Path) -> Snapshot:
         run.id: (run.status, run.step, run.max_steps, run.reason)
         for run in run_statuses(experiment)
     }
-    return Snapshot(processes, runs)
+    return Snapshot(processes, runs, startup_phase(state), now)
+
+
+def _phase_mark(snap: Snapshot) -> tuple | None:
+    """What must change for following to say the startup phase again."""
+    phase = snap.startup
+    if phase is None:
+        return None
+    if phase.ready:
+        return (phase.phase, phase.since)
+    # A new log line or loss is no news; a new step, a restart (a new `since`) or ten
+    # more seconds are.
+    repeat = int((phase.elapsed_s(snap.now) or 0.0) // PHASE_EVERY_S)
+    return (phase.phase, phase.process, phase.since, phase.step, repeat)
 
 
 def describe_changes(before: Snapshot | None, after: Snapshot) -> list[str]:
-    """One line per process state change, run status change or run step."""
+    """One line per process state change, run status change or run step; the startup
+    phase when it changes, its step does, or every `PHASE_EVERY_S` while it lasts."""
     before = before or Snapshot({}, {})
     lines = []
     for name, (state, reason) in after.processes.items():
@@ -244,4 +265,6 @@ def describe_changes(before: Snapshot | None, after: Snapshot) -> list[str]:
             lines.append(f"{run_id}: {status}, {progress}{note}")
         elif old_run[1] != step:
             lines.append(f"{run_id}: {progress}")
+    if after.startup is not None and _phase_mark(after) != _phase_mark(before):
+        lines.append(after.startup.describe(after.now))
     return lines

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from workbench.clock import format_duration, now_iso
+from workbench.clock import format_duration, format_elapsed, now_iso
 
 
 def test_timestamps_are_utc_to_the_millisecond():
@@ -31,3 +31,10 @@ def test_timestamps_are_utc_to_the_millisecond():
 def test_durations_are_coarse_and_short(seconds, text):
     assert format_duration(seconds) == text
     assert len(format_duration(seconds)) <= 6
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(None, "-"), (-1, "0s"), (86.7, "86s"), (599, "599s"), (720, "12m")]
+)
+def test_a_watched_wait_counts_seconds_up_to_ten_minutes(seconds, text):
+    assert format_elapsed(seconds) == text

@@ -4,6 +4,7 @@ paths and hub ids pass through; a failed or concurrent build never leaves a brok
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from workbench import layout
 from workbench.models import ModelResolutionError, builtin_model_dir, resolve_model
+from workbench.models.build_progress import BuildProgressFile, read_build_progress
 from workbench.models.tiny_reverse import TINY_REVERSE, TinyReverseSpec
 
 MODEL_FILES = {
@@ -60,6 +62,35 @@ def test_a_builtin_is_built_once_into_the_cache_and_then_reused(
 
     monkeypatch.setattr(TINY_REVERSE, "build", no_second_build)
     assert resolve_model("builtin:tiny-reverse", spec=small_spec) == built
+
+
+def test_a_build_reports_each_step_to_the_experiment_and_a_cached_model_reports_none(
+    cache_dir: Path, small_spec: TinyReverseSpec, tmp_path: Path
+):
+    experiment = tmp_path / "experiment"
+    seen = []
+    with BuildProgressFile(experiment, "builtin:tiny-reverse") as writer:
+
+        def on_step(step: int, steps: int, what: str) -> None:
+            writer(step, steps, what)
+            seen.append(read_build_progress(experiment))
+
+        resolve_model("builtin:tiny-reverse", spec=small_spec, show_progress=False, on_step=on_step)
+    assert [(p.step, p.steps) for p in seen] == [(1, 3), (2, 3), (2, 3), (3, 3)]
+    assert [p.what for p in seen] == [
+        "initial weights from seed 0",
+        "warm-up update 0 of 3",
+        f"warm-up update 3 of 3 (loss {seen[2].what.rsplit(' ', 1)[-1]}",
+        "greedy reward on 2 x 4 held-out prompts",
+    ]
+    assert {(p.model, p.pid, p.started_at) for p in seen} == {
+        ("builtin:tiny-reverse", os.getpid(), seen[0].started_at)
+    }
+    assert read_build_progress(experiment) is None, "the file goes when the build is over"
+
+    seen.clear()
+    resolve_model("builtin:tiny-reverse", spec=small_spec, on_step=on_step)
+    assert seen == [] and read_build_progress(experiment) is None
 
 
 def test_the_cache_directory_is_keyed_by_the_spec(cache_dir: Path, small_spec: TinyReverseSpec):

@@ -6,6 +6,7 @@ a stand-in supervisor started by the `standin` fixture (which stops it afterward
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -114,6 +115,56 @@ def test_status_lists_processes_with_state_pid_restarts_and_uptime(cli, standin:
     table = cli("status", standin.path)
     assert f"processes (supervisor pid {started.pid}, running)" in table.output
     assert "inference" in table.output and "ready" in table.output
+
+
+def test_status_says_what_startup_is_doing_until_every_process_is_up(
+    cli, standin: StandinExperiment
+):
+    # A stand-in inference that reports a three-step model build the way the real one
+    # does (model_build.json), prints two lines, and is held at each stage by a file.
+    build_done = standin.path / "build-done"
+    serving = standin.path / "serving"
+    inference_args = ["--experiment", standin.path, "--build-steps", 3, "--build-until"]
+    inference_args += [build_done, "--say", "loading weights", "--say", "INFO serving soon"]
+    inference_args += ["--ready-when", serving]
+    standin.configure(
+        processes=[
+            {
+                "name": "inference",
+                "kind": "inference",
+                "ready": True,
+                "args": [str(arg) for arg in inference_args],
+            },
+            {"name": "trainer", "kind": "trainer"},
+        ]
+    )
+    standin.start()
+
+    def startup() -> dict:
+        return json.loads(cli("status", standin.path, "--json").output)["startup"] or {}
+
+    building = wait_for(lambda: (s := startup()).get("step") == 3 and s, what="build step 3")
+    assert building["text"].startswith(
+        "building model builtin:stand-in: step 3/3, stand-in step 3 of 3, "
+    )
+    assert "building model builtin:stand-in: step 3/3" in cli("status", standin.path).output
+
+    build_done.touch()
+    starting = wait_for(
+        lambda: (s := startup()).get("last_line") == "INFO serving soon" and s,
+        what="the last line of the inference log",
+    )
+    assert starting["phase"] == "starting" and starting["process"] == "inference"
+    assert re.match(r"starting inference: \d+s, last line: INFO serving soon$", starting["text"])
+    table = cli("status", standin.path).output
+    assert "starting inference: " in table and "last line: INFO serving soon" in table
+
+    serving.touch()
+    ready = wait_for(lambda: (s := startup()).get("phase") == "ready" and s, what="ready")
+    assert ready["text"].startswith("ready: up after ")
+    table = cli("status", standin.path).output
+    assert "ready" in table and "starting inference" not in table
+    assert "up after" not in table, "once everything is up, status shows no phase"
 
 
 def test_status_without_a_supervisor_says_so(cli, standin: StandinExperiment):
@@ -310,6 +361,38 @@ def test_every_command_has_a_help_page(cli, command: list[str]):
     result = cli(*command, "--help")
     assert result.exit_code == 0 and "Usage" in result.output
     assert len(result.output.splitlines()) > 8
+
+
+def test_headless_lines_say_the_startup_phase_when_it_moves_and_every_ten_seconds():
+    from workbench.supervisor.startup import StartupPhase
+    from workbench.up import Snapshot, describe_changes
+
+    def at(phase: StartupPhase, now: float) -> Snapshot:
+        return Snapshot({}, {}, phase, now)
+
+    since = "2026-11-21T20:00:00+00:00"
+    start = dt.datetime.fromisoformat(since).timestamp()
+    step_1 = StartupPhase("building model", since, step=1, steps=3, detail="initial weights")
+    step_2 = StartupPhase("building model", since, step=2, steps=3, detail="warm-up update 10")
+    assert describe_changes(None, at(step_1, start)) == [
+        "building model: step 1/3, initial weights, 0s"
+    ]
+    assert describe_changes(at(step_1, start), at(step_1, start + 9)) == []
+    assert describe_changes(at(step_1, start + 9), at(step_2, start + 9)) == [
+        "building model: step 2/3, warm-up update 10, 9s"
+    ]
+    step_2_later = StartupPhase("building model", since, step=2, steps=3, detail="update 20")
+    assert describe_changes(at(step_2, start + 9), at(step_2_later, start + 9.5)) == []
+    starting = StartupPhase("starting", since, process="inference", last_line="a")
+    later = StartupPhase("starting", since, process="inference", last_line="b")
+    # A new log line alone is not a change worth a line; ten more seconds are.
+    assert describe_changes(at(starting, start + 1), at(later, start + 2)) == []
+    assert describe_changes(at(later, start + 9), at(later, start + 10)) == [
+        "starting inference: 10s, last line: b"
+    ]
+    ready = StartupPhase("ready", since, detail="up after 52s")
+    assert describe_changes(at(later, start + 52), at(ready, start + 52)) == ["ready: up after 52s"]
+    assert describe_changes(at(ready, start + 52), at(ready, start + 600)) == []
 
 
 def test_headless_lines_name_each_change_once():

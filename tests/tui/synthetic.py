@@ -102,7 +102,9 @@ def process(
     }
 
 
-def write_supervisor_state(experiment: Path, supervisor_pid: int, processes: dict) -> None:
+def write_supervisor_state(
+    experiment: Path, supervisor_pid: int, processes: dict, startup: dict | None = None
+) -> None:
     write_json(
         experiment / "supervisor" / "state.json",
         {
@@ -111,6 +113,7 @@ def write_supervisor_state(experiment: Path, supervisor_pid: int, processes: dic
             "started_at": iso(3 * 3600),
             "status": "running",
             "processes": processes,
+            "startup": startup,
         },
     )
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from tests.tui.conftest import SUPERVISOR_PID, RecordingCommands, next_polls, rows, wait_until
 from tests.tui.synthetic import (
     append_metrics,
+    iso,
     make_run,
     metrics_lines,
     process,
@@ -25,6 +26,44 @@ from workbench.tui.screens.run_detail import RunDetailScreen
 from workbench.tui.widgets.log_pane import LogPane
 from workbench.tui.widgets.processes_table import ProcessesTable
 from workbench.tui.widgets.runs_table import RunsTable
+
+
+def startup_line(app) -> str | None:
+    """The startup line's text, or None when it is not on screen."""
+    line = app.screen.query_one("#startup")
+    return str(line.render()) if line.display and line.region.height == 1 else None
+
+
+async def test_a_line_under_the_top_bar_says_what_startup_does_until_everything_is_up(
+    experiment, make_app
+):
+    inference = process("inference", "inference", "starting", 4201, 43)
+    building = {"phase": "building model", "since": iso(2), "model": "builtin:tiny-reverse"}
+    building.update(step=1, steps=3, detail="initial weights from seed 0")
+    write_supervisor_state(experiment, SUPERVISOR_PID, {"inference": inference}, building)
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        assert startup_line(app) == (
+            " building model builtin:tiny-reverse: step 1/3, initial weights from seed 0, 2s"
+        )
+        starting = {
+            "phase": "starting",
+            "since": iso(43),
+            "process": "inference",
+            "last_line": "INFO Started server process",
+        }
+        write_supervisor_state(experiment, SUPERVISOR_PID, {"inference": inference}, starting)
+        await next_polls(pilot, app)
+        assert startup_line(app) == (
+            " starting inference: 43s, last line: INFO Started server process"
+        )
+        assert rows(app, RunsTable), "the runs table still shows under it at 80x24"
+        inference = process("inference", "inference", "ready", 4201, 43)
+        ready = {"phase": "ready", "since": iso(0), "detail": "up after 52s"}
+        write_supervisor_state(experiment, SUPERVISOR_PID, {"inference": inference}, ready)
+        await next_polls(pilot, app)
+        assert startup_line(app) is None
 
 
 async def test_tables_show_every_run_and_process_of_the_experiment(experiment, make_app):

@@ -6,6 +6,7 @@ the supervisor's state.json (`workbench.supervisor.client`).
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated
 
 import typer
@@ -16,6 +17,7 @@ from workbench.clock import format_duration
 from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
 from workbench.status import run_statuses
 from workbench.supervisor.client import process_summaries, read_state, running_supervisor_pid
+from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.values import describe_values
 
 
@@ -33,6 +35,11 @@ def status(
     backoff, stopping, exited, failed, stopped. When the supervisor is not running, its last
     recorded states are shown without pids.
 
+    While the experiment starts, a last line says what it is doing: building the built-in
+    model (step k/n), starting inference (seconds so far and the last line of its log),
+    waiting to restart a process that crashed, or a process that failed. Once every
+    process is up, it is left out.
+
     A sweep adds the values each run varies and, under early stopping, each run's highest
     rung so far and its rank there (rank 1 is the best; `6/8`: sixth of the eight runs that
     had recorded the rung when it was judged).
@@ -40,7 +47,9 @@ def status(
     --json prints {"experiment", "supervisor": {"running", "pid", "status"}, "runs": [{"id",
     "status", "step", "reason", "values", "asha": null or {"rung", "step", "value",
     "cutoff", "rank", "of", "decision"}, ...}], "processes": [{"name", "state", "pid",
-    "restarts", "uptime_s", "reason", "last_exit", ...}]}.
+    "restarts", "uptime_s", "reason", "last_exit", ...}], "startup": null or {"phase",
+    "text", "since", "process", "step", "steps", "detail", "last_line", "model"}}; phase is
+    one of building model, starting, failed, ready.
     """
     path = experiment_or_fail(experiment)
     runs = run_statuses(path)
@@ -52,6 +61,9 @@ def status(
         "pid": supervisor_pid,
         "status": (state or {}).get("status") if supervisor_pid else "not running",
     }
+    # A dead supervisor's last phase says nothing about now.
+    startup = startup_phase(state) if supervisor_pid is not None else None
+    now = time.time()
     if as_json:
         print(
             json.dumps(
@@ -60,6 +72,7 @@ def status(
                     "supervisor": supervisor,
                     "runs": [r.to_json() for r in runs],
                     "processes": processes,
+                    "startup": _startup_json(startup, now),
                 },
                 indent=2,
             )
@@ -85,6 +98,16 @@ def status(
         table.add_row(*cells, escape(reason))
     console.print(table)
     _print_processes(supervisor, processes)
+    if startup is not None and not startup.ready:
+        console.print(
+            escape(startup.describe(now)), style="bold yellow", highlight=False, soft_wrap=True
+        )
+
+
+def _startup_json(startup: StartupPhase | None, now: float) -> dict | None:
+    if startup is None:
+        return None
+    return {**startup.to_json(), "text": startup.describe(now)}
 
 
 def _print_processes(supervisor: dict, processes: list[dict]) -> None:

@@ -54,9 +54,12 @@ def main(argv: list[str] | None = None) -> int:
             raise InferenceSetupError(f"{args.config}: [inference] port must be set (not 0) here")
         check_vllm_installed()
         port = serving_port(config, endpoint, may_move=args.move_port_if_taken)
+        from workbench.models.build_progress import BuildProgressFile
         from workbench.models.resolve import resolve_model
 
-        model = resolve_model(config.model.base)
+        # Removed before vLLM replaces this process: the build is over once it runs.
+        with BuildProgressFile(config.output_dir, config.model.base) as on_step:
+            model = resolve_model(config.model.base, on_step=on_step)
         check_model_dir(model)
         check_cpu_memory(model)
     except NotEnoughMemory as err:

@@ -18,6 +18,7 @@ import importlib
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +31,15 @@ from workbench import layout
 BUILTIN_PREFIX = "builtin:"
 CACHE_DIR_ENV = "WORKBENCH_CACHE_DIR"
 BUILD_LOCK_TIMEOUT_S = 30 * 60
+
+# `on_step(step, steps, what)`: a build is at `step` of `steps` (from 1), doing `what`;
+# step 0 of 0 while it waits for another process's build.
+StepCallback = Callable[[int, int, str], None]
+
+
+def ignore_steps(step: int, steps: int, what: str) -> None:
+    """The `on_step` of a build nobody follows."""
+
 
 # name -> "module:attribute" of its `BuiltinModel`; imported only when asked for, so resolving
 # a local path never imports the builders (and their training code).
@@ -51,8 +61,16 @@ class BuiltinModel(Protocol):
     def version_hash(self, spec: Any) -> str:
         """Short hash of everything that determines the built files."""
 
-    def build(self, target: Path, spec: Any, *, show_progress: bool, console: Console) -> None:
-        """Write the model into the empty directory `target`."""
+    def build(
+        self,
+        target: Path,
+        spec: Any,
+        *,
+        show_progress: bool,
+        console: Console,
+        on_step: StepCallback = ignore_steps,
+    ) -> None:
+        """Write the model into the empty directory `target`, telling `on_step` each step."""
 
 
 def cache_dir() -> Path:
@@ -109,12 +127,14 @@ def resolve_model(
     spec: Any = None,
     show_progress: bool = True,
     console: Console | None = None,
+    on_step: StepCallback = ignore_steps,
 ) -> Path:
     """The directory (or hub id, as a Path) to load `base` from.
 
     `builtin:NAME` is built on first use (seconds to minutes, with a progress bar) and then
     reused; `spec` replaces the builtin's default spec (tests build a smaller model). A local
-    path or a hub id is returned unchanged.
+    path or a hub id is returned unchanged. `on_step` hears of each step of a build, and of
+    waiting for another process's build (step 0 of 0).
     """
     if not is_builtin(base):
         return Path(base).expanduser()
@@ -134,6 +154,7 @@ def resolve_model(
             highlight=False,
             soft_wrap=True,
         )
+        on_step(0, 0, "waiting for another process's build")
         try:
             lock.acquire(timeout=BUILD_LOCK_TIMEOUT_S)
         except Timeout:
@@ -152,7 +173,9 @@ def resolve_model(
         )
         started = time.perf_counter()
         with layout.staged_directory(final) as staging:
-            builtin.build(staging, spec, show_progress=show_progress, console=console)
+            builtin.build(
+                staging, spec, show_progress=show_progress, console=console, on_step=on_step
+            )
         console.print(f"built {base} in {time.perf_counter() - started:.0f} s", highlight=False)
         return final
     finally:

@@ -33,6 +33,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from workbench.envs import get_environment
 from workbench.models import char_tokenizer
+from workbench.models.resolve import StepCallback, ignore_steps
 from workbench.trainer.sft import (
     SFTConfig,
     evaluate_greedy,
@@ -51,6 +52,8 @@ BUILD_FORMAT_VERSION = 2
 # thread as on 2 when the cores are idle and a fifth of the time when other processes load
 # them (2 threads spend it synchronising).
 BUILD_THREADS = 1
+# Warm-up updates between two progress reports: 15 reports for the default 150 updates.
+PROGRESS_EVERY = 10
 
 
 class TinyReverseSpec(BaseModel):
@@ -92,14 +95,30 @@ class TinyReverse:
         return digest.hexdigest()[:12]
 
     def build(
-        self, target: Path, spec: TinyReverseSpec, *, show_progress: bool, console: Console
+        self,
+        target: Path,
+        spec: TinyReverseSpec,
+        *,
+        show_progress: bool,
+        console: Console,
+        on_step: StepCallback = ignore_steps,
     ) -> None:
+        # Steps: initial weights, warm-up, then (unless no prompts are asked for) measuring.
+        steps = 3 if spec.eval_prompts else 2
+
+        def warmed_up(record: dict[str, Any]) -> None:
+            if "loss" in record:
+                what = f"warm-up update {record['step']} of {spec.warmup_steps}"
+                on_step(2, steps, f"{what} (loss {record['loss']:.3f})")
+
         # The seeded initial weights go to a scratch directory next to the target (so a killed
         # build's scratch is found and removed by the next one); the warmed-up model goes to
         # `target`, which the caller renames into the cache once this returns.
         scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.init.", dir=target.parent))
         try:
+            on_step(1, steps, f"initial weights from seed {spec.seed}")
             write_initial_model(scratch, spec)
+            on_step(2, steps, f"warm-up update 0 of {spec.warmup_steps}")
             result = train_sft(
                 SFTConfig(
                     model=str(scratch),
@@ -110,16 +129,19 @@ class TinyReverse:
                     batch_size=spec.batch_size,
                     lr=spec.lr,
                     seed=spec.seed,
-                    log_every=spec.warmup_steps,
+                    log_every=min(PROGRESS_EVERY, spec.warmup_steps),
                     threads=BUILD_THREADS,
                 ),
                 show_progress=show_progress,
                 console=console,
                 description="warming up builtin:tiny-reverse",
+                on_log=warmed_up,
                 atomic=False,
             )
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+        if spec.eval_prompts:
+            on_step(3, steps, f"greedy reward on 2 x {spec.eval_prompts} held-out prompts")
         info = {
             "name": self.name,
             "version_hash": self.version_hash(spec),

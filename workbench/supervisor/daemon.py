@@ -69,6 +69,7 @@ from workbench.supervisor.process import (
     ProcessSpec,
     SupervisedProcess,
 )
+from workbench.supervisor.startup import ProcessFacts, StartupTracker
 from workbench.sweep.scheduler import EVICTED_BY, EarlyStopping
 
 log = logging.getLogger("workbench.supervisor")
@@ -146,6 +147,7 @@ class Supervisor:
                 raise PlanError(f"two processes are named {spec.name!r}")
             self.processes[spec.name] = SupervisedProcess(spec)
         self._fixed = [spec.name for spec in plan.processes]
+        self.startup = StartupTracker(self.experiment, self.started_at)
         self._wake = threading.Event()
         self._discovery_due = True
         self._next_rescan = 0.0
@@ -549,7 +551,25 @@ class Supervisor:
             "stop_reason": self._stop_reason,
             "error": None,
             "processes": {name: proc.to_json() for name, proc in self.processes.items()},
+            "startup": self._startup_phase(),
         }
+
+    def _startup_phase(self) -> dict[str, Any] | None:
+        """What startup is doing (`workbench.supervisor.startup`); None once stopping."""
+        if self.status not in ("starting", "running"):
+            return None
+        facts = [
+            ProcessFacts(
+                name=proc.name,
+                state=proc.state,
+                started_at=proc.started_at,
+                reason=proc.reason,
+                log_path=proc.spec.log_path,
+                ended_at=proc.exits[-1].time if proc.exits else None,
+            )
+            for proc in (self.processes[name] for name in self._fixed)
+        ]
+        return self.startup.observe(facts).to_json()
 
     def _publish_state(self) -> None:
         payload = self.state_payload()

@@ -9,6 +9,11 @@ lines from several processes never interleave):
     <unix time> <name> start <pid>
     <unix time> <name> ready | crash <code> | sigterm | finished
 
+Startup can be held where a test looks at it: `--build-steps N --build-until FILE` reports
+N steps of a model build the way a real child does (`model_build.json`), then holds at the
+last until FILE exists; `--say LINE` prints lines to its log; `--ready-when FILE` holds
+readiness until FILE exists.
+
 An orchestrator stand-in given `--write-metrics` appends the values of
 `{run_dir}/standin_metrics.json` (`{"metric", "values", "interval_s"}`) to the run's
 metrics.jsonl, one step per interval, and, like a real orchestrator waiting for the
@@ -60,6 +65,20 @@ def write_metrics(run_dir: Path) -> None:
         time.sleep(plan["interval_s"])
 
 
+def wait_for_file(path: Path) -> None:
+    while not path.exists():
+        time.sleep(0.02)
+
+
+def build_model(experiment: Path, steps: int, until: Path) -> None:
+    from workbench.models.build_progress import BuildProgressFile
+
+    with BuildProgressFile(experiment, "builtin:stand-in") as on_step:
+        for step in range(1, steps + 1):
+            on_step(step, steps, f"stand-in step {step} of {steps}")
+        wait_for_file(until)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", required=True)
@@ -74,7 +93,14 @@ def main() -> None:
     parser.add_argument("--run-dir", type=Path, help="orchestrator stand-ins: the run")
     parser.add_argument("--finish-after", type=float, help="mark the run finished, exit 0")
     parser.add_argument("--write-metrics", action="store_true", help="see the docstring")
+    parser.add_argument("--experiment", type=Path, help="where a stand-in build reports")
+    parser.add_argument("--build-steps", type=int, default=0, help="report a model build")
+    parser.add_argument("--build-until", type=Path, help="hold the build until this exists")
+    parser.add_argument("--say", action="append", default=[], help="print this line")
+    parser.add_argument("--ready-when", type=Path, help="hold readiness until this exists")
     args = parser.parse_args()
+    if args.build_steps and (args.experiment is None or args.build_until is None):
+        parser.error("--build-steps needs --experiment and --build-until")
 
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -103,8 +129,15 @@ def main() -> None:
         event(args.events, f"{args.name} crash {args.crash_code}")
         sys.exit(args.crash_code)
 
+    if args.build_steps:
+        build_model(args.experiment, args.build_steps, args.build_until)
+    for line in args.say:
+        print(line, flush=True)
+
     if args.ready_file:
         time.sleep(args.ready_after)
+        if args.ready_when is not None:
+            wait_for_file(args.ready_when)
         args.ready_file.parent.mkdir(parents=True, exist_ok=True)
         args.ready_file.touch()
         event(args.events, f"{args.name} ready")

@@ -65,12 +65,21 @@ class StepStats:
 # ---------------------------------------------------------------------- setup
 
 
-def load_base_model(base: str, dtype: torch.dtype, device: torch.device) -> nn.Module:
+def load_base_model(
+    base: str, dtype: torch.dtype, device: torch.device, experiment: Path | None = None
+) -> nn.Module:
+    """The frozen base model; a built-in one is built first if no process has built it
+    yet, its steps told through `experiment`'s model_build.json (by the master rank)."""
     from transformers import AutoModelForCausalLM
 
+    from workbench.models.build_progress import BuildProgressFile
     from workbench.models.resolve import resolve_model
 
-    path = resolve_model(base, show_progress=distributed.is_master())
+    if experiment is None or not distributed.is_master():
+        path = resolve_model(base, show_progress=distributed.is_master())
+    else:
+        with BuildProgressFile(experiment, base) as on_step:
+            path = resolve_model(base, on_step=on_step)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
     model.config.use_cache = False
     return model.to(device).eval()  # eval: no dropout; the adapters still get gradients
@@ -303,7 +312,8 @@ def train_from_config(config_path: Path, device: torch.device) -> int:
         remove_killed_writes(config.output_dir)
     torch.manual_seed(0)
     dtype = getattr(torch, config.trainer.dtype)
-    trainer = build_trainer(config, load_base_model(config.model.base, dtype, device), device)
+    base = load_base_model(config.model.base, dtype, device, config.output_dir)
+    trainer = build_trainer(config, base, device)
 
     def request_stop(signum, frame):
         logger.info("signal %d: finishing the current step, then checkpointing", signum)

@@ -9,7 +9,8 @@ to repeat every second:
 - each run's `metrics.jsonl` is read incrementally from the byte offset reached last time
   (a file that shrinks or is replaced is read again from the start), never whole;
 - processes come from `supervisor/state.json`, which may be absent (no supervisor yet),
-  or stale (the supervisor died): both are shown, not raised;
+  or stale (the supervisor died): both are shown, not raised; so does the startup phase
+  (`workbench.supervisor.startup`), while a live supervisor publishes one;
 - the leaderboard ranks the runs as `workbench sweep report` does (`tui.leaderboard`),
   from the curves of the metric the metrics readers follow.
 
@@ -33,6 +34,7 @@ from workbench import layout
 from workbench.file_tail import AppendedLines
 from workbench.status import run_statuses
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
+from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.report import DEFAULT_METRIC, MetricCurve
 from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, RunMetric
 
@@ -98,6 +100,7 @@ class ExperimentSnapshot:
     runs: tuple[RunView, ...] = ()
     processes: tuple[ProcessView, ...] = ()
     leaderboard: Leaderboard | None = None
+    startup: StartupPhase | None = None  # None unless a live supervisor published one
 
     def run(self, run_id: str) -> RunView | None:
         return next((run for run in self.runs if run.id == run_id), None)
@@ -338,6 +341,7 @@ class ExperimentReader:
             runs=tuple(runs),
             processes=process_views(state, supervisor),
             leaderboard=self._leaderboard.leaderboard(ranking, ranked),
+            startup=startup_phase(state) if supervisor.running else None,
         )
 
     def _follow_curves(self, metrics: frozenset[str]) -> None:

@@ -1,5 +1,9 @@
 """The main screen: runs and processes on top, the followed log below, keys in the footer.
 
+While the experiment starts, a line under the top bar says what it is doing (building the
+model, step k/n; starting inference, seconds so far and its log's last line); it goes
+once every process is up.
+
 At 120 columns and more the two tables sit side by side; below that they stack, capped in
 height so the log keeps most of the screen, and the processes' "last exit" column is
 hidden: 80x24 over SSH stays readable.
@@ -23,6 +27,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from workbench import layout
+from workbench.supervisor.startup import FAILED, StartupPhase
 from workbench.tui.data import ExperimentSnapshot, SupervisorView
 from workbench.tui.messages import (
     AddRun,
@@ -71,6 +76,14 @@ def _supervisor_text(supervisor: SupervisorView) -> Text:
     return Text("supervisor gone", style="bold red")
 
 
+def startup_text(startup: StartupPhase | None, now: float) -> Text | None:
+    """The startup line at unix time `now`; None when there is nothing starting."""
+    if startup is None or startup.ready:
+        return None
+    style = "bold red" if startup.phase == FAILED else "yellow"
+    return Text(f" {startup.describe(now)}", style=style, no_wrap=True, overflow="ellipsis")
+
+
 class MainScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("e", "evict", "evict"),
@@ -93,11 +106,13 @@ class MainScreen(Screen[None]):
         self.log_max_lines = log_max_lines
         self.snapshot: ExperimentSnapshot | None = None
         self._top_bar: Text | None = None
+        self._startup: Text | None = None
         # What `f`, `r` and `e` act on: the selected row of the table focused last.
         self.selected_kind = "run"
 
     def compose(self) -> ComposeResult:
         yield Static(" workbench", id="top-bar")
+        yield Static(id="startup")
         with Container(id="tables"):
             runs = RunsTable(id="runs")
             runs.border_title = "runs"
@@ -128,6 +143,12 @@ class MainScreen(Screen[None]):
         if top_bar != self._top_bar:  # redraw only what changed: idle costs nothing
             self._top_bar = top_bar
             self.query_one("#top-bar", Static).update(top_bar)
+        startup = startup_text(snapshot.startup, now)
+        if startup != self._startup:
+            self._startup = startup
+            line = self.query_one("#startup", Static)
+            line.display = startup is not None
+            line.update(startup or "")
         self.query_one(RunsTable).show_runs(snapshot.runs, now)
         self.query_one(ProcessesTable).show_processes(snapshot.processes, now)
         log_pane = self.query_one(LogPane)
