@@ -20,6 +20,20 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
+def unix_time(value: object) -> float | None:
+    """Unix seconds from a timestamp as the project's files hold it (an ISO-8601 string, or a
+    number already); None for anything else. A naive ISO time is local time, as
+    `datetime.now().isoformat()` writes it."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return dt.datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
 def format_duration(seconds: float | None) -> str:
     """`None` -> "-"; 42 -> "42s"; 420 -> "7m"; 11100 -> "3h05m"; 200000 -> "2d07h";
     from ten days on, days only ("12d"): never more than 6 characters."""

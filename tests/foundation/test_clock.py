@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from workbench.clock import format_duration, format_elapsed, now_iso
+from workbench.clock import format_duration, format_elapsed, now_iso, unix_time
 
 
 def test_timestamps_are_utc_to_the_millisecond():
@@ -38,3 +38,12 @@ def test_durations_are_coarse_and_short(seconds, text):
 )
 def test_a_watched_wait_counts_seconds_up_to_ten_minutes(seconds, text):
     assert format_elapsed(seconds) == text
+
+
+def test_unix_time_reads_the_iso_stamps_the_files_hold_and_unix_numbers():
+    assert unix_time("2026-01-01T00:00:00+00:00") == 1767225600.0
+    assert unix_time("2026-01-01T00:00:00.250+00:00") == 1767225600.25
+    assert unix_time(12.5) == 12.5
+    assert unix_time("yesterday") is None
+    assert unix_time(None) is None
+    assert unix_time(True) is None

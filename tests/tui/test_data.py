@@ -22,7 +22,7 @@ from workbench import layout
 from workbench.sweep.report import build_report
 from workbench.sweep.values import describe_values
 from workbench.tui.commands import SupervisorCommands
-from workbench.tui.data import ExperimentReader, MetricsReader, parse_time
+from workbench.tui.data import ExperimentReader, MetricsReader
 from workbench.tui.leaderboard import EARLY_STOPPED
 from workbench.tui.screens.add_run import parse_add_run
 from workbench.tui.tail import LogTail
@@ -124,13 +124,6 @@ def test_absent_or_broken_state_json_means_no_supervisor(tmp_path, content):
     assert not snapshot.supervisor.running
     assert snapshot.processes == ()
     assert len(snapshot.runs) == 4
-
-
-def test_parse_time_reads_iso_and_unix_times():
-    assert parse_time("2026-01-01T00:00:00+00:00") == 1767225600.0
-    assert parse_time(12.5) == 12.5
-    assert parse_time("yesterday") is None
-    assert parse_time(None) is None
 
 
 # ---------------------------------------------------------------- log tail

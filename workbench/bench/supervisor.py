@@ -256,8 +256,8 @@ RUN_CREATORS: dict[str, Callable[[Path, str], Path]] = {
 
 
 def measure_one_discovery(experiment: Path, run_id: str, mode: str) -> DiscoverySample:
+    from workbench.clock import unix_time
     from workbench.supervisor.lifecycle import TERMINAL_STATES
-    from workbench.tui.data import parse_time
 
     created_wall = time.time()
     created = time.perf_counter()
@@ -270,7 +270,7 @@ def measure_one_discovery(experiment: Path, run_id: str, mode: str) -> Discovery
         if time.perf_counter() - created > 30.0:
             raise TimeoutError(f"the supervisor did not start {run_id} within 30 s")
         time.sleep(STATE_POLL_S)
-    spawned_at = parse_time(record.get("started_at"))
+    spawned_at = unix_time(record.get("started_at"))
     spawned_ms = (spawned_at - created_wall) * 1000 if spawned_at else float("nan")
     # Delete the run so the next sample starts from the same state (and the machine stays
     # quiet): the supervisor stops its orchestrator.

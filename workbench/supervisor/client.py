@@ -12,12 +12,12 @@ which the supervisor rewrites atomically after every change, so reading it never
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+from workbench.clock import unix_time
 from workbench.supervisor import paths
 from workbench.supervisor.lifecycle import LIVE_STATES
 from workbench.supervisor.process import describe_exit, process_cmdline, process_is_alive
@@ -84,18 +84,15 @@ def process_summaries(state: dict[str, Any] | None, *, live: bool) -> list[dict[
     uptimes are left out: they describe processes that may be long gone.
     """
     rows = []
-    now = dt.datetime.now(dt.UTC)
+    now = time.time()
     for name, record in ((state or {}).get("processes") or {}).items():
         if not isinstance(record, dict):
             continue
         running = live and record.get("state") in LIVE_STATES
         uptime = None
-        if running and record.get("started_at"):
-            try:
-                started = dt.datetime.fromisoformat(str(record["started_at"]))
-                uptime = max(0.0, (now - started).total_seconds())
-            except ValueError:
-                uptime = None
+        started = unix_time(record.get("started_at")) if running else None
+        if started is not None:
+            uptime = max(0.0, now - started)
         last_exit = describe_last_exit(record)
         rows.append(
             {

@@ -21,7 +21,6 @@ everything cleanly).
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import fcntl
 import json
 import logging
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout, run_control
-from workbench.clock import now_iso
+from workbench.clock import now_iso, unix_time
 from workbench.config import ConfigError, normalize_run_id
 from workbench.experiment import write_run
 from workbench.supervisor import paths
@@ -593,14 +592,8 @@ def _field(request: dict[str, Any], name: str) -> str:
 
 
 def _seconds_between(start_iso: str | None, end_iso: str) -> float:
-    if start_iso is None:
-        return 0.0
-    try:
-        return (
-            dt.datetime.fromisoformat(end_iso) - dt.datetime.fromisoformat(start_iso)
-        ).total_seconds()
-    except ValueError:
-        return 0.0
+    start, end = unix_time(start_iso), unix_time(end_iso)
+    return 0.0 if start is None or end is None else end - start
 
 
 # ---------------------------------------------------------------- the daemon process

@@ -19,7 +19,6 @@ the phase, its step or the log line does. Once every fixed process is up the pha
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.clock import format_elapsed, now_iso
+from workbench.clock import format_elapsed, now_iso, unix_time
 from workbench.file_tail import last_lines
 from workbench.models.build_progress import BuildProgress, read_build_progress
 from workbench.supervisor.lifecycle import UP_STATES
@@ -94,13 +93,8 @@ class StartupPhase:
 
     def elapsed_s(self, now: float) -> float | None:
         """Seconds since `since` at unix time `now`; None when it has no start."""
-        if self.since is None:
-            return None
-        try:
-            started = dt.datetime.fromisoformat(self.since).timestamp()
-        except ValueError:
-            return None
-        return max(0.0, now - started)
+        started = unix_time(self.since)
+        return None if started is None else max(0.0, now - started)
 
     def describe(self, now: float) -> str:
         """The phase in one line, with the time it has taken at unix time `now`."""

@@ -20,9 +20,7 @@ rows that did not change.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime as dt
 import json
 from collections import deque
 from collections.abc import Callable
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
+from workbench.clock import unix_time
 from workbench.file_tail import AppendedLines
 from workbench.status import run_statuses
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
@@ -209,7 +208,7 @@ def live_supervisor_pid(experiment: Path) -> int | None:
 def supervisor_view(state: dict[str, Any] | None, live_pid: int | None) -> SupervisorView:
     """What the top bar says: running (with state.json's status), stopped, gone or absent."""
     recorded = str(state.get("status") or "unknown") if state else None
-    started_at = parse_time(state.get("started_at")) if state else None
+    started_at = unix_time(state.get("started_at")) if state else None
     if live_pid is not None:
         return SupervisorView(
             running=True, status=recorded or "starting", pid=live_pid, started_at=started_at
@@ -261,7 +260,7 @@ def _process_view(name: str, entry: dict[str, Any]) -> ProcessView:
         state=str(entry.get("state") or "unknown"),
         pid=_as_int(entry.get("pid")),
         restarts=_as_int(entry.get("restarts")) or 0,
-        started_at=parse_time(entry.get("started_at")),
+        started_at=unix_time(entry.get("started_at")),
         run_id=entry.get("run_id") if isinstance(entry.get("run_id"), str) else None,
         last_exit=last_exit,
     )
@@ -377,17 +376,6 @@ class _Histories:
 
 
 # ---------------------------------------------------------------- small helpers
-
-
-def parse_time(value: Any) -> float | None:
-    """Unix seconds from an ISO-8601 string or a number; None for anything else."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            # A naive time is local time, as `datetime.now().isoformat()` writes it.
-            return dt.datetime.fromisoformat(value).timestamp()
-    return None
 
 
 def _as_int(value: Any) -> int | None:
