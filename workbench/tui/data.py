@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
+from workbench.curves import MetricCurve
 from workbench.file_tail import AppendedLines
 from workbench.status import run_statuses
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
-from workbench.sweep.report import DEFAULT_METRIC, MetricCurve
+from workbench.sweep.report import DEFAULT_METRIC
 from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, RunMetric
 
 # Points of reward and loss history kept per run: enough for a chart as wide as a large
