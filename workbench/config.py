@@ -420,9 +420,10 @@ class TrackingSection(StrictModel):
     @field_validator("mode", "entity")
     @classmethod
     def _wandb_options_need_wandb(cls, value: Any, info: ValidationInfo) -> Any:
-        # Runs only for keys the recipe sets: a wandb option under trackio is a mistake.
+        # Runs only for keys the recipe sets: a wandb option under trackio is a mistake (and
+        # harmless with tracking off, so switching backend = "none" on and off is one line).
         backend = info.data.get("backend")
-        if backend is not None and backend != "wandb":
+        if backend == "trackio":
             raise ValueError(
                 f'applies to backend = "wandb" only (backend is {backend!r}): remove it or '
                 "switch the backend"

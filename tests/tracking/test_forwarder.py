@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.tracking.stores import (
-    trackio_config,
-    trackio_logs,
-    trackio_runs,
-    wandb_runs,
+from tests.tracking.records import (
+    as_trackio,
+    expected_rows,
+    trackio_rows,
+    wandb_rows,
+    write_steps,
 )
+from tests.tracking.stores import trackio_config, trackio_runs, wandb_runs
 from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
@@ -33,33 +35,6 @@ _projects = itertools.count()
 def unique_project() -> str:
     # trackio's directory is shared by the session (see tests/conftest.py): one project each.
     return f"forwarder-{next(_projects)}"
-
-
-def write_steps(run: Path, steps: range) -> None:
-    """Records as a run writes them: the orchestrator a step ahead of the trainer, an eval
-    every other step, and one step dropped and retried (two orchestrator lines)."""
-    for step in steps:
-        append_metrics(run, "orchestrator", step + 1, reward_mean=step / 10, written=True)
-        if step == 2:
-            append_metrics(run, "orchestrator", step + 1, reward_mean=0.0, written=False)
-        append_metrics(run, "trainer", step, loss=1.0 + step, adapter_note="no number")
-        if step % 2 == 0:
-            append_metrics(run, "eval", step, eval_reward_mean=step / 20)
-
-
-def expected_rows(steps: range) -> list[tuple[str, int, dict[str, float]]]:
-    """(source, step, values) of what `write_steps` wrote, in file order."""
-    rows = []
-    for step in steps:
-        rows.append(
-            ("orchestrator", step + 1, {"reward_mean": step / 10, "written": 1.0}),
-        )
-        if step == 2:
-            rows.append(("orchestrator", step + 1, {"reward_mean": 0.0, "written": 0.0}))
-        rows.append(("trainer", step, {"loss": 1.0 + step}))
-        if step % 2 == 0:
-            rows.append(("eval", step, {"eval_reward_mean": step / 20}))
-    return rows
 
 
 def two_runs(experiment: Path) -> dict[str, Path]:
@@ -78,37 +53,18 @@ def forward(experiment: Path, target: TrackingTarget) -> MetricsForwarder:
     return forwarder
 
 
+def forward_across_a_restart(experiment: Path, target: TrackingTarget) -> dict[str, Path]:
+    """Two runs: steps 0-2 forwarded, then 3-5 by a second forwarder (a restart)."""
+    runs = two_runs(experiment)
+    for steps in (range(3), range(3, 6)):
+        for run in runs.values():
+            write_steps(run, steps)
+        forward(experiment, target)
+    return runs
+
+
 def trackio_target(trackio_dir: Path, project: str) -> TrackingTarget:
     return TrackingTarget(backend="trackio", project=project, experiment=project, dir=trackio_dir)
-
-
-def trackio_rows(project: str, run: str) -> list[tuple[int, dict[str, float]]]:
-    return [
-        (row["step"], {k: v for k, v in row.items() if k not in ("step", "timestamp")})
-        for row in trackio_logs(project, run)
-    ]
-
-
-def wandb_rows(history: list[dict]) -> list[tuple[str, int, dict[str, float]]]:
-    """(source, step, values) of each wandb history row, read from its `<source>/step`."""
-    rows = []
-    for row in history:
-        steps = [key for key in row if key.endswith("/step")]
-        assert len(steps) == 1, row
-        source = steps[0].removesuffix("/step")
-        values = {
-            key.removeprefix(f"{source}/"): value
-            for key, value in row.items()
-            if key.startswith(f"{source}/") and key != steps[0]
-        }
-        rows.append((source, row[steps[0]], values))
-    return rows
-
-
-def as_trackio(rows: list[tuple[str, int, dict[str, float]]]) -> list[tuple[int, dict]]:
-    return [
-        (step, {f"{source}/{k}": v for k, v in values.items()}) for source, step, values in rows
-    ]
 
 
 # ---------------------------------------------------------------- records
@@ -166,14 +122,8 @@ def test_a_restarted_forwarder_resumes_each_trackio_run_and_sends_nothing_twice(
 ):
     project = unique_project()
     target = trackio_target(trackio_dir, project)
-    runs = two_runs(experiment)
-    for run in runs.values():
-        write_steps(run, range(3))
-    forward(experiment, target)
-    for run in runs.values():
-        write_steps(run, range(3, 6))
-    forward(experiment, target)  # a restarted supervisor
-    forward(experiment, target)  # and another, with nothing new
+    runs = forward_across_a_restart(experiment, target)
+    forward(experiment, target)  # and another restart, with nothing new
     assert trackio_runs(project) == ["run_a", "run_b"]  # resumed, not opened again
     for run_id, run in runs.items():
         assert trackio_rows(project, run_id) == as_trackio(expected_rows(range(6)))
@@ -242,14 +192,7 @@ def test_wandb_gets_every_record_of_two_runs_offline_with_its_step_and_config(
 def test_a_restarted_forwarder_continues_the_same_wandb_run_without_repeats(
     tmp_path: Path, experiment: Path
 ):
-    target = wandb_target(tmp_path / "wandb-dir")
-    runs = two_runs(experiment)
-    for run in runs.values():
-        write_steps(run, range(3))
-    forward(experiment, target)
-    for run in runs.values():
-        write_steps(run, range(3, 6))
-    forward(experiment, target)
+    runs = forward_across_a_restart(experiment, wandb_target(tmp_path / "wandb-dir"))
     stored = wandb_runs(tmp_path / "wandb-dir")
     for run_id in runs:
         assert stored[run_id].sessions == 2  # one wandb run, continued

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from workbench.clock import format_duration
 from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
-from workbench.status import run_statuses
+from workbench.status import run_statuses, supervisor_warnings
 from workbench.supervisor.client import process_summaries, read_state, running_supervisor_pid
 from workbench.sweep.values import describe_values
 
@@ -37,10 +37,13 @@ def status(
     rung so far and its rank there (rank 1 is the best; `6/8`: sixth of the eight runs that
     had recorded the rung when it was judged).
 
+    Warnings follow: what the supervisor reports wrong without stopping anything (experiment
+    tracking failing, for one).
+
     --json prints {"experiment", "supervisor": {"running", "pid", "status"}, "runs": [{"id",
     "status", "step", "reason", "values", "asha": null or {"rung", "step", "value",
     "cutoff", "rank", "of", "decision"}, ...}], "processes": [{"name", "state", "pid",
-    "restarts", "uptime_s", "reason", "last_exit", ...}]}.
+    "restarts", "uptime_s", "reason", "last_exit", ...}], "warnings": ["..."]}.
     """
     path = experiment_or_fail(experiment)
     runs = run_statuses(path)
@@ -52,6 +55,7 @@ def status(
         "pid": supervisor_pid,
         "status": (state or {}).get("status") if supervisor_pid else "not running",
     }
+    warnings = supervisor_warnings(state)
     if as_json:
         print(
             json.dumps(
@@ -60,6 +64,7 @@ def status(
                     "supervisor": supervisor,
                     "runs": [r.to_json() for r in runs],
                     "processes": processes,
+                    "warnings": warnings,
                 },
                 indent=2,
             )
@@ -85,6 +90,8 @@ def status(
         table.add_row(*cells, escape(reason))
     console.print(table)
     _print_processes(supervisor, processes)
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 def _print_processes(supervisor: dict, processes: list[dict]) -> None:

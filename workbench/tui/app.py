@@ -94,6 +94,7 @@ class WorkbenchApp(App[None]):
         self.log_max_lines = log_max_lines
         self._reader = reader or ExperimentReader(self.experiment)
         self._polling = False
+        self._warned: set[str] = set()
         self.polls = 0  # completed polls; tests wait on it
 
     def on_mount(self) -> None:
@@ -122,6 +123,10 @@ class WorkbenchApp(App[None]):
         self._polling = False
         self.polls += 1
         self.snapshot = snapshot
+        for warning in snapshot.warnings:  # each once: state.json keeps listing it
+            if warning not in self._warned:
+                self._warned.add(warning)
+                self.notify(warning, title="supervisor warning", severity="warning", timeout=10)
 
     def _poll_failed(self, err: Exception) -> None:
         self._polling = False

@@ -32,7 +32,7 @@ from typing import Any
 from workbench import layout
 from workbench.curves import MetricCurve
 from workbench.file_tail import AppendedLines
-from workbench.status import run_statuses
+from workbench.status import run_statuses, supervisor_warnings
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.sweep.report import DEFAULT_METRIC
 from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, RunMetric
@@ -99,6 +99,7 @@ class ExperimentSnapshot:
     runs: tuple[RunView, ...] = ()
     processes: tuple[ProcessView, ...] = ()
     leaderboard: Leaderboard | None = None
+    warnings: tuple[str, ...] = ()  # the supervisor's (experiment tracking failing, ...)
 
     def run(self, run_id: str) -> RunView | None:
         return next((run for run in self.runs if run.id == run_id), None)
@@ -339,6 +340,7 @@ class ExperimentReader:
             runs=tuple(runs),
             processes=process_views(state, supervisor),
             leaderboard=self._leaderboard.leaderboard(ranking, ranked),
+            warnings=tuple(supervisor_warnings(state)),
         )
 
     def _follow_curves(self, metrics: frozenset[str]) -> None:
