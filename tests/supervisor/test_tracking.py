@@ -73,16 +73,19 @@ def test_every_record_of_two_runs_lands_once_through_a_supervisor_restart(
         run_id: [row for part in steps[run_id] for row in expected_rows(range(part, part + 1))]
         for run_id in run_ids
     }
+    # The project is not the experiment's own: run names carry the experiment's name.
+    names = {run_id: f"standins-{run_id}" for run_id in run_ids}
     if backend == "trackio":
-        assert trackio_runs(project) == run_ids
-        for run_id in run_ids:
-            assert trackio_rows(project, run_id) == as_trackio(expected[run_id])
+        assert trackio_runs(project) == list(names.values())
+        for run_id, name in names.items():
+            assert trackio_rows(project, name) == as_trackio(expected[run_id])
     else:
         stored = wandb_runs(directory)
-        assert sorted(stored) == run_ids
-        for run_id in run_ids:
-            assert stored[run_id].sessions == 2 and stored[run_id].finished
-            assert wandb_rows(stored[run_id].history) == expected[run_id]
+        assert sorted(stored) == list(names.values())
+        for run_id, name in names.items():
+            assert stored[name].sessions == 2 and stored[name].finished
+            assert stored[name].group == "standins" and stored[name].config["max_steps"] == 30
+            assert wandb_rows(stored[name].history) == expected[run_id]
 
 
 def test_a_failing_tracker_is_a_warning_in_status_and_the_runs_go_on(
@@ -93,6 +96,7 @@ def test_a_failing_tracker_is_a_warning_in_status_and_the_runs_go_on(
     track_with(standin, {"backend": "wandb", "dir": str(blocked / "wandb")})
     standin.add_runs("run_a")
     standin.start()
+    standin.wait_for_process("run_a", "running")
     write_steps(layout.run_dir(standin.path, "run_a"), range(2))
     warnings = wait_for(lambda: standin.state().get("warnings"), 60.0, "a tracking warning")
     assert len(warnings) == 1 and warnings[0].startswith("tracking (wandb): run_a: ")

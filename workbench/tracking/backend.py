@@ -47,7 +47,7 @@ def open_backend(target: TrackingTarget, experiment: Path) -> Backend:
     if target.backend == "trackio":
         from workbench.tracking.trackio_backend import TrackioBackend
 
-        return TrackioBackend(target.dir)
+        return TrackioBackend(target.dir, target.project)
     if target.backend == "wandb":
         from workbench.tracking.wandb_backend import WandbBackend
 

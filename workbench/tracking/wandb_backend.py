@@ -8,11 +8,14 @@ folder for each session of the run; `wandb sync` uploads them in order, as one r
 
 from __future__ import annotations
 
+import logging
 import secrets
 from pathlib import Path
 from typing import Any
 
 from workbench.tracking.backend import TrackedRun
+
+log = logging.getLogger("workbench.tracking")
 
 
 class WandbBackend:
@@ -37,6 +40,13 @@ class WandbBackend:
             x_disable_stats=True,
             x_disable_meta=True,
         )
+        if mode == "offline":
+            log.info(
+                "tracking: wandb runs offline in %s; upload them with "
+                "`wandb sync %s/offline-run-*`",
+                directory / "wandb",
+                directory / "wandb",
+            )
 
     def open_run(self, run: TrackedRun, resume_id: str | None) -> WandbRun:
         self._directory.mkdir(parents=True, exist_ok=True)
