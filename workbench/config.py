@@ -408,8 +408,10 @@ class TrackingSection(StrictModel):
     @field_validator("backend")
     @classmethod
     def _library_installed(cls, backend: str) -> str:
-        # A recipe error before launch, not a warning once the runs are going.
-        if backend != "none" and importlib.util.find_spec(backend) is None:
+        # A recipe error before launch, not a warning once the runs are going. A spec without
+        # an origin is a bare folder of that name (wandb's own ./wandb output), no library.
+        spec = importlib.util.find_spec(backend) if backend != "none" else None
+        if backend != "none" and (spec is None or spec.origin is None):
             raise ValueError(
                 f"{backend} is not installed in this environment ({sys.executable}); install "
                 f"it with `pip install {backend}` or `pip install -e '.[tracking]'`, or set "
