@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any
 from workbench import layout
 from workbench.curves import MetricCurve
 from workbench.file_tail import AppendedLines
+from workbench.metrics import parse_record
 from workbench.status import run_statuses, supervisor_warnings
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.sweep.report import DEFAULT_METRIC
@@ -162,12 +162,9 @@ class MetricsReader:
         return parsed
 
     def _consume(self, raw: bytes) -> bool:
-        try:
-            record = json.loads(raw)
-        except ValueError:
+        record = parse_record(raw)
+        if record is None:
             return False  # a corrupt line is skipped, not fatal: the next one may be fine
-        if not isinstance(record, dict):
-            return False
         source = record.get("source")
         step = _as_int(record.get("step"))
         if step is not None:
