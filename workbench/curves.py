@@ -18,6 +18,7 @@ TUI draws the same curves in the terminal (`workbench.tui.widgets.curves`).
 
 from __future__ import annotations
 
+import colorsys
 import io
 import math
 from collections.abc import Sequence
@@ -35,6 +36,23 @@ Points = list[tuple[int, float]]  # (step, value), by step
 
 REWARD_METRIC = "reward_mean"  # the orchestrator's mean reward of each step's batch
 EVAL_METRIC = "eval_reward_mean"  # the held-out score of each policy version evaluated
+# What a chart of every run shows, and what to call each: `workbench plot`'s panels, the
+# TUI's curves screen.
+COMPARED_METRICS = {
+    REWARD_METRIC: f"{REWARD_METRIC} (training batch)",
+    EVAL_METRIC: f"{EVAL_METRIC} (held-out prompts)",
+}
+# matplotlib's tab10 and tab20, written out so that the TUI draws each run in the colour
+# `workbench plot` gives it, without matplotlib.
+TAB10 = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)  # fmt: skip
+TAB20 = (
+    "#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728",
+    "#ff9896", "#9467bd", "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2",
+    "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d", "#17becf", "#9edae5",
+)  # fmt: skip
 
 
 class NothingToPlot(Exception):
@@ -111,17 +129,19 @@ def experiment_panels(experiment: Path) -> list[Panel]:
         raise NothingToPlot(
             f"no run of {experiment} has a reward or eval record in its metrics.jsonl yet"
         )
-    panels = [Panel(f"{REWARD_METRIC} (training batch)", rewards)]
+    panels = [Panel(COMPARED_METRICS[REWARD_METRIC], rewards)]
     if evals:
-        panels.append(Panel(f"{EVAL_METRIC} (held-out prompts)", evals, markers=True))
+        panels.append(Panel(COMPARED_METRICS[EVAL_METRIC], evals, markers=True))
     return panels
 
 
 # ---------------------------------------------------------------- drawing
 
 
-def draw(panels: list[Panel], title: str) -> Figure:
+def draw(panels: list[Panel], title: str, run_ids: Sequence[str] = ()) -> Figure:
     """The panels side by side, every run in its own colour, one legend on the right.
+    `run_ids`, every run in order, gives each its colour whether or not it has a line (as
+    the TUI does); by default the runs of the lines do.
 
     Raises ImportError without matplotlib.
     """
@@ -131,7 +151,7 @@ def draw(panels: list[Panel], title: str) -> Figure:
     figure = Figure(figsize=(6 * len(panels) + 2, 5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes_list = figure.subplots(1, len(panels), squeeze=False)[0]
-    colours = run_colours([line.run_id for panel in panels for line in panel.lines])
+    colours = run_colours([*run_ids, *(line.run_id for panel in panels for line in panel.lines)])
     legend: dict[str, Any] = {}
     for axes, panel in zip(axes_list, panels, strict=True):
         for label, drawn in draw_panel(axes, panel, colours).items():
@@ -148,7 +168,7 @@ def draw(panels: list[Panel], title: str) -> Figure:
     return figure
 
 
-def draw_panel(axes: Any, panel: Panel, colours: dict[str, Any]) -> dict[str, Any]:
+def draw_panel(axes: Any, panel: Panel, colours: dict[str, str]) -> dict[str, Any]:
     """`panel` on matplotlib `axes`, each line in its run's colour (`run_colours`); returns
     the drawn lines by legend label, for the caller to place a legend."""
     drawn_by_label: dict[str, Any] = {}
@@ -200,22 +220,21 @@ def image_format(path: Path) -> str:
     return suffix
 
 
-def run_colours(run_ids: list[str]) -> dict[str, Any]:
-    """A colour per run, in order of first appearance: tab10, tab20 beyond ten runs, and
-    evenly spaced turbo colours beyond twenty."""
-    from matplotlib import colormaps
-
+def run_colours(run_ids: list[str]) -> dict[str, str]:
+    """A colour per run ("#rrggbb"), in order of first appearance: tab10, tab20 beyond ten
+    runs, and evenly spaced hues beyond twenty."""
     unique = list(dict.fromkeys(run_ids))
-    if len(unique) <= 10:
-        palette = colormaps["tab10"].colors
-    elif len(unique) <= 20:
-        palette = colormaps["tab20"].colors
+    if len(unique) <= len(TAB10):
+        palette = list(TAB10)
+    elif len(unique) <= len(TAB20):
+        palette = list(TAB20)
     else:
-        turbo = colormaps["turbo"]
-        palette = [turbo(i / (len(unique) - 1)) for i in range(len(unique))]
+        hues = [colorsys.hsv_to_rgb(i / len(unique), 0.65, 0.95) for i in range(len(unique))]
+        palette = ["#" + "".join(f"{round(c * 255):02x}" for c in rgb) for rgb in hues]
     return {run_id: palette[i] for i, run_id in enumerate(unique)}
 
 
 def experiment_figure(experiment: Path) -> Figure:
     """`workbench plot`: every run's reward and eval curves (NothingToPlot without any)."""
-    return draw(experiment_panels(experiment), f"{experiment.name}: every run by step")
+    run_ids = [run.name for run in layout.list_run_dirs(experiment)]
+    return draw(experiment_panels(experiment), f"{experiment.name}: every run by step", run_ids)

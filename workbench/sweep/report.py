@@ -30,7 +30,7 @@ from typing import Any
 
 from workbench import layout, run_control
 from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_config, read_toml
-from workbench.curves import Line, Panel, draw, image_bytes, metric_curve
+from workbench.curves import EVAL_METRIC, Line, Panel, draw, image_bytes, metric_curve
 from workbench.metrics import read_metrics
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import AshaRecord, read_asha
@@ -39,7 +39,7 @@ from workbench.sweep.scheduler import EVICTED_BY
 from workbench.sweep.spec import AshaSpec
 from workbench.sweep.values import flatten_values
 
-DEFAULT_METRIC = "eval_reward_mean"
+DEFAULT_METRIC = EVAL_METRIC
 DEFAULT_MODE = "max"
 RANKINGS = ("last", "asymptote")
 REPORT_JSON = "sweep_report.json"

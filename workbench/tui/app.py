@@ -33,6 +33,7 @@ from workbench.tui.messages import (
     EvictRun,
     RestartProcess,
     RestartRun,
+    ShowCurves,
     ShowLeaderboard,
     ShowRun,
     ShowSamples,
@@ -40,6 +41,7 @@ from workbench.tui.messages import (
 )
 from workbench.tui.screens.add_run import AddRunRequest, AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
+from workbench.tui.screens.curves import CurvesScreen
 from workbench.tui.screens.evict import EvictScreen
 from workbench.tui.screens.help import HelpScreen
 from workbench.tui.screens.leaderboard import LeaderboardScreen
@@ -150,6 +152,10 @@ class WorkbenchApp(App[None]):
     @on(ShowLeaderboard)
     def _show_leaderboard(self) -> None:
         self.push_screen(LeaderboardScreen())
+
+    @on(ShowCurves)
+    def _show_curves(self) -> None:
+        self.push_screen(CurvesScreen())
 
     # ------------------------------------------------------------ eviction
 

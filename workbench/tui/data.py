@@ -7,7 +7,9 @@ to repeat every second:
 - run states come from `workbench.status.run_statuses`, so the TUI and `workbench status`
   always agree;
 - each run's `metrics.jsonl` is read incrementally from the byte offset reached last time
-  (a file that shrinks or is replaced is read again from the start), never whole;
+  (a file that shrinks or is replaced is read again from the start), never whole; its
+  reward and eval curves by step are gathered as `workbench plot` reads them
+  (`workbench.curves.MetricCurve`);
 - processes come from `supervisor/state.json`, which may be absent (no supervisor yet),
   or stale (the supervisor died): both are shown, not raised;
 - the leaderboard ranks the runs as `workbench sweep report` does (`tui.leaderboard`),
@@ -29,12 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
-from workbench.curves import MetricCurve
+from workbench.curves import EVAL_METRIC, REWARD_METRIC, MetricCurve
 from workbench.file_tail import AppendedLines
 from workbench.metrics import parse_record
 from workbench.status import run_statuses, supervisor_warnings
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
-from workbench.sweep.report import DEFAULT_METRIC
 from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, RunMetric
 
 # Points of reward and loss history kept per run: enough for a chart as wide as a large
@@ -45,8 +46,9 @@ HISTORY_POINTS = 1000
 METRICS_READ_LIMIT = 4 * 1024 * 1024
 
 SUPERVISOR_PROCESS = "supervisor"
-# The run detail's eval curve: the held-out reward each eval record carries.
-EVAL_METRIC = DEFAULT_METRIC
+# Every run's curves of these, by step: the curves screen draws them side by side, the run
+# detail its eval curve.
+FOLLOWED_CURVES = frozenset({REWARD_METRIC, EVAL_METRIC})
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class RunView:
     reward: float | None = None
     rewards: tuple[float, ...] = ()
     losses: tuple[float, ...] = ()
+    reward_curve: tuple[tuple[int, float], ...] = ()  # (step, reward_mean), by step
     evals: tuple[tuple[int, float], ...] = ()  # (step, eval_reward_mean), by step
     last_update: float | None = None
     evicted_by: str | None = None
@@ -124,7 +127,7 @@ class MetricsReader:
         self,
         path: Path,
         history: int = HISTORY_POINTS,
-        curve_metrics: frozenset[str] = frozenset({EVAL_METRIC}),
+        curve_metrics: frozenset[str] = FOLLOWED_CURVES,
     ) -> None:
         self.path = path
         self._history = history
@@ -285,12 +288,12 @@ class ExperimentReader:
         self._metrics: dict[str, MetricsReader] = {}
         self._histories: dict[str, _Histories] = {}
         self._leaderboard = LeaderboardReader(experiment)
-        self._curve_metrics = frozenset({EVAL_METRIC})
+        self._curve_metrics = FOLLOWED_CURVES
 
     def poll(self) -> ExperimentSnapshot:
         statuses = run_statuses(self.experiment)
         ranking = self._leaderboard.ranking()
-        self._follow_curves(frozenset({EVAL_METRIC, ranking.metric}))
+        self._follow_curves(FOLLOWED_CURVES | {ranking.metric})
         seen = {status.id for status in statuses}
         for gone in set(self._metrics) - seen:
             del self._metrics[gone]
@@ -324,6 +327,7 @@ class ExperimentReader:
                     reward=rewards[-1] if rewards else None,
                     rewards=rewards,
                     losses=histories.losses,
+                    reward_curve=histories.curves[REWARD_METRIC],
                     evals=histories.curves[EVAL_METRIC],
                     last_update=metrics.last_time,
                     evicted_by=status.evicted_by,
