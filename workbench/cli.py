@@ -1,7 +1,7 @@
 """The `workbench` command line: one thin function per command, that parses options and
 prints; the work lives elsewhere (`workbench.up` is all of `up`). Here: the app and the
 commands that run an experiment (up, evict, attach, down, restart, logs). In modules of
-their own: `status`, `export`, `samples` and `runs`, `sft` and `model`, `sweep`
+their own: `status`, `plot`, `export`, `samples` and `runs`, `sft` and `model`, `sweep`
 (`workbench/commands/`) and `bench` (`bench/cli.py`).
 
 Exit codes: 0 success, 1 the command failed (a run or experiment it names is unknown, ...),
@@ -33,6 +33,7 @@ from workbench.commands.common import (
     warn,
 )
 from workbench.commands.models import model_app, sft
+from workbench.commands.plot import plot
 from workbench.commands.runs import export, runs_app, samples
 from workbench.commands.status import status
 from workbench.commands.sweep import print_run_plan, sweep_app
@@ -139,6 +140,7 @@ def up(
 
 # Commands that live in modules of their own; registered in the order `--help` lists them.
 app.command()(status)
+app.command()(plot)
 
 
 @app.command()

@@ -6,7 +6,7 @@ do. Nothing here touches a process: the supervisor, trainer and orchestrators im
 
 - `Recipe`: what a user writes (`recipes/*.toml`): experiment, model, inference, trainer,
   `[defaults]` for every run's orchestrator, `[[runs]]` overriding them and a `[sweep]`
-  that expands into more runs (`workbench.sweep`).
+  that expands into more runs (`workbench.sweep`) and `[tracking]` (`workbench.tracking`).
 - `OrchestratorConfig`: one run's `control/orch.toml`. Every field has a default, so an
   empty file is a valid run that takes all defaults.
 - `TrainerConfig`, `InferenceConfig`: what the supervisor hands the trainer and vLLM.
@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import importlib.util
 import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -24,7 +26,15 @@ from typing import Any, Literal
 
 import tomlkit
 import tomlkit.exceptions
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from workbench import layout
 from workbench.sweep.spec import SweepSection
@@ -374,6 +384,55 @@ class TrainerSection(StrictModel):
     )
 
 
+class TrackingSection(StrictModel):
+    """Experiment tracking: the supervisor forwards every record of each run's metrics.jsonl
+    to a tracker (`workbench.tracking`); trainer and orchestrators know nothing of it."""
+
+    backend: Literal["none", "trackio", "wandb"] = Field(
+        "none",
+        description="none, trackio (local SQLite and a local dashboard: `trackio show`) or "
+        "wandb (offline unless mode = online); one tracker run per workbench run",
+    )
+    project: str | None = Field(None, description="default: the experiment's name")
+    dir: Path | None = Field(
+        None,
+        description="where the tracker keeps its files (relative: to where `workbench up` "
+        "runs); default: trackio's own ($TRACKIO_DIR or ~/.cache/huggingface/trackio), "
+        "the experiment directory for wandb (its wandb/ folder)",
+    )
+    mode: Literal["offline", "online"] = Field(
+        "offline", description="wandb only: online also uploads, with your wandb login"
+    )
+    entity: str | None = Field(None, description="wandb only: the team or user to log under")
+
+    @field_validator("backend")
+    @classmethod
+    def _library_installed(cls, backend: str) -> str:
+        # A recipe error before launch, not a warning once the runs are going. A spec without
+        # an origin is a bare folder of that name (wandb's own ./wandb output), no library.
+        spec = importlib.util.find_spec(backend) if backend != "none" else None
+        if backend != "none" and (spec is None or spec.origin is None):
+            raise ValueError(
+                f"{backend} is not installed in this environment ({sys.executable}); install "
+                f"it with `pip install {backend}` or `pip install -e '.[tracking]'`, or set "
+                'backend = "none"'
+            )
+        return backend
+
+    @field_validator("mode", "entity")
+    @classmethod
+    def _wandb_options_need_wandb(cls, value: Any, info: ValidationInfo) -> Any:
+        # Runs only for keys the recipe sets: a wandb option under trackio is a mistake (and
+        # harmless with tracking off, so switching backend = "none" on and off is one line).
+        backend = info.data.get("backend")
+        if backend == "trackio":
+            raise ValueError(
+                f'applies to backend = "wandb" only (backend is {backend!r}): remove it or '
+                "switch the backend"
+            )
+        return value
+
+
 class RunSpec(BaseModel):
     """One `[[runs]]` table: an id and any orchestrator keys that override `[defaults]`."""
 
@@ -414,6 +473,10 @@ class Recipe(StrictModel):
     # Once loaded, the sweep's runs are already in `runs`, after the [[runs]].
     sweep: SweepSection | None = Field(
         None, description="runs made by varying `[defaults]` keys, after the `[[runs]]`"
+    )
+    tracking: TrackingSection = Field(
+        default_factory=TrackingSection,
+        description="every run's metrics forwarded to trackio or wandb by the supervisor",
     )
 
     @property

@@ -11,6 +11,8 @@
   in place (the bytes just before the offset changed) is followed again from its start,
   so a process that recreates its log is followed into the new one; `restarts` counts
   that. `read_limit` bounds one call, so a burst of output is handed over in slices.
+  `read_with_ends` gives each line's end offset, and `AppendedLines.resuming` starts again
+  just past one, so a follower that keeps that offset on disk picks up where it stopped.
 """
 
 from __future__ import annotations
@@ -99,7 +101,25 @@ class AppendedLines:
             follower._initial_lines = count
         return follower
 
+    @classmethod
+    def resuming(cls, path: Path, inode: int, offset: int) -> AppendedLines:
+        """Continuing just past a line that ends at `offset` of the file whose inode is
+        `inode` (as `read_with_ends` gave it); another or a shorter file is followed from its
+        start, as a replaced one is."""
+        follower = cls(path)
+        follower.offset, follower._inode = offset, inode
+        return follower
+
+    @property
+    def inode(self) -> int | None:
+        """The inode of the file followed; None until it has been seen."""
+        return self._inode
+
     def read(self) -> list[bytes]:
+        return [line for line, _ in self.read_with_ends()]
+
+    def read_with_ends(self) -> list[tuple[bytes, int]]:
+        """As `read`, each line with the offset just past its newline."""
         try:
             with open(self.path, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
@@ -117,13 +137,18 @@ class AppendedLines:
                 chunk = handle.read(min(size - self.offset, self.read_limit))
         except (FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError):
             return []
+        start = self.offset - len(self._partial)  # where the held-back line began
         self.offset += len(chunk)
         self.bytes_read += len(chunk)
         self._anchor = (self._anchor + chunk)[-_ANCHOR_BYTES:]
         *complete, self._partial = (self._partial + chunk).split(b"\n")
-        if skip_first_line and complete:
-            complete = complete[1:]
-        return complete
+        ends = []
+        for line in complete:
+            start += len(line) + 1
+            ends.append((line, start))
+        if skip_first_line and ends:
+            ends = ends[1:]
+        return ends
 
     def _first_offset(self, handle: BinaryIO, size: int) -> tuple[int, bool]:
         """Where the first read starts, and whether it lands mid-line."""

@@ -11,6 +11,7 @@ these paths by hand: they come from here, so a rename is a one-line change.
       logs/                     inference.log, trainer.log, supervisor.log
       trainer/runs.json         the trainer's view: which run holds which slot, progress
       sweep/                    plan.json (runs and their swept values), asha.json (rungs)
+      tracking/                 <run_id>.json: how far each run's metrics were forwarded
       run_<id>/
         control/orch.toml, config_validation_error.txt, evicted.txt, finished.txt
         checkpoints/step_N/{trainer,orchestrator}/   rollouts/step_N/   broadcast/step_N/
@@ -95,6 +96,16 @@ def sweep_plan_path(experiment: Path) -> Path:
 def asha_state_path(experiment: Path) -> Path:
     """Written by the supervisor's early stopping: every rung decision so far."""
     return sweep_dir(experiment) / "asha.json"
+
+
+def tracking_dir(experiment: Path) -> Path:
+    return experiment / "tracking"
+
+
+def tracking_progress_path(experiment: Path, run_id: str) -> Path:
+    """Written by the supervisor's tracking: the tracker run of `run_id` and how much of
+    its metrics.jsonl was forwarded to it."""
+    return tracking_dir(experiment) / f"{run_id}.json"
 
 
 def run_dir(experiment: Path, run_id: str) -> Path:

@@ -4,6 +4,10 @@ The trainer and the orchestrator both append to the same file. Each record is on
 written with a single `write` on a file opened with O_APPEND, so lines from two writers
 never interleave. A line left without its end (a full disk) is skipped by readers and does
 not take the next record with it.
+
+`read_metrics` reads the whole file. A follower that reads it as it grows (early stopping,
+experiment tracking, the TUI) takes its appended lines with `workbench.file_tail` and each
+line's record with `parse_record`, so every reader skips the same lines.
 """
 
 from __future__ import annotations
@@ -34,17 +38,23 @@ def append_metrics(run: Path, source: str, step: int, **values: Any) -> dict[str
     return record
 
 
+def parse_record(line: bytes | str) -> dict[str, Any] | None:
+    """One line of metrics.jsonl as its record; None for a torn or foreign line."""
+    try:
+        record = json.loads(line)
+    except ValueError:  # not JSON, or bytes that are not UTF-8
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def read_metrics(run: Path, source: str | None = None) -> list[dict[str, Any]]:
     """Every record (optionally of one source); a torn or foreign line is skipped."""
     records = []
     try:
-        with open(layout.metrics_path(run), encoding="utf-8") as handle:
+        with open(layout.metrics_path(run), "rb") as handle:
             for line in handle:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(record, dict) and (source is None or record.get("source") == source):
+                record = parse_record(line)
+                if record is not None and (source is None or record.get("source") == source):
                     records.append(record)
     except FileNotFoundError:
         pass

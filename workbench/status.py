@@ -11,6 +11,9 @@ Precedence: evicted > rejected > finished > active > waiting.
 
 A sweep adds what each run varies (`values`, from `sweep/plan.json`) and its standing in
 early stopping (`asha`: its highest rung so far, from `sweep/asha.json`).
+
+`supervisor_warnings` reads what the supervisor says is wrong without stopping anything
+(experiment tracking failing, for one), from its state.json.
 """
 
 from __future__ import annotations
@@ -77,6 +80,14 @@ def run_statuses(experiment: Path) -> list[RunStatus]:
             status.asha = _standing(standings[run.name])
         statuses.append(status)
     return statuses
+
+
+def supervisor_warnings(state: dict[str, Any] | None) -> list[str]:
+    """The `warnings` of a supervisor's state.json (one line each); none if it has none."""
+    warnings = (state or {}).get("warnings")
+    if not isinstance(warnings, list):
+        return []
+    return [str(warning) for warning in warnings if warning]
 
 
 def _standing(result: RungResult) -> dict[str, Any]:

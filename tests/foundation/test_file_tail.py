@@ -125,3 +125,47 @@ def test_one_read_hands_over_at_most_read_limit_bytes(tmp_path):
     while chunk := follower.read():
         rest += chunk
     assert [*first, *rest] == [f"line {i}".encode() for i in range(1000)]
+
+
+def test_each_line_comes_with_the_offset_just_past_it_across_held_back_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    write(path, "one\ntw")
+    tail = AppendedLines(path, read_limit=3)  # slices cut lines in the middle
+    ends = []
+    for _ in range(5):
+        ends += tail.read_with_ends()
+    write(path, "o\nthree\n")
+    for _ in range(5):
+        ends += tail.read_with_ends()
+    content = path.read_bytes()
+    assert [line for line, _ in ends] == [b"one", b"two", b"three"]
+    assert [end for _, end in ends] == [4, 8, 14]
+    assert all(content[end - 1 : end] == b"\n" for _, end in ends)
+
+
+def test_resuming_past_a_line_hands_out_only_what_follows_it(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    write(path, "one\ntwo\n")
+    first = AppendedLines(path)
+    (_, end), _ = first.read_with_ends()
+    write(path, "three\n")
+    resumed = AppendedLines.resuming(path, first.inode, end)
+    assert resumed.read() == [b"two", b"three"]
+    assert resumed.restarts == 0
+
+
+@pytest.mark.parametrize("replace", ["new inode", "shorter"])
+def test_resuming_in_another_or_a_shorter_file_starts_from_its_start(tmp_path, replace):
+    path = tmp_path / "metrics.jsonl"
+    write(path, "one\ntwo\n")
+    inode = os.stat(path).st_ino
+    if replace == "new inode":
+        path.unlink()
+        write(tmp_path / "other", "")  # keeps the freed inode from coming straight back
+        write(path, "fresh\nfile\nlonger\n")
+        assert os.stat(path).st_ino != inode
+    else:
+        write(path, "x\n", mode="w")
+    resumed = AppendedLines.resuming(path, inode, 8)
+    assert resumed.read() == ([b"fresh", b"file", b"longer"] if replace == "new inode" else [b"x"])
+    assert resumed.restarts == 1

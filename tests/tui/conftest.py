@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from rich.text import Text
 from textual.pilot import Pilot
+from textual.widgets._footer import FooterKey
 
 from tests.tui.synthetic import FROZEN_NOW, build_experiment
 from workbench.tui.app import WorkbenchApp
@@ -103,3 +104,28 @@ async def next_polls(pilot: Pilot, app: WorkbenchApp, count: int = 2) -> None:
     """Wait for `count` more complete polls of the experiment directory."""
     target = app.polls + count
     await wait_until(pilot, lambda: app.polls >= target, what=f"{count} polls")
+
+
+async def press_for(pilot, key: str, screen_type: type) -> None:
+    """Press `key`, then wait for the screen it opens (or goes back to) to be shown."""
+    await pilot.press(key)
+    app = pilot.app
+    await wait_until(pilot, lambda: isinstance(app.screen, screen_type), what=screen_type.__name__)
+
+
+def footer_keys(app) -> list[str]:
+    """The keys the footer of the current screen shows, as "key description"."""
+    return [f"{key.key_display} {key.description}" for key in app.screen.query(FooterKey)]
+
+
+async def footer_shown(pilot, key: str) -> list[str]:
+    """The current screen's footer keys, once `key` is among them (the footer is laid out
+    after the screen)."""
+    app = pilot.app
+    await wait_until(pilot, lambda: key in footer_keys(app), what=f"{key!r} in the footer")
+    await pilot.pause()
+    return footer_keys(app)
+
+
+def footer_fits(app) -> bool:
+    return all(key.region.right <= app.size.width for key in app.screen.query(FooterKey))

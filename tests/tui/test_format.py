@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from workbench.tui.format import format_age, format_count, sparkline
-from workbench.tui.widgets.curves import braille_plot, resample, resample_by_step
+from workbench.tui.widgets.curves import (
+    BrailleCanvas,
+    braille_plot,
+    resample,
+    resample_by_step,
+    step_columns,
+)
 from workbench.tui.widgets.keyed_table import shorten_middle
 
 
@@ -52,3 +58,20 @@ def test_resample_by_step_places_each_point_at_its_step():
     assert resample_by_step([(0, 0.0), (20, 1.0)], 3) == [0.0, 0.5, 1.0]
     assert resample_by_step([(10, 0.4)], 3) == [0.4, 0.4, 0.4]
     assert resample_by_step([], 3) == []
+
+
+def test_a_run_sits_on_the_step_axis_only_where_it_has_steps():
+    # On an axis of steps 0-20 across 21 dot columns, a run of steps 10-20 takes the right
+    # half, linear between its points.
+    columns = step_columns([(10, 0.0), (20, 1.0)], dots=21, first=0, last=20)
+    assert [x for x, _ in columns] == list(range(10, 21))
+    assert columns[0] == (10, 0.0) and columns[5] == (15, 0.5) and columns[-1] == (20, 1.0)
+    assert step_columns([], dots=21, first=0, last=20) == []
+
+
+def test_each_cell_takes_the_colour_of_the_last_run_drawn_through_it():
+    canvas = BrailleCanvas(width=4, height=1)
+    canvas.draw_line([(x, 0.0) for x in range(8)], low=0.0, high=1.0, series=0)  # all along
+    canvas.draw_line([(x, 0.0) for x in range(4, 8)], low=0.0, high=1.0, series=1)  # right half
+    (row,) = canvas.styled_rows(["red", "blue"])
+    assert [str(span.style) for span in row.spans] == ["red", "red", "blue", "blue"]

@@ -11,9 +11,15 @@ import json
 from pathlib import Path
 
 import pytest
-from textual.widgets._footer import FooterKey
 
-from tests.tui.conftest import next_polls, rows, wait_until
+from tests.tui.conftest import (
+    footer_fits,
+    footer_shown,
+    next_polls,
+    press_for,
+    rows,
+    wait_until,
+)
 from tests.tui.synthetic import (
     STOPPED_EARLY_REASON,
     append_metrics,
@@ -46,37 +52,12 @@ def sweep(tmp_path: Path) -> Path:
     return build_sweep_experiment(tmp_path)
 
 
-async def press_for(pilot, key: str, screen_type: type) -> None:
-    """Press `key`, then wait for the screen it opens (or goes back to) to be shown."""
-    await pilot.press(key)
-    app = pilot.app
-    await wait_until(pilot, lambda: isinstance(app.screen, screen_type), what=screen_type.__name__)
-
-
 async def open_leaderboard(pilot, app) -> LeaderboardTable:
     await next_polls(pilot, app)
     await press_for(pilot, "b", LeaderboardScreen)
     table = app.screen.query_one(LeaderboardTable)
     await wait_until(pilot, lambda: table.row_count > 0, what="the leaderboard's rows")
     return table
-
-
-def footer_keys(app) -> list[str]:
-    """The keys the footer of the current screen shows, as "key description"."""
-    return [f"{key.key_display} {key.description}" for key in app.screen.query(FooterKey)]
-
-
-async def footer_shown(pilot, key: str) -> list[str]:
-    """The current screen's footer keys, once `key` is among them (the footer is laid out
-    after the screen)."""
-    app = pilot.app
-    await wait_until(pilot, lambda: key in footer_keys(app), what=f"{key!r} in the footer")
-    await pilot.pause()
-    return footer_keys(app)
-
-
-def footer_fits(app) -> bool:
-    return all(key.region.right <= app.size.width for key in app.screen.query(FooterKey))
 
 
 def selected_text(app) -> str:
@@ -216,7 +197,7 @@ async def test_at_80x24_every_row_and_column_fits_and_ids_are_whole(sweep, make_
         assert sum(widths.values()) + padding <= table.region.width - 1  # and the scrollbar
         assert table.region.height >= len(RANKED) + 2  # every row, under border and header
         keys = await footer_shown(pilot, "b back")
-        assert keys == ["b back", "e evict", "r restart", "q quit", "? help"]
+        assert keys == ["b back", "c curves", "e evict", "r restart", "q quit", "? help"]
         assert footer_fits(app)
 
 

@@ -1,5 +1,5 @@
 """Screenshots of the main screen and the leaderboard at the two sizes that matter: 80x24
-(SSH) and 160x48.
+(SSH) and 160x48; the curves screen at 80x24.
 
 The data is the synthetic experiment with a frozen clock and a fixed supervisor pid, so
 the pictures are the same on every machine. After an intended change of the UI, look at
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tests.tui.conftest import next_polls, wait_until
 from tests.tui.synthetic import build_sweep_experiment
+from workbench.tui.widgets.curves import RunsChart
 from workbench.tui.widgets.leaderboard_table import LeaderboardTable
 from workbench.tui.widgets.log_pane import LogPane
 
@@ -50,3 +51,19 @@ def test_leaderboard_160x48(snap_compare, tmp_path, make_app):
     experiment = build_sweep_experiment(tmp_path)
     app = make_app(experiment)
     assert snap_compare(app, terminal_size=(160, 48), run_before=_leaderboard)
+
+
+async def _curves(pilot) -> None:
+    app = pilot.app
+    await next_polls(pilot, app)
+    await pilot.press("c")
+    await wait_until(pilot, lambda: app.screen.query(RunsChart), what="the curves screen")
+    chart = app.screen.query_one(RunsChart)
+    await wait_until(pilot, lambda: len(chart.series) == 5, what="every run's curve")
+    await pilot.pause()
+
+
+def test_curves_80x24(snap_compare, tmp_path, make_app):
+    experiment = build_sweep_experiment(tmp_path)
+    app = make_app(experiment)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=_curves)

@@ -18,7 +18,6 @@ curves (`e2e-latest.png` beside the JSON).
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import statistics
@@ -141,44 +140,28 @@ def timed(records: list[dict[str, Any]], value_key: str) -> list[dict[str, Any]]
 
 
 def plot_curves(curves: list[RunCurve], path: Path, title: str) -> Path:
-    """Reward vs wall-clock, one line per run, as a PNG written atomically to `path`."""
-    import matplotlib
+    """Reward vs wall-clock, one colour per run (its evals dashed), as a PNG written
+    atomically to `path`."""
+    from workbench.curves import Line, Panel, draw, image_bytes
 
-    matplotlib.use("Agg")  # no display: the benchmark runs over SSH and in CI
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
-    try:
-        for curve in curves:
-            if curve.points:
-                (line,) = axes.plot(
-                    [p.seconds for p in curve.points],
-                    [p.reward_mean for p in curve.points],
-                    marker="o",
-                    markersize=3,
-                    label=curve.run_id,
-                )
-                if curve.evals:
-                    axes.plot(
-                        [e.seconds for e in curve.evals],
-                        [e.reward_mean for e in curve.evals],
-                        linestyle="--",
-                        marker="x",
-                        color=line.get_color(),
-                        label=f"{curve.run_id} eval (held-out)",
-                    )
-        axes.set_xlabel("wall-clock seconds since `workbench up`")
-        axes.set_ylabel("mean reward of the step's batch")
-        axes.set_ylim(0, 1)
-        axes.set_title(title)
-        axes.grid(alpha=0.3)
-        if any(curve.points for curve in curves):
-            axes.legend(loc="lower right")
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", bbox_inches="tight")
-    finally:
-        plt.close(figure)
-    layout.atomic_write_bytes(path, buffer.getvalue())
+    lines = []
+    for curve in curves:
+        if not curve.points:
+            continue
+        lines.append(Line(curve.run_id, [(p.seconds, p.reward_mean) for p in curve.points]))
+        if curve.evals:
+            evals = [(e.seconds, e.reward_mean) for e in curve.evals]
+            lines.append(
+                Line(curve.run_id, evals, label=f"{curve.run_id} eval (held-out)", dashed=True)
+            )
+    panel = Panel(
+        "mean reward of the step's batch",
+        lines,
+        markers=True,
+        xlabel="wall-clock seconds since `workbench up`",
+        ylim=(0, 1),
+    )
+    layout.atomic_write_bytes(path, image_bytes(draw([panel], title)))
     return path
 
 

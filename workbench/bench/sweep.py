@@ -368,14 +368,18 @@ def render_comparison(outcomes: dict[str, ModeOutcome], title: str) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from workbench.sweep.report import draw_eval_curves
+    from workbench.curves import draw_panel, run_colours
+    from workbench.sweep.report import eval_panel
 
     figure = Figure(figsize=(18, 5), dpi=100)
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, 3)
-    for index, mode in enumerate(MODES):
-        outcome = outcomes[mode]
-        draw_eval_curves(axes[index], outcome.report, title=f"{mode}: eval by step")
+    panels = [eval_panel(outcomes[mode].report, title=f"{mode}: eval by step") for mode in MODES]
+    # The same run in both modes keeps its colour.
+    colours = run_colours([line.run_id for panel in panels for line in panel.lines])
+    for index, panel in enumerate(panels):
+        if draw_panel(axes[index], panel, colours):
+            axes[index].legend(fontsize="small", loc="best")
     anytime = axes[2]
     for mode in MODES:
         outcome = outcomes[mode]

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from workbench.clock import format_duration
 from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
-from workbench.status import run_statuses
+from workbench.status import run_statuses, supervisor_warnings
 from workbench.supervisor.client import process_summaries, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.values import describe_values
@@ -44,12 +44,15 @@ def status(
     rung so far and its rank there (rank 1 is the best; `6/8`: sixth of the eight runs that
     had recorded the rung when it was judged).
 
+    Warnings follow: what the supervisor reports wrong without stopping anything (experiment
+    tracking failing, for one).
+
     --json prints {"experiment", "supervisor": {"running", "pid", "status"}, "runs": [{"id",
     "status", "step", "reason", "values", "asha": null or {"rung", "step", "value",
     "cutoff", "rank", "of", "decision"}, ...}], "processes": [{"name", "state", "pid",
     "restarts", "uptime_s", "reason", "last_exit", ...}], "startup": null or {"phase",
-    "text", "since", "process", "step", "steps", "detail", "last_line", "model"}}; phase is
-    one of building model, starting, failed, ready.
+    "text", "since", "process", "step", "steps", "detail", "last_line", "model"},
+    "warnings": ["..."]}; phase is one of building model, starting, failed, ready.
     """
     path = experiment_or_fail(experiment)
     runs = run_statuses(path)
@@ -64,6 +67,7 @@ def status(
     # A dead supervisor's last phase says nothing about now.
     startup = startup_phase(state) if supervisor_pid is not None else None
     now = time.time()
+    warnings = supervisor_warnings(state)
     if as_json:
         print(
             json.dumps(
@@ -73,6 +77,7 @@ def status(
                     "runs": [r.to_json() for r in runs],
                     "processes": processes,
                     "startup": _startup_json(startup, now),
+                    "warnings": warnings,
                 },
                 indent=2,
             )
@@ -102,6 +107,8 @@ def status(
         console.print(
             escape(startup.describe(now)), style="bold yellow", highlight=False, soft_wrap=True
         )
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 def _startup_json(startup: StartupPhase | None, now: float) -> dict | None:

@@ -11,10 +11,10 @@ from typing import Any
 
 from workbench import layout, run_control
 from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_config
+from workbench.curves import metric_curve
 from workbench.export.selection import Choice
 from workbench.metrics import read_metrics
 from workbench.models.resolve import is_builtin
-from workbench.sweep.report import eval_curve
 from workbench.sweep.values import flatten_values, show_value
 from workbench.trainer.broadcast import read_adapter_info
 
@@ -80,7 +80,7 @@ def _training_lines(run: Path, config: OrchestratorConfig | None) -> list[str]:
     rewards = _reward_curve(run)
     if rewards:
         lines.append(f"- Training reward (mean over each step's rollouts): {_curve(rewards)}.")
-    evals = eval_curve(read_metrics(run, "eval"), "eval_reward_mean")
+    evals = metric_curve(read_metrics(run, "eval"), "eval_reward_mean")
     if evals:
         held_out = (
             f"{config.eval.num_prompts} held-out prompts, temperature "

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Literal
 
 from workbench import layout
+from workbench.curves import metric_curve
 from workbench.metrics import read_metrics
-from workbench.sweep.report import eval_curve
 from workbench.trainer.checkpoint import PART as TRAINER_PART
 
 Which = Literal["best", "latest"]
@@ -73,7 +73,7 @@ def choose_adapter(run: Path, which: Which) -> Choice:
     latest = kept[max(kept)]
     if which == "latest":
         return Choice(latest, which, None, None, f"the latest adapter (step {latest.step})")
-    evals = dict(eval_curve(read_metrics(run, "eval"), EVAL_METRIC))
+    evals = dict(metric_curve(read_metrics(run, "eval"), EVAL_METRIC))
     scored = {step: value for step, value in evals.items() if step in kept}
     metric = EVAL_METRIC
     if not scored:

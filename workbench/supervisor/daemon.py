@@ -70,6 +70,7 @@ from workbench.supervisor.process import (
 )
 from workbench.supervisor.startup import ProcessFacts, StartupTracker
 from workbench.sweep.scheduler import EVICTED_BY, EarlyStopping
+from workbench.tracking import MetricsForwarder, start_forwarding
 
 log = logging.getLogger("workbench.supervisor")
 
@@ -157,6 +158,7 @@ class Supervisor:
         self._last_state: str | None = None
         self.control: ControlServer | None = None
         self.watcher: RunDirectoryWatcher | None = None
+        self.tracking: MetricsForwarder | None = None
         self._faults: dict[str, float] = {}
         self.early_stopping = (
             EarlyStopping(self.experiment, plan.early_stopping)
@@ -174,6 +176,7 @@ class Supervisor:
         self.control.start()
         self.watcher = RunDirectoryWatcher(self.experiment, self.notice_change)
         self.watcher.start()
+        self.tracking = start_forwarding(self.experiment, self.plan.tracking)
         log.info("supervising %s (pid %d)", self.experiment, os.getpid())
         try:
             while self.status != "stopped":
@@ -194,6 +197,8 @@ class Supervisor:
         finally:
             self.watcher.stop()
             self.control.close()
+            if self.tracking is not None:  # after the children: their last records go too
+                self.tracking.stop()
             with contextlib.suppress(OSError):
                 self._publish_state()
         log.info("stopped (%s)", self._stop_reason)
@@ -549,6 +554,7 @@ class Supervisor:
             "exit_when_done": self.exit_when_done,
             "stop_reason": self._stop_reason,
             "error": None,
+            "warnings": self.tracking.warnings() if self.tracking is not None else [],
             "processes": {name: proc.to_json() for name, proc in self.processes.items()},
             "startup": self._startup_phase(),
         }

@@ -36,6 +36,7 @@ from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec
 from workbench.sweep import scheduler
 from workbench.sweep.spec import AshaSpec
+from workbench.tracking.target import TrackingTarget
 
 DEFAULT_PLAN = "workbench.supervisor.plan:plan_from_recipe"
 INFERENCE_MODULE = "workbench.inference"
@@ -79,12 +80,14 @@ class Plan:
     orchestrator(run_id, run_dir) builds the spec of a run's orchestrator when discovery
     finds the run. notes are logged by the supervisor at start (choices it made).
     early_stopping, when set, has the supervisor evict runs that fall behind at a rung.
+    tracking, when set, has it forward every run's metrics to a tracker (workbench.tracking).
     """
 
     processes: list[ProcessSpec]
     orchestrator: Callable[[str, Path], ProcessSpec]
     notes: list[str] = field(default_factory=list)
     early_stopping: AshaSpec | None = None
+    tracking: TrackingTarget | None = None
 
 
 PlanFactory = Callable[[Path], Plan]
@@ -294,6 +297,7 @@ def plan_from_recipe(experiment: Path) -> Plan:
         notes.append(
             f"early stopping: {scheduler.describe(early_stopping, recipe.defaults.max_steps)}"
         )
+    tracking = TrackingTarget.from_recipe(recipe)
 
     inference_config = recipe.inference_config()
     inference_config.output_dir = experiment
@@ -379,6 +383,7 @@ def plan_from_recipe(experiment: Path) -> Plan:
         orchestrator=lambda run_id, run_dir: orchestrator_spec(run_id, run_dir, orchestrator_env),
         notes=notes,
         early_stopping=early_stopping,
+        tracking=tracking,
     )
 
 

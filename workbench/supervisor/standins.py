@@ -9,7 +9,8 @@ daemon (own session, lock, socket, watchdog) around small Python stand-ins
                     "args": ["--ready-after", "0.5"], "restart": {...}}, ...],
      "orchestrator": {"args": [...], "requires_ready": ["inference"], "restart": {...}}}
 
-The recipe's `[sweep.scheduler]`, if any, turns on early stopping as in the real plan.
+The recipe's `[sweep.scheduler]`, if any, turns on early stopping, and its `[tracking]`
+experiment tracking, as in the real plan.
 
 A process entry may give `argv` (a full command, e.g. `python -c ...`) instead of `args`,
 and `module` to check, as the real plan does, that a module exists before starting.
@@ -30,6 +31,7 @@ from workbench.config import ConfigError, load_recipe
 from workbench.supervisor.plan import Plan, module_problem
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import FileReady, ProcessSpec
+from workbench.tracking import TrackingTarget
 
 CHILD = Path(__file__).with_name("standin_child.py")
 PLAN_REFERENCE = "workbench.supervisor.standins:plan"
@@ -108,13 +110,15 @@ def plan(experiment: Path) -> Plan:
             stop_timeout_s=orchestrator.get("stop_timeout_s", 5.0),
         )
 
-    early_stopping = None
+    early_stopping = tracking = None
     with contextlib.suppress(ConfigError):  # stand-ins need no recipe otherwise
         recipe = load_recipe(layout.recipe_path(experiment))
         early_stopping = recipe.sweep.scheduler if recipe.sweep is not None else None
+        tracking = TrackingTarget.from_recipe(recipe)
     return Plan(
         processes=fixed,
         orchestrator=orchestrator_spec,
         notes=["stand-in plan"],
         early_stopping=early_stopping,
+        tracking=tracking,
     )

@@ -23,15 +23,14 @@ the two always agree.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench import layout, run_control
 from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_config, read_toml
+from workbench.curves import EVAL_METRIC, Line, Panel, draw, image_bytes, metric_curve
 from workbench.metrics import read_metrics
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import AshaRecord, read_asha
@@ -40,7 +39,7 @@ from workbench.sweep.scheduler import EVICTED_BY
 from workbench.sweep.spec import AshaSpec
 from workbench.sweep.values import flatten_values
 
-DEFAULT_METRIC = "eval_reward_mean"
+DEFAULT_METRIC = EVAL_METRIC
 DEFAULT_MODE = "max"
 RANKINGS = ("last", "asymptote")
 REPORT_JSON = "sweep_report.json"
@@ -126,7 +125,7 @@ def build_report(experiment: Path, by: str = "last") -> SweepReport:
         outcomes.append(
             run_outcome(
                 run.name,
-                eval_curve(records, metric),
+                metric_curve(records, metric),
                 max(steps, default=0),
                 config_differences(run, defaults),
             )
@@ -175,7 +174,7 @@ def rank_runs(runs: list[RunOutcome], mode: str, by: str = "last") -> list[RunOu
 def run_outcome(
     run_id: str, evals: list[tuple[int, float]], step: int, differences: dict[str, Any] | None
 ) -> RunOutcome:
-    """One run's line before ranking: `evals` is its curve of the metric (`MetricCurve`),
+    """One run's line before ranking: `evals` is its curve of the metric (`metric_curve`),
     `step` the highest of any of its records, `differences` from `config_differences`."""
     outcome = RunOutcome(id=run_id, step=step, evals=evals, fit=fit_sigmoid(evals))
     if evals:
@@ -187,36 +186,6 @@ def run_outcome(
     else:
         outcome.differences = differences
     return outcome
-
-
-class MetricCurve:
-    """(step, value) of the records holding a finite `metric`, by step; fed one record at
-    a time. A step scored twice (an eval redone after a restart) keeps the value written
-    last. Any record may carry the metric, as for early stopping: eval records carry
-    `eval_reward_mean`, the orchestrator's carry `reward_mean`."""
-
-    def __init__(self, metric: str) -> None:
-        self.metric = metric
-        self._by_step: dict[int, float] = {}
-
-    def add(self, record: dict[str, Any]) -> bool:
-        """Take `record`'s value of the metric, if it has one; True if it did."""
-        value, step = record.get(self.metric), record.get("step")
-        if not (isinstance(step, int) and _is_number(value) and math.isfinite(value)):
-            return False
-        self._by_step[step] = float(value)
-        return True
-
-    def points(self) -> list[tuple[int, float]]:
-        return sorted(self._by_step.items())
-
-
-def eval_curve(records: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
-    """The `MetricCurve` of `records`."""
-    curve = MetricCurve(metric)
-    for record in records:
-        curve.add(record)
-    return curve.points()
 
 
 def read_recipe(experiment: Path) -> dict[str, Any]:
@@ -277,10 +246,6 @@ def _evicted_by_scheduler(run: Path, standing: RungResult, asha: AshaRecord | No
     return eviction is not None and eviction.evicted_by == EVICTED_BY
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 # ---------------------------------------------------------------- writing
 
 
@@ -300,32 +265,23 @@ def write_report(report: SweepReport) -> list[Path]:
 
 def render_curves(report: SweepReport) -> bytes | None:
     """Every run's eval curve as PNG bytes (evicted runs dashed); None without matplotlib."""
+    title = f"{report.experiment.name}: {report.metric} by step"
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        return image_bytes(draw([eval_panel(report)], title))
     except ImportError:
         return None
-    # A Figure with its own Agg canvas, not pyplot: no global backend, no display needed.
-    figure = Figure(figsize=(8, 5), dpi=100)
-    FigureCanvasAgg(figure)
-    draw_eval_curves(figure.add_subplot(), report)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", bbox_inches="tight")
-    return buffer.getvalue()
 
 
-def draw_eval_curves(axes: Any, report: SweepReport, title: str | None = None) -> None:
-    """Every run's eval curve by step on matplotlib `axes` (evicted runs dashed)."""
-    for run in report.runs:
-        if not run.evals:
-            continue
-        steps, values = zip(*run.evals, strict=True)
-        style = "--" if run.evicted_by_scheduler else "-"
-        label = f"{run.id} (evicted)" if run.evicted_by_scheduler else run.id
-        axes.plot(steps, values, linestyle=style, marker="o", markersize=3, label=label)
-    axes.set_xlabel("step")
-    axes.set_ylabel(report.metric)
-    axes.set_title(title or f"{report.experiment.name}: {report.metric} by step")
-    if axes.lines:
-        axes.legend(fontsize="small", loc="best")
-    axes.grid(alpha=0.3)
+def eval_panel(report: SweepReport, title: str | None = None) -> Panel:
+    """Every run's eval curve by step, as `workbench.curves` draws it (evicted runs dashed)."""
+    lines = [
+        Line(
+            run.id,
+            run.evals,
+            label=f"{run.id} (evicted)" if run.evicted_by_scheduler else run.id,
+            dashed=run.evicted_by_scheduler,
+        )
+        for run in report.runs
+        if run.evals
+    ]
+    return Panel(report.metric, lines, markers=True, title=title)

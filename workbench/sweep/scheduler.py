@@ -11,16 +11,15 @@ stand, and a stop decided but not carried out (a crash in between) is carried ou
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.file_tail import AppendedLines
+from workbench.metrics import parse_record
 from workbench.sweep.asha import MetricPoint, RunCurve, RungResult, advance
 from workbench.sweep.files import AshaRecord, read_asha, write_asha
 from workbench.sweep.spec import AshaSpec
@@ -149,11 +148,8 @@ class EarlyStopping:
             self._take_record(line, followed)
 
     def _take_record(self, line: bytes, followed: _FollowedRun) -> None:
-        try:
-            record: Any = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        record = parse_record(line)
+        if record is None or not isinstance(record.get("step"), int):
             return
         followed.last_step = max(followed.last_step, record["step"])
         value = record.get(self.spec.metric)

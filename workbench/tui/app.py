@@ -33,6 +33,7 @@ from workbench.tui.messages import (
     EvictRun,
     RestartProcess,
     RestartRun,
+    ShowCurves,
     ShowLeaderboard,
     ShowRun,
     ShowSamples,
@@ -40,6 +41,7 @@ from workbench.tui.messages import (
 )
 from workbench.tui.screens.add_run import AddRunRequest, AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
+from workbench.tui.screens.curves import CurvesScreen
 from workbench.tui.screens.evict import EvictScreen
 from workbench.tui.screens.help import HelpScreen
 from workbench.tui.screens.leaderboard import LeaderboardScreen
@@ -94,6 +96,7 @@ class WorkbenchApp(App[None]):
         self.log_max_lines = log_max_lines
         self._reader = reader or ExperimentReader(self.experiment)
         self._polling = False
+        self._warned: set[str] = set()
         self.polls = 0  # completed polls; tests wait on it
 
     def on_mount(self) -> None:
@@ -122,6 +125,10 @@ class WorkbenchApp(App[None]):
         self._polling = False
         self.polls += 1
         self.snapshot = snapshot
+        for warning in snapshot.warnings:  # each once: state.json keeps listing it
+            if warning not in self._warned:
+                self._warned.add(warning)
+                self.notify(warning, title="supervisor warning", severity="warning", timeout=10)
 
     def _poll_failed(self, err: Exception) -> None:
         self._polling = False
@@ -145,6 +152,10 @@ class WorkbenchApp(App[None]):
     @on(ShowLeaderboard)
     def _show_leaderboard(self) -> None:
         self.push_screen(LeaderboardScreen())
+
+    @on(ShowCurves)
+    def _show_curves(self) -> None:
+        self.push_screen(CurvesScreen())
 
     # ------------------------------------------------------------ eviction
 

@@ -7,7 +7,9 @@ to repeat every second:
 - run states come from `workbench.status.run_statuses`, so the TUI and `workbench status`
   always agree;
 - each run's `metrics.jsonl` is read incrementally from the byte offset reached last time
-  (a file that shrinks or is replaced is read again from the start), never whole;
+  (a file that shrinks or is replaced is read again from the start), never whole; its
+  reward and eval curves by step are gathered as `workbench plot` reads them
+  (`workbench.curves.MetricCurve`);
 - processes come from `supervisor/state.json`, which may be absent (no supervisor yet),
   or stale (the supervisor died): both are shown, not raised; so does the startup phase
   (`workbench.supervisor.startup`), while a live supervisor publishes one;
@@ -21,7 +23,6 @@ rows that did not change.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,11 +31,12 @@ from typing import Any
 
 from workbench import layout
 from workbench.clock import unix_time
+from workbench.curves import EVAL_METRIC, REWARD_METRIC, MetricCurve
 from workbench.file_tail import AppendedLines
-from workbench.status import run_statuses
+from workbench.metrics import parse_record
+from workbench.status import run_statuses, supervisor_warnings
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase, startup_phase
-from workbench.sweep.report import DEFAULT_METRIC, MetricCurve
 from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, RunMetric
 
 # Points of reward and loss history kept per run: enough for a chart as wide as a large
@@ -45,8 +47,9 @@ HISTORY_POINTS = 1000
 METRICS_READ_LIMIT = 4 * 1024 * 1024
 
 SUPERVISOR_PROCESS = "supervisor"
-# The run detail's eval curve: the held-out reward each eval record carries.
-EVAL_METRIC = DEFAULT_METRIC
+# Every run's curves of these, by step: the curves screen draws them side by side, the run
+# detail its eval curve.
+FOLLOWED_CURVES = frozenset({REWARD_METRIC, EVAL_METRIC})
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class RunView:
     reward: float | None = None
     rewards: tuple[float, ...] = ()
     losses: tuple[float, ...] = ()
+    reward_curve: tuple[tuple[int, float], ...] = ()  # (step, reward_mean), by step
     evals: tuple[tuple[int, float], ...] = ()  # (step, eval_reward_mean), by step
     last_update: float | None = None
     evicted_by: str | None = None
@@ -100,6 +104,7 @@ class ExperimentSnapshot:
     processes: tuple[ProcessView, ...] = ()
     leaderboard: Leaderboard | None = None
     startup: StartupPhase | None = None  # None unless a live supervisor published one
+    warnings: tuple[str, ...] = ()  # the supervisor's (experiment tracking failing, ...)
 
     def run(self, run_id: str) -> RunView | None:
         return next((run for run in self.runs if run.id == run_id), None)
@@ -124,7 +129,7 @@ class MetricsReader:
         self,
         path: Path,
         history: int = HISTORY_POINTS,
-        curve_metrics: frozenset[str] = frozenset({EVAL_METRIC}),
+        curve_metrics: frozenset[str] = FOLLOWED_CURVES,
     ) -> None:
         self.path = path
         self._history = history
@@ -162,12 +167,9 @@ class MetricsReader:
         return parsed
 
     def _consume(self, raw: bytes) -> bool:
-        try:
-            record = json.loads(raw)
-        except ValueError:
+        record = parse_record(raw)
+        if record is None:
             return False  # a corrupt line is skipped, not fatal: the next one may be fine
-        if not isinstance(record, dict):
-            return False
         source = record.get("source")
         step = _as_int(record.get("step"))
         if step is not None:
@@ -288,12 +290,12 @@ class ExperimentReader:
         self._metrics: dict[str, MetricsReader] = {}
         self._histories: dict[str, _Histories] = {}
         self._leaderboard = LeaderboardReader(experiment)
-        self._curve_metrics = frozenset({EVAL_METRIC})
+        self._curve_metrics = FOLLOWED_CURVES
 
     def poll(self) -> ExperimentSnapshot:
         statuses = run_statuses(self.experiment)
         ranking = self._leaderboard.ranking()
-        self._follow_curves(frozenset({EVAL_METRIC, ranking.metric}))
+        self._follow_curves(FOLLOWED_CURVES | {ranking.metric})
         seen = {status.id for status in statuses}
         for gone in set(self._metrics) - seen:
             del self._metrics[gone]
@@ -327,6 +329,7 @@ class ExperimentReader:
                     reward=rewards[-1] if rewards else None,
                     rewards=rewards,
                     losses=histories.losses,
+                    reward_curve=histories.curves[REWARD_METRIC],
                     evals=histories.curves[EVAL_METRIC],
                     last_update=metrics.last_time,
                     evicted_by=status.evicted_by,
@@ -341,6 +344,7 @@ class ExperimentReader:
             processes=process_views(state, supervisor),
             leaderboard=self._leaderboard.leaderboard(ranking, ranked),
             startup=startup_phase(state) if supervisor.running else None,
+            warnings=tuple(supervisor_warnings(state)),
         )
 
     def _follow_curves(self, metrics: frozenset[str]) -> None:

@@ -57,5 +57,9 @@ class ShowSamples(Message):
         self.run_id = run_id
 
 
+class ShowCurves(Message):
+    """Open the curves screen: every run's reward or eval curve on one chart."""
+
+
 class ShowLeaderboard(Message):
     """Open the leaderboard: every run ranked by the sweep's metric."""

@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Footer, Static
 from workbench.tui.data import ExperimentSnapshot
 from workbench.tui.format import format_steps
 from workbench.tui.leaderboard import EARLY_STOPPED, Leaderboard, LeaderboardRow
-from workbench.tui.messages import EvictRun, RestartRun
+from workbench.tui.messages import EvictRun, RestartRun, ShowCurves
 from workbench.tui.widgets.leaderboard_table import (
     STATE_STYLES,
     LeaderboardTable,
@@ -81,6 +81,7 @@ def _why_stopped(row: LeaderboardRow) -> str | None:
 class LeaderboardScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("b,escape", "app.pop_screen", "back"),
+        Binding("c", "curves", "curves"),
         Binding("e", "evict", "evict"),
         Binding("r", "restart", "restart"),
     ]
@@ -135,6 +136,9 @@ class LeaderboardScreen(Screen[None]):
     @property
     def selected_run(self) -> str | None:
         return self.query_one(LeaderboardTable).selected_key
+
+    def action_curves(self) -> None:
+        self.post_message(ShowCurves())
 
     def action_evict(self) -> None:
         if self.selected_run:

@@ -34,6 +34,7 @@ from workbench.tui.messages import (
     EvictRun,
     RestartProcess,
     RestartRun,
+    ShowCurves,
     ShowLeaderboard,
     ShowRun,
     ShowSamples,
@@ -95,6 +96,9 @@ class MainScreen(Screen[None]):
         Binding("b", "leaderboard", "ranks"),
         Binding("s", "samples", "samples"),
         Binding("l", "focus_log", "log", show=False),
+        # Not in the footer, which 80 columns fill: the help lists it, and the leaderboard's
+        # and a run's footers show it.
+        Binding("c", "curves", "curves", show=False),
     ]
 
     def __init__(
@@ -245,6 +249,9 @@ class MainScreen(Screen[None]):
 
     def action_leaderboard(self) -> None:
         self.post_message(ShowLeaderboard())
+
+    def action_curves(self) -> None:
+        self.post_message(ShowCurves())
 
     def action_search(self) -> None:
         self.query_one(LogPane).start_search()

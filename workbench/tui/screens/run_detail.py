@@ -15,9 +15,10 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from workbench import layout
-from workbench.tui.data import EVAL_METRIC, ExperimentSnapshot, RunView
+from workbench.curves import EVAL_METRIC
+from workbench.tui.data import ExperimentSnapshot, RunView
 from workbench.tui.format import format_age, format_count, format_reward, format_steps
-from workbench.tui.messages import EvictRun, RestartRun, ShowSamples
+from workbench.tui.messages import EvictRun, RestartRun, ShowCurves, ShowSamples
 from workbench.tui.widgets.curves import CurveChart, StepCurveChart
 from workbench.tui.widgets.runs_table import STATUS_STYLES
 
@@ -47,6 +48,7 @@ class RunDetailScreen(Screen[None]):
         Binding("e", "evict", "evict"),
         Binding("r", "restart", "restart"),
         Binding("s", "samples", "samples"),
+        Binding("c", "curves", "curves"),
     ]
 
     def __init__(self, run_id: str, experiment: Path, clock: Callable[[], float]) -> None:
@@ -108,3 +110,6 @@ class RunDetailScreen(Screen[None]):
 
     def action_samples(self) -> None:
         self.post_message(ShowSamples(self.run_id))
+
+    def action_curves(self) -> None:
+        self.post_message(ShowCurves())

@@ -1,16 +1,18 @@
-"""Text plots of a run's curves: braille line charts for the detail screen.
+"""Text plots of curves: braille line charts for the run detail and the curves screen.
 
 Each terminal cell holds a 2x4 grid of braille dots, so a 60x8 cell chart plots 120 x 32
 points: enough to read the shape of a reward curve over SSH without any plotting library.
-`braille_plot` is a pure function; `CurveChart` is the widget around it, one point per
-record; `StepCurveChart` plots (step, value) points against their steps (eval records
-come every few steps, and not always evenly: the last step is scored too).
+`BrailleCanvas` and `braille_plot` are pure; `CurveChart` is the widget around them, one
+point per record; `StepCurveChart` plots (step, value) points against their steps (eval
+records come every few steps, and not always evenly: the last step is scored too);
+`RunsChart` plots several runs' (step, value) curves on one step axis, each in its colour.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import RenderResult
@@ -68,29 +70,95 @@ def resample_by_step(points: Sequence[tuple[int, float]], count: int) -> list[fl
     return out
 
 
+class BrailleCanvas:
+    """`width` x `height` cells of braille dots. Each cell takes the colour of the last
+    series that put a dot in it: where curves cross, the one drawn last shows."""
+
+    def __init__(self, width: int, height: int) -> None:
+        self.width, self.height = max(0, width), max(0, height)
+        self.dots_x, self.dots_y = self.width * 2, self.height * 4
+        self._bits = [[0] * self.width for _ in range(self.height)]
+        self._owners = [[-1] * self.width for _ in range(self.height)]
+
+    def draw_line(
+        self, columns: Iterable[tuple[int, float]], low: float, high: float, series: int = 0
+    ) -> None:
+        """A connected line through (dot column, value) points, columns in order, values
+        scaled from [low, high] to the canvas's height."""
+        span = high - low if high > low else 1.0
+        previous: int | None = None
+        for x, value in columns:
+            if math.isnan(value) or not 0 <= x < self.dots_x:
+                continue
+            scaled = (value - low) / span * (self.dots_y - 1)
+            y = self.dots_y - 1 - min(self.dots_y - 1, max(0, round(scaled)))
+            # Fill from the previous column's height so a steep change stays connected.
+            top, bottom = (y, y) if previous is None else (min(y, previous), max(y, previous))
+            for row in range(top, bottom + 1):
+                self._bits[row // 4][x // 2] |= _DOT_BITS[x % 2][row % 4]
+                self._owners[row // 4][x // 2] = series
+            previous = y
+
+    def rows(self) -> list[str]:
+        return ["".join(chr(_BRAILLE_BASE + bits) for bits in line) for line in self._bits]
+
+    def styled_rows(self, styles: Sequence[str]) -> list[Text]:
+        """Each row as text, every cell in the style of the series that owns it."""
+        out = []
+        for bits_row, owners in zip(self._bits, self._owners, strict=True):
+            line = Text(no_wrap=True)
+            for bits, owner in zip(bits_row, owners, strict=True):
+                line.append(chr(_BRAILLE_BASE + bits), style=styles[owner] if owner >= 0 else "")
+            out.append(line)
+        return out
+
+
 def braille_plot(
     values: Sequence[float], width: int, height: int, low: float, high: float
 ) -> list[str]:
     """`height` rows of `width` braille characters drawing `values` as a connected line."""
     if width <= 0 or height <= 0:
         return []
-    dots_x, dots_y = width * 2, height * 4
-    grid = [[0] * width for _ in range(height)]
-    span = high - low if high > low else 1.0
+    canvas = BrailleCanvas(width, height)
+    values = [v for v in values if not math.isnan(v)]
+    canvas.draw_line(enumerate(resample(values, canvas.dots_x)), low, high)
+    return canvas.rows()
 
-    def dot_row(value: float) -> int:
-        scaled = (value - low) / span * (dots_y - 1)
-        return dots_y - 1 - min(dots_y - 1, max(0, round(scaled)))
 
-    previous: int | None = None
-    for x, value in enumerate(resample([v for v in values if not math.isnan(v)], dots_x)):
-        y = dot_row(value)
-        # Fill from the previous column's height so a steep change stays a connected line.
-        top, bottom = (y, y) if previous is None else (min(y, previous), max(y, previous))
-        for row in range(top, bottom + 1):
-            grid[row // 4][x // 2] |= _DOT_BITS[x % 2][row % 4]
-        previous = y
-    return ["".join(chr(_BRAILLE_BASE + bits) for bits in line) for line in grid]
+def step_columns(
+    points: Sequence[tuple[int, float]], dots: int, first: int, last: int
+) -> list[tuple[int, float]]:
+    """(dot column, value) of `points` on a step axis from `first` to `last`, `dots` columns
+    wide: the columns from the first point's step to the last's, linear between points."""
+    if not points or dots <= 0:
+        return []
+    if last <= first:
+        return list(enumerate(resample_by_step(points, dots)))
+    start = round((points[0][0] - first) / (last - first) * (dots - 1))
+    end = round((points[-1][0] - first) / (last - first) * (dots - 1))
+    return list(zip(range(start, end + 1), resample_by_step(points, end - start + 1), strict=True))
+
+
+def _append_axis_rows(text: Text, rows: Sequence[Text], low: float, high: float) -> None:
+    """The plot's rows after a left axis labelled with `high` at the top, `low` below."""
+    for index, line in enumerate(rows):
+        if index == 0:
+            label = _axis_label(high)
+        elif index == len(rows) - 1:
+            label = _axis_label(low)
+        else:
+            label = ""
+        text.append(label[: AXIS_WIDTH - 1].rjust(AXIS_WIDTH - 1) + "│", style="dim")
+        text.append_text(line)
+        if index < len(rows) - 1:
+            text.append("\n")
+
+
+def _append_step_axis(text: Text, first: int, last: int, width: int) -> None:
+    """The first and last step under a plot `width` cells wide."""
+    first_label = f"step {first}"
+    text.append("\n" + " " * AXIS_WIDTH + first_label, style="dim")
+    text.append(str(last).rjust(width - len(first_label)), style="dim")
 
 
 class CurveChart(Widget):
@@ -101,6 +169,7 @@ class CurveChart(Widget):
     CurveChart { height: 10; text-wrap: nowrap; text-overflow: clip; }
     """
 
+    title: reactive[str] = reactive("", always_update=False)
     values: reactive[tuple[float, ...]] = reactive((), always_update=False)
     line_style = "cyan"
 
@@ -136,20 +205,9 @@ class CurveChart(Widget):
         self, text: Text, values: Sequence[float], plotted: Sequence[float], width: int, rows: int
     ) -> None:
         """The chart of `plotted` (`width` x `rows` cells), its axis spanning `values`."""
-        low = min(values) if self.fixed_low is None else min(self.fixed_low, min(values))
-        high = max(values) if self.fixed_high is None else max(self.fixed_high, max(values))
+        low, high = _value_range(values, self.fixed_low, self.fixed_high)
         plot = braille_plot(plotted, width, rows, low, high)
-        for index, line in enumerate(plot):
-            if index == 0:
-                label = _axis_label(high)
-            elif index == len(plot) - 1:
-                label = _axis_label(low)
-            else:
-                label = ""
-            text.append(label[: AXIS_WIDTH - 1].rjust(AXIS_WIDTH - 1) + "│", style="dim")
-            text.append(line, style=self.line_style)
-            if index < len(plot) - 1:
-                text.append("\n")
+        _append_axis_rows(text, [Text(line, style=self.line_style) for line in plot], low, high)
 
 
 class StepCurveChart(CurveChart):
@@ -174,10 +232,56 @@ class StepCurveChart(CurveChart):
         text.append(f"  ({len(points)} points)\n", style="dim")
         values = [value for _, value in points]
         self._append_plot(text, values, resample_by_step(points, width * 2), width, rows)
-        first_label = f"step {points[0][0]}"
-        text.append("\n" + " " * AXIS_WIDTH + first_label, style="dim")
-        text.append(str(last_step).rjust(width - len(first_label)), style="dim")
+        _append_step_axis(text, points[0][0], last_step, width)
         return text
+
+
+@dataclass(frozen=True)
+class RunSeries:
+    """One run's curve on a chart of several runs."""
+
+    run_id: str
+    colour: str  # a Rich colour: "#1f77b4"
+    points: tuple[tuple[int, float], ...]  # (step, value), by step
+
+
+class RunsChart(CurveChart):
+    """Several runs' (step, value) curves on one step axis, each in its run's colour; the
+    value axis spans [low, high] and whatever the curves reach beyond it."""
+
+    series: reactive[tuple[RunSeries, ...]] = reactive((), always_update=False)
+
+    def render(self) -> RenderResult:
+        shown = [s for s in self.series if s.points]
+        text = Text(no_wrap=True, overflow="crop")
+        text.append(self.title, style="bold")
+        if not shown:
+            text.append("\nno records yet", style="dim italic")
+            return text
+        text.append(f"  {len(shown)} runs\n", style="dim")
+        width = max(1, self.size.width - AXIS_WIDTH)
+        rows = max(1, self.size.height - 2)  # the title above, the steps below
+        first = min(s.points[0][0] for s in shown)
+        last = max(s.points[-1][0] for s in shown)
+        low, high = _value_range(
+            [v for s in shown for _, v in s.points], self.fixed_low, self.fixed_high
+        )
+        canvas = BrailleCanvas(width, rows)
+        for index, run in enumerate(shown):
+            canvas.draw_line(step_columns(run.points, canvas.dots_x, first, last), low, high, index)
+        _append_axis_rows(text, canvas.styled_rows([run.colour for run in shown]), low, high)
+        _append_step_axis(text, first, last, width)
+        return text
+
+
+def _value_range(
+    values: Sequence[float], low: float | None, high: float | None
+) -> tuple[float, float]:
+    """[low, high] widened to take in every value; the values' own range where unset."""
+    return (
+        min(values) if low is None else min(low, min(values)),
+        max(values) if high is None else max(high, max(values)),
+    )
 
 
 def _axis_label(value: float) -> str:
