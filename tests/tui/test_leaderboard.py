@@ -197,7 +197,15 @@ async def test_at_80x24_every_row_and_column_fits_and_ids_are_whole(sweep, make_
         assert sum(widths.values()) + padding <= table.region.width - 1  # and the scrollbar
         assert table.region.height >= len(RANKED) + 2  # every row, under border and header
         keys = await footer_shown(pilot, "b back")
-        assert keys == ["b back", "c curves", "e evict", "r restart", "q quit", "? help"]
+        assert keys == [
+            "b back",
+            "c curves",
+            "e evict",
+            "r restart",
+            "f fit/last",
+            "q quit",
+            "? help",
+        ]
         assert footer_fits(app)
 
 
@@ -244,3 +252,46 @@ async def test_without_a_sweep_runs_with_eval_records_rank_first(experiment, mak
         assert app.screen.query_one(LeaderboardTable).border_title == (
             "runs by eval_reward_mean, highest first"
         )
+
+
+async def test_f_ranks_by_the_asymptote_of_reliable_fits_as_sweep_report_by_asymptote(
+    sweep, make_app
+):
+    """run_lr3e-3_rank4's last eval (0.69) is below the leader's (0.70), but its curve has
+    levelled off into a reliable fit; the leader's three evals make no reliable fit yet."""
+    finished = sweep / "run_lr3e-3_rank4"
+    append_metrics(finished, eval_lines([(30, 0.68), (40, 0.69), (50, 0.69)]))
+    app = make_app(sweep)
+    async with app.run_test(size=(160, 48)) as pilot:
+        table = await open_leaderboard(pilot, app)
+        assert list(rows(app, LeaderboardTable))[:2] == ["run_lr1e-2_rank8", "run_lr3e-3_rank4"]
+        await footer_shown(pilot, "f fit/last")
+        await pilot.press("f")
+        await wait_until(
+            pilot,
+            lambda: next(iter(rows(app, LeaderboardTable))) == "run_lr3e-3_rank4",
+            what="the ranking by asymptote",
+        )
+        by_fit = build_report(sweep, by="asymptote")
+        assert list(rows(app, LeaderboardTable)) == [run.id for run in by_fit.runs]
+        assert table.border_title.startswith("runs by asymptote of eval_reward_mean's fit")
+        table.move_cursor(row=0)
+        await wait_until(
+            pilot,
+            lambda: "fit: asymptote 0.7515, midpoint step 3 (reliable)" in selected_text(app),
+            what="the selected run's fit",
+        )
+        table.move_cursor(row=1)
+        await wait_until(
+            pilot,
+            lambda: "not reliable: 2 evals after version 0" in selected_text(app),
+            what="why the leader's fit is not reliable",
+        )
+        await pilot.press("f")
+        await wait_until(
+            pilot,
+            lambda: next(iter(rows(app, LeaderboardTable))) == "run_lr1e-2_rank8",
+            what="the ranking by last value again",
+        )
+        assert "fit:" not in selected_text(app)
+        assert table.border_title == "runs by eval_reward_mean, highest first"

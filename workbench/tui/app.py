@@ -38,6 +38,7 @@ from workbench.tui.messages import (
     ShowRun,
     ShowSamples,
     StopAll,
+    SwitchRanking,
 )
 from workbench.tui.screens.add_run import AddRunRequest, AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
@@ -156,6 +157,12 @@ class WorkbenchApp(App[None]):
     @on(ShowCurves)
     def _show_curves(self) -> None:
         self.push_screen(CurvesScreen())
+
+    @on(SwitchRanking)
+    def _switch_ranking(self) -> None:
+        by = "asymptote" if self._reader.leaderboard_ranked_by == "last" else "last"
+        self._reader.rank_leaderboard_by(by)
+        self.action_poll_now()
 
     # ------------------------------------------------------------ eviction
 

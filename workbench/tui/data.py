@@ -37,6 +37,7 @@ from workbench.metrics import parse_record
 from workbench.status import run_statuses, supervisor_warnings
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase, startup_phase
+from workbench.sweep.report import RANKINGS
 from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, RunMetric
 
 # Points of reward and loss history kept per run: enough for a chart as wide as a large
@@ -291,6 +292,16 @@ class ExperimentReader:
         self._histories: dict[str, _Histories] = {}
         self._leaderboard = LeaderboardReader(experiment)
         self._curve_metrics = FOLLOWED_CURVES
+
+    def rank_leaderboard_by(self, by: str) -> None:
+        """Rank the leaderboard from the next poll on by `by` ("last" or "asymptote")."""
+        if by not in RANKINGS:
+            raise ValueError(f"rank by one of {', '.join(RANKINGS)}, not {by!r}")
+        self._leaderboard.by = by
+
+    @property
+    def leaderboard_ranked_by(self) -> str:
+        return self._leaderboard.by
 
     def poll(self) -> ExperimentSnapshot:
         statuses = run_statuses(self.experiment)

@@ -7,6 +7,9 @@ of the metric comes from the TUI's incremental metrics reader, and the recipe,
 `sweep/asha.json` and each run's `control/orch.toml` are parsed again only when they
 change on disk, so a refresh every second stays cheap.
 
+Ranked `by="asymptote"` (`f` on the leaderboard, as `sweep report --by asymptote`), runs
+whose sigmoid fit of the eval curve is reliable come first, by its predicted asymptote.
+
 A run early stopping evicted (and nobody restarted since) is marked `EARLY_STOPPED`
 rather than `evicted`: `evicted` on the leaderboard means evicted by anyone else (by hand
 from the TUI or `workbench evict`, or by the trainer or orchestrator after an error).
@@ -23,6 +26,7 @@ from typing import Any, Generic, TypeVar
 from workbench import layout
 from workbench.status import RunStatus
 from workbench.sweep.files import AshaRecord, read_asha
+from workbench.sweep.fit import SigmoidFit
 from workbench.sweep.report import (
     RunOutcome,
     config_differences,
@@ -46,6 +50,7 @@ class Ranking:
     metric: str
     mode: str  # "max": higher is better
     asha: AshaRecord | None
+    by: str = "last"  # "last" record of the metric, or "asymptote" of its reliable fit
 
 
 @dataclass(frozen=True)
@@ -72,12 +77,14 @@ class LeaderboardRow:
     reason: str | None = None  # why it was evicted or rejected
     evicted_by: str | None = None
     note: str | None = None  # what the report notes: no records, no readable orch.toml
+    fit: SigmoidFit | None = None  # of the metric's curve, version 0 on
 
 
 @dataclass(frozen=True)
 class Leaderboard:
     metric: str
     mode: str
+    by: str = "last"
     rows: tuple[LeaderboardRow, ...] = ()
 
     def row(self, run_id: str) -> LeaderboardRow | None:
@@ -99,6 +106,7 @@ def leaderboard_row(outcome: RunOutcome, status: RunStatus) -> LeaderboardRow:
         reason=status.reason,
         evicted_by=status.evicted_by,
         note=outcome.note,
+        fit=outcome.fit,
     )
 
 
@@ -107,6 +115,7 @@ class LeaderboardReader:
 
     def __init__(self, experiment: Path) -> None:
         self.experiment = experiment
+        self.by = "last"  # what `ranking()` ranks by: one of sweep.report.RANKINGS
         self._recipe = OnFileChange(layout.recipe_path(experiment), self._read_recipe)
         self._asha = OnFileChange(layout.asha_state_path(experiment), lambda: read_asha(experiment))
         self._differences: dict[str, OnFileChange[dict[str, Any] | None]] = {}
@@ -120,7 +129,7 @@ class LeaderboardReader:
         asha = self._asha.get()
         recipe, _ = self._recipe.get()
         metric, mode = ranking_metric(recipe, asha)
-        return Ranking(metric, mode, asha)
+        return Ranking(metric, mode, asha, self.by)
 
     def leaderboard(self, ranking: Ranking, runs: Sequence[RunMetric]) -> Leaderboard:
         """`runs` ranked by `ranking`'s metric, best first."""
@@ -140,10 +149,12 @@ class LeaderboardReader:
             outcomes.append(
                 run_outcome(run.status.id, list(run.curve), run.step, differences.get())
             )
-        report = rank_report(self.experiment, ranking.metric, ranking.mode, outcomes, ranking.asha)
+        report = rank_report(
+            self.experiment, ranking.metric, ranking.mode, outcomes, ranking.asha, ranking.by
+        )
         statuses = {run.status.id: run.status for run in runs}
         rows = tuple(leaderboard_row(outcome, statuses[outcome.id]) for outcome in report.runs)
-        return Leaderboard(metric=ranking.metric, mode=ranking.mode, rows=rows)
+        return Leaderboard(metric=ranking.metric, mode=ranking.mode, by=ranking.by, rows=rows)
 
 
 class OnFileChange(Generic[T]):

@@ -63,3 +63,8 @@ class ShowCurves(Message):
 
 class ShowLeaderboard(Message):
     """Open the leaderboard: every run ranked by the sweep's metric."""
+
+
+class SwitchRanking(Message):
+    """Rank the leaderboard by the other of its rankings: the metric's last record, or the
+    asymptote of its sigmoid fit."""

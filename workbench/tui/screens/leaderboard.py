@@ -4,7 +4,8 @@ The table (`widgets.leaderboard_table`) has a row per run, best first; below it,
 selected run's whole story: its value and where it was measured, every value it sets
 over `[defaults]`, its rung, and why it stopped (early stopping's reason, or who evicted
 it and why). It follows the app's snapshots like the main screen; `b` or Escape goes
-back to it, enter opens the run's detail.
+back to it, enter opens the run's detail, `f` ranks by the asymptote of each run's fitted
+eval curve instead of its last value, and back.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from workbench.sweep.fit import SigmoidFit
 from workbench.tui.data import ExperimentSnapshot
 from workbench.tui.format import format_steps
 from workbench.tui.leaderboard import EARLY_STOPPED, Leaderboard, LeaderboardRow
-from workbench.tui.messages import EvictRun, RestartRun, ShowCurves
+from workbench.tui.messages import EvictRun, RestartRun, ShowCurves, SwitchRanking
 from workbench.tui.widgets.leaderboard_table import (
     STATE_STYLES,
     LeaderboardTable,
@@ -29,7 +31,18 @@ from workbench.tui.widgets.leaderboard_table import (
 
 
 def ranking_words(board: Leaderboard) -> str:
-    return f"{board.metric}, {'highest' if board.mode == 'max' else 'lowest'} first"
+    order = "highest" if board.mode == "max" else "lowest"
+    if board.by == "asymptote":
+        return f"asymptote of {board.metric}'s fit, {order} first; no reliable fit: last value"
+    return f"{board.metric}, {order} first"
+
+
+def fit_words(fit: SigmoidFit | None) -> str:
+    """The run's sigmoid fit in a line, as `sweep report --by asymptote` judges it."""
+    if fit is None:
+        return "fit: none yet (needs the version-0 eval and a later one)"
+    words = f"fit: asymptote {format_metric(fit.asymptote)}, midpoint step {fit.midpoint:.0f}"
+    return words + (" (reliable)" if fit.reliable else f" (not reliable: {fit.note})")
 
 
 def leaderboard_top_bar(snapshot: ExperimentSnapshot, board: Leaderboard) -> Text:
@@ -57,6 +70,8 @@ def selected_run_text(row: LeaderboardRow, board: Leaderboard, max_steps: int | 
         text.append(f" at step {row.value_step}")
     if row.rung is not None:
         text.append(f" · early stopping rung {row.rung} (step {row.rung_step})")
+    if board.by == "asymptote":
+        text.append(f"\n{fit_words(row.fit)}", style="" if row.fit and row.fit.reliable else "dim")
     text.append("\nvalues: ", style="bold")
     text.append(row.values or "the recipe's [defaults]")
     why = _why_stopped(row)
@@ -84,6 +99,7 @@ class LeaderboardScreen(Screen[None]):
         Binding("c", "curves", "curves"),
         Binding("e", "evict", "evict"),
         Binding("r", "restart", "restart"),
+        Binding("f", "switch_ranking", "fit/last"),
     ]
 
     def __init__(self) -> None:
@@ -136,6 +152,9 @@ class LeaderboardScreen(Screen[None]):
     @property
     def selected_run(self) -> str | None:
         return self.query_one(LeaderboardTable).selected_key
+
+    def action_switch_ranking(self) -> None:
+        self.post_message(SwitchRanking())
 
     def action_curves(self) -> None:
         self.post_message(ShowCurves())
