@@ -24,7 +24,14 @@ from typing import Any, Literal
 
 import tomlkit
 import tomlkit.exceptions
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from workbench import layout
 from workbench.sweep.spec import SweepSection
@@ -90,12 +97,19 @@ class RunLoraConfig(StrictModel):
     )
 
 
+GREEDY_TRAINING = (
+    "0 is greedy decoding: every completion of a prompt would be the same text, so every "
+    "advantage (its reward minus its group's mean) is 0 and the run learns nothing; use a "
+    "temperature above 0 (greedy is for evals: eval.sampling.temperature = 0)"
+)
+
+
 class SamplingConfig(StrictModel):
     temperature: float = Field(
         1.0,
-        ge=0,
-        description="sampling temperature; the trainer scales its log-probs by the same one "
-        "(0: greedy, unscaled)",
+        gt=0,
+        description="sampling temperature; the trainer scales its log-probs by the same one. "
+        "Not 0: greedy completions of a prompt are all alike, so nothing is learnt",
     )
     top_p: float = Field(
         1.0,
@@ -105,6 +119,13 @@ class SamplingConfig(StrictModel):
         "much probability; 1 keeps them all",
     )
     max_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _not_greedy(cls, value: Any) -> Any:
+        if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+            raise ValueError(GREEDY_TRAINING)
+        return value
 
 
 class EvalSamplingConfig(StrictModel):

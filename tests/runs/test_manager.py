@@ -161,6 +161,18 @@ def test_invalid_config_writes_the_error_file_and_is_retried_once_fixed(experime
     assert not layout.validation_error_path(run).exists()
 
 
+def test_a_greedy_training_temperature_is_rejected_by_the_trainer_with_the_reason(
+    experiment: Path,
+):
+    # Log-probs of greedy sampling would be the unscaled model's; a group of identical
+    # completions has no advantage to train on, so the trainer never takes such a run.
+    manager = MultiRunManager(experiment, max_runs=2)
+    run = make_run(experiment, "run_greedy", "sampling = { temperature = 0.0 }\n")
+    refresh(manager)
+    assert manager.idx_2_id == {}
+    assert "greedy decoding" in run_control.read_validation_error(run)
+
+
 def test_eviction_writes_the_reason_and_the_run_leaves_at_next_discovery(experiment: Path):
     manager = MultiRunManager(experiment, max_runs=2)
     hooks = HookLog(manager)
