@@ -55,12 +55,13 @@ class ConfigProblem(BaseModel):
 
 
 class ConfigError(ValueError):
-    """A config file (or text) is invalid; `str()` lists every problem, one per line."""
+    """A config file (or text) is invalid; `str()` lists every problem once, one per line
+    (the runs that share a `[defaults]` key share its problem)."""
 
     def __init__(self, path: Path | str | None, problems: list[ConfigProblem]):
         self.path = path
-        self.problems = problems
-        super().__init__("\n".join(p.render(path) for p in problems))
+        self.problems = _dedupe(problems)
+        super().__init__("\n".join(p.render(path) for p in self.problems))
 
 
 # ------------------------------------------------------------------------- models
@@ -300,6 +301,32 @@ class OrchestratorConfig(StrictModel):
     def prompts_per_step(self) -> int:
         return self.batch_size // self.rollouts_per_prompt
 
+    @property
+    def adapters_in_flight(self) -> int:
+        """Adapter versions of this run that vLLM may serve at once: the newest, which every
+        step generates with (a step samples one version; `async_level` lets it be older, not
+        several), and the one an eval holds while it runs beside training."""
+        return 2 if self.eval.interval > 0 else 1
+
+
+# The most adapter versions one run has in flight (`OrchestratorConfig.adapters_in_flight`).
+MAX_ADAPTERS_IN_FLIGHT = 2
+
+
+def default_max_loras(max_concurrent_runs: int) -> int:
+    """`[inference] max_loras` when the recipe leaves it out: room for every trainer slot."""
+    return max_concurrent_runs * MAX_ADAPTERS_IN_FLIGHT
+
+
+def lora_rank_problem(run_rank: int | None, trainer_rank: int) -> str | None:
+    """Why a run's `lora.rank` cannot have a trainer slot of `trainer_rank`, or None."""
+    if run_rank is None or run_rank <= trainer_rank:
+        return None
+    return (
+        f"rank {run_rank} is larger than the trainer's adapter slots ([trainer] lora.rank = "
+        f"{trainer_rank}); raise that or ask for at most {trainer_rank}"
+    )
+
 
 class ExperimentSection(StrictModel):
     name: str = Field("experiment", description="the experiment's name")
@@ -319,7 +346,13 @@ class InferenceSection(StrictModel):
         "experiment's random API key",
     )
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
-    max_loras: int = Field(4, ge=1, description="adapters vLLM keeps loaded at once")
+    max_loras: int | None = Field(
+        None,
+        ge=1,
+        description="adapters vLLM serves at once: a training run needs its newest adapter, "
+        "and an older one while an eval of it runs beside training. Default: "
+        "`max_concurrent_runs` x 2, enough for every trainer slot",
+    )
     max_lora_rank: int | None = Field(None, ge=1, description="default: the trainer's rank")
     max_model_len: int = Field(
         512, ge=16, description="longest prompt plus completion vLLM accepts, in tokens"
@@ -452,10 +485,15 @@ class Recipe(StrictModel):
     def trainer_config(self) -> TrainerConfig:
         return TrainerConfig(output_dir=self.output_dir, model=self.model, trainer=self.trainer)
 
+    @property
+    def max_loras(self) -> int:
+        """`[inference] max_loras`, or by default enough for every trainer slot."""
+        return self.inference.max_loras or default_max_loras(self.trainer.max_concurrent_runs)
+
     def inference_config(self) -> InferenceConfig:
         # vLLM's "auto" would downcast a float32 model to bfloat16 on CPU; sampling in the
         # trainer's precision keeps the importance ratio near 1 for unchanged weights.
-        inference = self.inference
+        inference = self.inference.model_copy(update={"max_loras": self.max_loras})
         if inference.dtype == "auto":
             inference = inference.model_copy(update={"dtype": self.trainer.dtype})
         return InferenceConfig(
@@ -488,6 +526,13 @@ class InferenceConfig(StrictModel):
     max_lora_rank: int = Field(
         8, ge=1, description="the largest adapter rank vLLM accepts (the trainer's by default)"
     )
+
+    @property
+    def max_loras(self) -> int:
+        """The supervisor writes the recipe's value; a file written by hand without it gets
+        the default for the default trainer slots."""
+        slots = TrainerSection.model_fields["max_concurrent_runs"].default
+        return self.inference.max_loras or default_max_loras(slots)
 
 
 # ------------------------------------------------------------------------- run ids
@@ -662,7 +707,7 @@ def recipe_from_document(
         specs += [RunSpec(id=run.run_id, overrides=run.overrides) for run in sweep_runs]
 
     if problems:
-        raise ConfigError(path, _dedupe(problems))
+        raise ConfigError(path, problems)
     assert recipe is not None
     recipe.runs = specs
     recipe.sweep = sweep
