@@ -76,10 +76,11 @@ def recipe_problems(recipe: Recipe, text: str | None) -> list[ConfigProblem]:
     if model is not None:
         problems.append(problem_at(("model", "base"), model, text))
     checker = RunChecker(recipe, tokenizer)
-    where = _KeyLocator(recipe, checker)
+    where: _KeyLocator | None = None  # made for the first finding: it expands the sweep
     configs = recipe.run_configs()
     for position, spec in enumerate(recipe.runs):
         for key, message in checker.findings(configs[spec.run_id]):
+            where = where or _KeyLocator(recipe, checker)
             problems.append(problem_at(where.loc(position, spec, key), message, text))
     if recipe.inference.max_loras is not None:
         loras = max_loras_problem(
@@ -130,7 +131,7 @@ def check_new_run(
 def environment_problem(config: OrchestratorConfig) -> Finding | None:
     """Why the run's environment cannot be built with its `env_args` (or hold out its eval
     prompts), as (key, message); None if it can."""
-    return _environment(config)[1]
+    return _environment(config, {})[1]
 
 
 def max_loras_problem(
@@ -164,13 +165,14 @@ class RunChecker:
         self.recipe = recipe
         self.tokenizer = tokenizer
         self._longest: dict[tuple, int] = {}
+        self._environments: dict[tuple[str, str], _Built] = {}
 
     def findings(self, config: OrchestratorConfig) -> list[Finding]:
         findings: list[Finding] = []
         rank = lora_rank_problem(config.lora.rank, self.recipe.trainer.lora.rank)
         if rank is not None:
             findings.append(("lora.rank", rank))
-        env, problem = _environment(config)
+        env, problem = _environment(config, self._environments)
         if problem is not None:
             findings.append(problem)
         elif env is not None and self.tokenizer is not None:
@@ -256,19 +258,20 @@ def _tokenizer(base: str) -> tuple[Any | None, str | None]:
         return None, f"cannot load its tokenizer: {type(err).__name__}: {err}"
 
 
-_ENVIRONMENTS: dict[tuple[str, str], tuple[Environment | None, Finding | None]] = {}
+_Built = tuple[Environment | None, Finding | None]
 
 
 def _env_key(config: OrchestratorConfig) -> tuple[str, str]:
     return config.env, json.dumps(config.env_args, sort_keys=True, default=str)
 
 
-def _environment(config: OrchestratorConfig) -> tuple[Environment | None, Finding | None]:
-    """The run's environment, or the finding that says why there is none."""
+def _environment(config: OrchestratorConfig, built: dict[tuple[str, str], _Built]) -> _Built:
+    """The run's environment, or the finding that says why there is none; `built` keeps
+    the environments built so far, by name and arguments."""
     key = _env_key(config)
-    if key not in _ENVIRONMENTS:
-        _ENVIRONMENTS[key] = _build_environment(config)
-    env, problem = _ENVIRONMENTS[key]
+    if key not in built:
+        built[key] = _build_environment(config)
+    env, problem = built[key]
     if problem is None and env is not None and config.eval.interval > 0:
         try:  # as the orchestrator's evaluator draws them, up front
             env.prompt(0, seed=config.seed, split="eval")
@@ -277,7 +280,7 @@ def _environment(config: OrchestratorConfig) -> tuple[Environment | None, Findin
     return env, problem
 
 
-def _build_environment(config: OrchestratorConfig) -> tuple[Environment | None, Finding | None]:
+def _build_environment(config: OrchestratorConfig) -> _Built:
     try:
         environment_class(config.env)
     except EnvironmentConfigError as err:
