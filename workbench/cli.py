@@ -149,10 +149,7 @@ def evict(
     reason: Annotated[str, typer.Option(help="Why; shown to the user and in the TUI.")] = (
         "evicted by the user"
     ),
-    experiment: Annotated[
-        Path | None,
-        typer.Option(help="Experiment directory (default: search every experiment in ./outputs)."),
-    ] = None,
+    experiment: ExperimentOption = None,
 ) -> None:
     """Evict a run: write control/evicted.txt with the reason and a timestamp.
 

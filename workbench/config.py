@@ -58,12 +58,13 @@ class ConfigProblem(BaseModel):
 
 
 class ConfigError(ValueError):
-    """A config file (or text) is invalid; `str()` lists every problem, one per line."""
+    """A config file (or text) is invalid; `str()` lists every problem once, one per line
+    (the runs that share a `[defaults]` key share its problem)."""
 
     def __init__(self, path: Path | str | None, problems: list[ConfigProblem]):
         self.path = path
-        self.problems = problems
-        super().__init__("\n".join(p.render(path) for p in problems))
+        self.problems = _dedupe(problems)
+        super().__init__("\n".join(p.render(path) for p in self.problems))
 
 
 # ------------------------------------------------------------------------- models
@@ -100,12 +101,19 @@ class RunLoraConfig(StrictModel):
     )
 
 
+GREEDY_TRAINING = (
+    "0 is greedy decoding: every completion of a prompt would be the same text, so every "
+    "advantage (its reward minus its group's mean) is 0 and the run learns nothing; use a "
+    "temperature above 0 (greedy is for evals: eval.sampling.temperature = 0)"
+)
+
+
 class SamplingConfig(StrictModel):
     temperature: float = Field(
         1.0,
-        ge=0,
-        description="sampling temperature; the trainer scales its log-probs by the same one "
-        "(0: greedy, unscaled)",
+        gt=0,
+        description="sampling temperature; the trainer scales its log-probs by the same one. "
+        "Not 0: greedy completions of a prompt are all alike, so nothing is learnt",
     )
     top_p: float = Field(
         1.0,
@@ -115,6 +123,13 @@ class SamplingConfig(StrictModel):
         "much probability; 1 keeps them all",
     )
     max_tokens: int = Field(64, ge=1, description="completion length limit, in tokens")
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _not_greedy(cls, value: Any) -> Any:
+        if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+            raise ValueError(GREEDY_TRAINING)
+        return value
 
 
 class EvalSamplingConfig(StrictModel):
@@ -289,6 +304,32 @@ class OrchestratorConfig(StrictModel):
     def prompts_per_step(self) -> int:
         return self.batch_size // self.rollouts_per_prompt
 
+    @property
+    def adapters_in_flight(self) -> int:
+        """Adapter versions of this run that vLLM may serve at once: the newest, which every
+        step generates with (a step samples one version; `async_level` lets it be older, not
+        several), and the one an eval holds while it runs beside training."""
+        return 2 if self.eval.interval > 0 else 1
+
+
+# The most adapter versions one run has in flight (`OrchestratorConfig.adapters_in_flight`).
+MAX_ADAPTERS_IN_FLIGHT = 2
+
+
+def default_max_loras(max_concurrent_runs: int) -> int:
+    """`[inference] max_loras` when the recipe leaves it out: room for every trainer slot."""
+    return max_concurrent_runs * MAX_ADAPTERS_IN_FLIGHT
+
+
+def lora_rank_problem(run_rank: int | None, trainer_rank: int) -> str | None:
+    """Why a run's `lora.rank` cannot have a trainer slot of `trainer_rank`, or None."""
+    if run_rank is None or run_rank <= trainer_rank:
+        return None
+    return (
+        f"rank {run_rank} is larger than the trainer's adapter slots ([trainer] lora.rank = "
+        f"{trainer_rank}); raise that or ask for at most {trainer_rank}"
+    )
+
 
 class ExperimentSection(StrictModel):
     name: str = Field("experiment", description="the experiment's name")
@@ -308,7 +349,13 @@ class InferenceSection(StrictModel):
         "experiment's random API key",
     )
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
-    max_loras: int = Field(4, ge=1, description="adapters vLLM keeps loaded at once")
+    max_loras: int | None = Field(
+        None,
+        ge=1,
+        description="adapters vLLM serves at once: a training run needs its newest adapter, "
+        "and an older one while an eval of it runs beside training. Default: "
+        "`max_concurrent_runs` x 2, enough for every trainer slot",
+    )
     max_lora_rank: int | None = Field(None, ge=1, description="default: the trainer's rank")
     max_model_len: int = Field(
         512, ge=16, description="longest prompt plus completion vLLM accepts, in tokens"
@@ -494,10 +541,15 @@ class Recipe(StrictModel):
     def trainer_config(self) -> TrainerConfig:
         return TrainerConfig(output_dir=self.output_dir, model=self.model, trainer=self.trainer)
 
+    @property
+    def max_loras(self) -> int:
+        """`[inference] max_loras`, or by default enough for every trainer slot."""
+        return self.inference.max_loras or default_max_loras(self.trainer.max_concurrent_runs)
+
     def inference_config(self) -> InferenceConfig:
         # vLLM's "auto" would downcast a float32 model to bfloat16 on CPU; sampling in the
         # trainer's precision keeps the importance ratio near 1 for unchanged weights.
-        inference = self.inference
+        inference = self.inference.model_copy(update={"max_loras": self.max_loras})
         if inference.dtype == "auto":
             inference = inference.model_copy(update={"dtype": self.trainer.dtype})
         return InferenceConfig(
@@ -530,6 +582,13 @@ class InferenceConfig(StrictModel):
     max_lora_rank: int = Field(
         8, ge=1, description="the largest adapter rank vLLM accepts (the trainer's by default)"
     )
+
+    @property
+    def max_loras(self) -> int:
+        """The supervisor writes the recipe's value; a file written by hand without it gets
+        the default for the default trainer slots."""
+        slots = TrainerSection.model_fields["max_concurrent_runs"].default
+        return self.inference.max_loras or default_max_loras(slots)
 
 
 # ------------------------------------------------------------------------- run ids
@@ -723,7 +782,7 @@ def recipe_from_document(
         specs += [RunSpec(id=run.run_id, overrides=run.overrides) for run in sweep_runs]
 
     if problems:
-        raise ConfigError(path, _dedupe(problems))
+        raise ConfigError(path, problems)
     assert recipe is not None
     recipe.runs = specs
     recipe.sweep = sweep

@@ -9,11 +9,19 @@ The module has no heavy imports so the CLI and TUI stay quick to start.
     Run exceeded memory limits
     evicted_at: 2026-11-21T20:00:00+00:00
     evicted_by: trainer
+
+`config_validation_error.txt` holds why the run's config was rejected (by the trainer at
+discovery, or by the run's orchestrator when it starts), then which `control/orch.toml`
+it rejected, so that an edited config is looked at again:
+
+    control/orch.toml: env: unknown environment 'nope'; ...
+    rejected_config: 1837 1763751600000000000 412
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +29,7 @@ from workbench import layout
 from workbench.clock import now_iso
 
 _META_KEYS = ("evicted_at", "evicted_by")
+_REJECTED_CONFIG = "rejected_config"
 
 
 @dataclass(frozen=True)
@@ -81,10 +90,26 @@ def clear_eviction(run: Path) -> bool:
         return False
 
 
-def write_validation_error(run: Path, message: str) -> None:
-    """Record why a run's config was rejected; rewritten only when the message changes."""
+def config_signature(stat: os.stat_result) -> str:
+    """Which file a `stat` of `control/orch.toml` saw: inode (a rename writes a new one),
+    modification time and size."""
+    return f"{stat.st_ino} {stat.st_mtime_ns} {stat.st_size}"
+
+
+def current_config_signature(run: Path) -> str | None:
+    try:
+        return config_signature(layout.orch_config_path(run).stat())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def write_validation_error(run: Path, message: str, config: str | None = None) -> None:
+    """Record why a run's config was rejected, and which one (`config_signature` of the
+    orch.toml that was read); rewritten only when that changes."""
     path = layout.validation_error_path(run)
     text = message.rstrip("\n") + "\n"
+    if config is not None:
+        text += f"{_REJECTED_CONFIG}: {config}\n"
     with contextlib.suppress(FileNotFoundError):
         if path.read_text(encoding="utf-8") == text:
             return
@@ -92,12 +117,37 @@ def write_validation_error(run: Path, message: str) -> None:
 
 
 def read_validation_error(run: Path) -> str | None:
+    rejection = _read_rejection(run)
+    return rejection[0] if rejection is not None else None
+
+
+def rejection_stands(run: Path) -> bool:
+    """Whether the run is rejected for the `control/orch.toml` it has now. A rejection of
+    an earlier file (edited since) is for the trainer to look at again, and to clear if
+    the new one is valid; one that names no file stands until the file is newer than it."""
+    rejection = _read_rejection(run)
+    if rejection is None:
+        return False
+    if rejection[1] is not None:
+        return rejection[1] == current_config_signature(run)
     try:
-        return (
-            layout.validation_error_path(run).read_text(encoding="utf-8", errors="replace").strip()
-        )
+        config_mtime = layout.orch_config_path(run).stat().st_mtime_ns
+        return layout.validation_error_path(run).stat().st_mtime_ns >= config_mtime
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+
+
+def _read_rejection(run: Path) -> tuple[str, str | None] | None:
+    """(why, signature of the rejected orch.toml or None), or None when not rejected."""
+    try:
+        text = layout.validation_error_path(run).read_text(encoding="utf-8", errors="replace")
     except (FileNotFoundError, NotADirectoryError):
         return None
+    lines = text.rstrip("\n").splitlines()
+    config = None
+    if lines and lines[-1].startswith(f"{_REJECTED_CONFIG}:"):
+        config = lines.pop().partition(":")[2].strip()
+    return "\n".join(lines).strip(), config
 
 
 def clear_validation_error(run: Path) -> None:

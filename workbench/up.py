@@ -2,8 +2,10 @@
 
     status = launch_experiment(recipe_file, Report(say=print, warn=print), headless=True)
 
-1. `read_recipe`: parse and validate the recipe (`--max-steps` applied); every problem names
-   the file, line and key, and nothing is written (`RecipeError`).
+1. `read_recipe`: parse and validate the recipe (`--max-steps` applied), then check what the
+   processes will meet (`workbench.preflight`: environments, the base model, prompt
+   lengths, adapter slots); every problem names the file, line and key, and nothing is
+   written (`RecipeError`).
 2. Refuse an experiment whose supervisor already runs, naming its pid (`LaunchError`).
 3. `create_experiment`: recipe.toml and one run_<id>/control/orch.toml per run.
 4. `start_daemon`: the supervisor in its own session; it returns once the supervisor runs.
@@ -22,11 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomlkit
 from tomlkit import TOMLDocument
 
 from workbench import layout
 from workbench.config import ConfigError, Recipe, parse_toml, recipe_from_document
 from workbench.experiment import create_experiment
+from workbench.preflight import check_recipe
 from workbench.status import run_statuses
 from workbench.supervisor.client import (
     SupervisorClient,
@@ -65,7 +69,8 @@ class Report:
 
 
 def read_recipe(path: Path, max_steps: int | None = None) -> tuple[TOMLDocument, Recipe]:
-    """The recipe's document (comments kept, for recipe.toml) and its validated model."""
+    """The recipe's document (comments kept, for recipe.toml) and its model, checked as far
+    as anything can be before its processes start."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -76,7 +81,9 @@ def read_recipe(path: Path, max_steps: int | None = None) -> tuple[TOMLDocument,
         document = parse_toml(text, path)
         if max_steps is not None:
             document.setdefault("defaults", {})["max_steps"] = max_steps
-        return document, recipe_from_document(document, path)
+        recipe = recipe_from_document(document, path)
+        check_recipe(recipe, path, tomlkit.dumps(document))
+        return document, recipe
     except ConfigError as err:
         raise RecipeError(f"invalid recipe\n{err}") from None
 

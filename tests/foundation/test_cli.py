@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from tests.helpers import make_run
@@ -138,10 +140,32 @@ def test_evict_ambiguous_run_lists_experiments_and_honours_experiment_option(
     assert "ambiguous" in result.output and str(Path("outputs/other/run_wait")) in result.output
     assert not layout.evicted_path(synthetic / "run_wait").exists()
 
-    result = cli("evict", "run_wait", "--experiment", str(other))
+    result = cli("evict", "run_wait", "-e", str(other))
     assert result.exit_code == 0
     assert layout.evicted_path(other / "run_wait").exists()
     assert not layout.evicted_path(synthetic / "run_wait").exists()
+
+
+def _commands(group: Any, prefix: str = "workbench") -> list[tuple[str, Any]]:
+    """Every command of a Typer app's click group, by its full name (sub-apps included)."""
+    found = []
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            found += _commands(command, f"{prefix} {name}")
+        else:
+            found.append((f"{prefix} {name}", command))
+    return found
+
+
+def test_the_experiment_option_is_spelled_e_and_experiment_by_every_command():
+    spellings = {
+        path: sorted(param.opts)
+        for path, command in _commands(typer.main.get_command(app))
+        for param in command.params
+        if param.name == "experiment" and param.param_type_name == "option"
+    }
+    assert "workbench evict" in spellings and "workbench runs add" in spellings
+    assert {path: opts for path, opts in spellings.items() if opts != ["--experiment", "-e"]} == {}
 
 
 def test_up_with_an_invalid_recipe_exits_2_naming_file_line_and_key(cli, tmp_path: Path):

@@ -230,3 +230,15 @@ def test_inference_dtype_auto_follows_the_trainer_so_logprobs_agree(tmp_path: Pa
     assert recipe.inference_config().inference.dtype == recipe.trainer.dtype == "float32"
     text = GOOD_RECIPE.replace("[trainer]\n", '[inference]\ndtype = "bfloat16"\n\n[trainer]\n')
     assert load_recipe(write(tmp_path, text)).inference_config().inference.dtype == "bfloat16"
+
+
+def test_training_temperature_0_is_refused_saying_greedy_completions_teach_nothing(
+    tmp_path: Path,
+):
+    path = write(tmp_path, GOOD_RECIPE.replace("temperature = 0.7", "temperature = 0"))
+    error = problem_of(path)
+    assert [p.key for p in error.problems] == ["runs[1].sampling.temperature"]
+    assert error.problems[0].line == 21
+    assert "greedy decoding" in str(error) and "advantage" in str(error)
+    # Greedy evals stay the default: the eval table has its own temperature.
+    assert OrchestratorConfig().eval.sampling.temperature == 0

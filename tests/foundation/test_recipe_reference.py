@@ -65,7 +65,7 @@ def test_the_check_fails_on_a_stale_readme_and_the_rewrite_fixes_it(tmp_path: Pa
     script = load_script()
     current = (ROOT / "README.md").read_text(encoding="utf-8")
     readme = tmp_path / "README.md"
-    readme.write_text(current.replace("adapters vLLM keeps loaded at once", "stale words"))
+    readme.write_text(current.replace("adapters vLLM serves at once", "stale words"))
     assert script.main(["--check", "--readme", str(readme)]) == 1
     assert script.main(["--readme", str(readme)]) == 0
     assert readme.read_text(encoding="utf-8") == current

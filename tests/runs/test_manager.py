@@ -161,6 +161,40 @@ def test_invalid_config_writes_the_error_file_and_is_retried_once_fixed(experime
     assert not layout.validation_error_path(run).exists()
 
 
+def test_a_run_its_orchestrator_rejected_frees_its_slot_until_its_config_changes(
+    experiment: Path,
+):
+    manager = MultiRunManager(experiment, max_runs=1)
+    bad = make_run(experiment, "run_bad", 'env = "nope"\n')  # valid keys: the trainer admits it
+    refresh(manager)
+    assert manager.idx_2_id == {0: "run_bad"}
+    # What the orchestrator writes when it cannot build the environment.
+    read = run_control.current_config_signature(bad)
+    run_control.write_validation_error(bad, "orch.toml: env: unknown environment 'nope'", read)
+    waiting = make_run(experiment, "run_next")
+    refresh(manager)
+    assert manager.idx_2_id == {0: "run_next"}, "the slot went to the next run"
+    assert run_control.read_validation_error(bad) is not None, "the trainer keeps it rejected"
+
+    layout.orch_config_path(bad).write_text('env = "reverse_text"\n')
+    run_control.evict(waiting, "made room", by="user")
+    refresh(manager)
+    assert manager.idx_2_id == {0: "run_bad"}, "an edited config is looked at again"
+    assert run_control.read_validation_error(bad) is None
+
+
+def test_a_greedy_training_temperature_is_rejected_by_the_trainer_with_the_reason(
+    experiment: Path,
+):
+    # Log-probs of greedy sampling would be the unscaled model's; a group of identical
+    # completions has no advantage to train on, so the trainer never takes such a run.
+    manager = MultiRunManager(experiment, max_runs=2)
+    run = make_run(experiment, "run_greedy", "sampling = { temperature = 0.0 }\n")
+    refresh(manager)
+    assert manager.idx_2_id == {}
+    assert "greedy decoding" in run_control.read_validation_error(run)
+
+
 def test_eviction_writes_the_reason_and_the_run_leaves_at_next_discovery(experiment: Path):
     manager = MultiRunManager(experiment, max_runs=2)
     hooks = HookLog(manager)

@@ -24,6 +24,7 @@ from workbench import layout, run_control
 from workbench.cli import app
 from workbench.config import load_orchestrator_config
 from workbench.supervisor import standins
+from workbench.supervisor.client import SupervisorError
 from workbench.supervisor.launch import PLAN_ENV
 from workbench.supervisor.process import process_is_alive
 
@@ -261,6 +262,17 @@ def test_runs_add_through_the_supervisor_starts_the_new_run(cli, standin: Standi
     standin.wait_for_event("run_lr1e-2", "start")
 
 
+def test_the_supervisor_refuses_a_run_that_cannot_work_and_starts_nothing(
+    cli, standin: StandinExperiment
+):
+    standin.start()
+    result = cli("runs", "add", "b", "--set", "env_args.min_len=3", "-e", standin.path)
+    assert result.exit_code == 2 and "unknown env_args key 'min_len'" in result.output
+    with pytest.raises(SupervisorError, match=r"lora\.rank: rank 64 is larger"):
+        standin.client.add_run("b", {"lora.rank": 64})  # as the TUI asks
+    assert not (standin.path / "run_b").exists()
+
+
 def test_runs_add_without_a_supervisor_writes_the_run_for_the_next_up(
     cli, standin: StandinExperiment
 ):
@@ -279,6 +291,8 @@ def test_runs_add_with_bad_settings_exits_2_naming_the_key_and_writes_nothing(
     assert unknown.exit_code == 2 and "unknown key" in unknown.output
     malformed = cli("runs", "add", "b", "--set", "lr", "-e", standin.path)
     assert malformed.exit_code == 2 and "expected KEY=VALUE" in malformed.output
+    no_env = cli("runs", "add", "b", "--set", "env=nope", "-e", standin.path)
+    assert no_env.exit_code == 2 and "env: unknown environment 'nope'" in no_env.output
     assert not (standin.path / "run_b").exists()
     standin.add_runs("run_a")
     taken = cli("runs", "add", "a", "-e", standin.path)

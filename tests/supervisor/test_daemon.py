@@ -21,6 +21,7 @@ import pytest
 from tests.helpers import make_run
 from tests.supervisor.conftest import FAST_RESTART, StandinExperiment, wait_for
 from workbench import run_control
+from workbench.status import run_statuses
 from workbench.supervisor import paths
 from workbench.supervisor.launch import SupervisorStartError, start_daemon
 from workbench.supervisor.process import process_is_alive
@@ -353,6 +354,25 @@ def test_a_run_with_an_invalid_orch_toml_gets_no_orchestrator(standin: StandinEx
     time.sleep(0.3)
     assert "run_bad" not in standin.state()["processes"]
     assert not [e for e in standin.events() if e.name == "run_bad"]
+
+
+def test_a_run_whose_orchestrator_rejects_its_config_is_rejected_after_one_attempt(
+    standin: StandinExperiment,
+):
+    # The real orchestrator, for a run directory written by hand with an environment that
+    # does not exist: the supervisor's own check (the config's keys and types) passes it.
+    standin.configure(orchestrator={"argv": [sys.executable, "-m", "workbench.orchestrator"]})
+    run = make_run(standin.path, "run_bad", 'env = "nope"\n')
+    standin.start()
+    stopped = standin.wait_for_process("run_bad", "stopped", timeout_s=120)
+    assert stopped["reason"].startswith("rejected: ") and stopped["restarts"] == 0
+    assert "env: unknown environment 'nope'" in stopped["reason"]
+    assert "unknown environment 'nope'" in run_control.read_validation_error(run)
+    (status,) = run_statuses(standin.path)
+    assert status.status == "rejected" and "unknown environment 'nope'" in status.reason
+    time.sleep(1.0)
+    record = standin.process("run_bad")
+    assert record["state"] == "stopped" and record["restarts"] == 0, "it is not restarted"
 
 
 def test_with_exit_when_done_the_supervisor_stops_once_every_run_finished(

@@ -278,7 +278,7 @@ def test_a_run_asking_for_more_rank_than_the_slots_is_rejected_with_a_reason(tmp
     trainer = build_trainer(tmp_path / "exp", {"run_big": "[lora]\nrank = 16\n"}, rank=8)
     assert trainer.manager.idx_2_id == {}
     reason = run_control.read_validation_error(tmp_path / "exp" / "run_big")
-    assert reason is not None and "rank = 16" in reason and "at most 8" in reason
+    assert reason is not None and "lora.rank: rank 16" in reason and "at most 8" in reason
 
 
 def test_a_runs_initial_adapter_depends_on_its_seed_not_on_its_slot(tmp_path: Path):

@@ -66,7 +66,7 @@ def run_eval_benchmark(recipe: Path = DEFAULT_RECIPE, quick: bool = False) -> di
         rank = loaded.inference.max_lora_rank or loaded.trainer.lora.rank
         adapter = zero_adapter(model_dir, scratch / "adapter", rank)
         server = start_local_server(
-            scratch, loaded.model.base, max_loras=loaded.inference.max_loras, max_lora_rank=rank
+            scratch, loaded.model.base, max_loras=loaded.max_loras, max_lora_rank=rank
         )
         try:
             timings = _measure(server.endpoint, adapter, scratch / "run_bench", config, repetitions)

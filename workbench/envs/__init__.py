@@ -14,7 +14,12 @@ from workbench.envs.base import (
     PromptDataset,
     Task,
 )
-from workbench.envs.registry import environment_names, get_environment, register_environment
+from workbench.envs.registry import (
+    environment_class,
+    environment_names,
+    get_environment,
+    register_environment,
+)
 
 __all__ = [
     "EnvArgs",
@@ -23,6 +28,7 @@ __all__ = [
     "Prompt",
     "PromptDataset",
     "Task",
+    "environment_class",
     "environment_names",
     "get_environment",
     "register_environment",

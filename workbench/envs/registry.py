@@ -42,7 +42,7 @@ def get_environment(name: str, **env_args: Any) -> Environment:
     `package.module:ClassName` of an `Environment` subclass, for environments that live
     outside this package.
     """
-    env_class = _lookup(name)
+    env_class = environment_class(name)
     try:
         args = env_class.Args.model_validate(env_args)
     except ValidationError as err:
@@ -59,7 +59,8 @@ def get_environment(name: str, **env_args: Any) -> Environment:
     return env_class(args)
 
 
-def _lookup(name: str) -> type[Environment]:
+def environment_class(name: str) -> type[Environment]:
+    """The class `name` stands for; `EnvironmentConfigError` if none (its `env_args` aside)."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" in name:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from workbench.config import InferenceConfig
 from workbench.inference.endpoint import Endpoint, write_endpoint
+from workbench.models.resolve import local_model_problem
 from workbench.ports import free_port, port_is_free
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -145,11 +146,9 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
 
 
 def check_model_dir(model: Path) -> None:
-    if (model.is_absolute() or model.exists()) and not (model / "config.json").is_file():
-        raise InferenceSetupError(
-            f"{model} is not a model directory (no config.json); point [model] base at a "
-            "Hugging Face model directory or use builtin:tiny-reverse"
-        )
+    problem = local_model_problem(model) if model.is_absolute() or model.exists() else None
+    if problem is not None:
+        raise InferenceSetupError(problem)
 
 
 def build_vllm_command(config: InferenceConfig, model: Path, port: int) -> list[str]:
@@ -170,7 +169,7 @@ def build_vllm_command(config: InferenceConfig, model: Path, port: int) -> list[
         str(port),
         "--enable-lora",
         "--max-loras",
-        str(inference.max_loras),
+        str(config.max_loras),
         "--max-lora-rank",
         str(config.max_lora_rank),
         "--max-model-len",

@@ -2,6 +2,8 @@
 
 `builtin:NAME` is a model this project builds itself (no hub needed): built on first use into
 the cache, then reused. Anything else (a local directory, a hub id) passes through unchanged.
+`base_model_problem` and `prompt_tokenizer` answer, without building or downloading
+anything, whether a base can be loaded here and how vLLM will tokenize its prompts.
 
 Cache: `$WORKBENCH_CACHE_DIR/models/` if that variable is set, else the platform's user cache
 (`~/.cache/workbench/models/` on Linux). A built model lives in `NAME-<hash>/`, the hash
@@ -14,6 +16,7 @@ of building too.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import shutil
@@ -27,6 +30,7 @@ from filelock import FileLock, Timeout
 from rich.console import Console
 
 from workbench import layout
+from workbench.models import hub
 
 BUILTIN_PREFIX = "builtin:"
 CACHE_DIR_ENV = "WORKBENCH_CACHE_DIR"
@@ -44,6 +48,9 @@ def ignore_steps(step: int, steps: int, what: str) -> None:
 # name -> "module:attribute" of its `BuiltinModel`; imported only when asked for, so resolving
 # a local path never imports the builders (and their training code).
 _BUILTINS = {"tiny-reverse": "workbench.models.tiny_reverse:TINY_REVERSE"}
+# name -> "module:function" making the builtin's tokenizer, the one its build writes; kept
+# apart so that knowing a prompt's length imports no builder (torch, training code).
+_BUILTIN_TOKENIZERS = {"tiny-reverse": "workbench.models.char_tokenizer:build_char_tokenizer"}
 
 
 class ModelResolutionError(ValueError):
@@ -94,14 +101,64 @@ def is_builtin(base: str) -> bool:
 
 
 def get_builtin(name: str) -> BuiltinModel:
-    target = _BUILTINS.get(name)
-    if target is None:
-        known = ", ".join(BUILTIN_PREFIX + n for n in builtin_names())
-        raise ModelResolutionError(
-            f"unknown builtin model {BUILTIN_PREFIX + name!r}; available: {known}"
-        )
+    if name not in _BUILTINS:
+        raise ModelResolutionError(_unknown_builtin(name))
+    return _import(_BUILTINS[name])
+
+
+def _unknown_builtin(name: str) -> str:
+    known = ", ".join(BUILTIN_PREFIX + n for n in builtin_names())
+    return f"unknown builtin model {BUILTIN_PREFIX + name!r}; available: {known}"
+
+
+def _import(target: str) -> Any:
     module_name, _, attribute = target.partition(":")
     return getattr(importlib.import_module(module_name), attribute)
+
+
+def base_model_problem(base: str) -> str | None:
+    """None if `[model] base` can be loaded on this machine, else why not: an unknown
+    builtin, a missing or non-model directory, a hub id neither cached nor downloadable.
+    Builds nothing and downloads nothing."""
+    if is_builtin(base):
+        name = base.removeprefix(BUILTIN_PREFIX)
+        return None if name in _BUILTINS else _unknown_builtin(name)
+    local = Path(base).expanduser()
+    if local.exists() or not hub.looks_like_hub_id(base):
+        return local_model_problem(local)
+    return hub.hub_model_problem(base)
+
+
+def local_model_problem(path: Path) -> str | None:
+    """None if `path` is a model directory (it has config.json), else what is wrong."""
+    if not path.exists():
+        return (
+            f"{path} does not exist; point [model] base at a Hugging Face model directory, "
+            "a hub id or builtin:tiny-reverse"
+        )
+    if not (path / "config.json").is_file():
+        return (
+            f"{path} is not a model directory (no config.json); point [model] base at a "
+            "Hugging Face model directory or use builtin:tiny-reverse"
+        )
+    return None
+
+
+@functools.cache
+def prompt_tokenizer(base: str) -> Any | None:
+    """The tokenizer vLLM renders `base`'s chat prompts with, from local files only: a
+    builtin's (never built for this), a model directory's, a cached hub model's; None for a
+    hub model that is not cached. Loading errors propagate."""
+    if is_builtin(base):
+        return _import(_BUILTIN_TOKENIZERS[base.removeprefix(BUILTIN_PREFIX)])()
+    from transformers import AutoTokenizer
+
+    local = Path(base).expanduser()
+    if local.is_dir():
+        return AutoTokenizer.from_pretrained(local)
+    if not hub.is_cached(base):
+        return None
+    return AutoTokenizer.from_pretrained(base, local_files_only=True)
 
 
 def builtin_model_dir(base: str, spec: Any = None) -> Path:

@@ -3,6 +3,12 @@
 Exit status: 0 the run finished its steps (or SIGTERM), 2 its config is invalid,
 3 it was evicted (the reason is printed), 1 anything else.
 
+A config that cannot work (its environment cannot be built with its `env_args`, as in a
+`control/orch.toml` written by hand with `env = "nope"`) is found before anything is
+waited for and rejects the run: `control/config_validation_error.txt` says why, as when
+the trainer rejects a config, so the run shows as rejected, the trainer frees its slot
+and the supervisor keeps its orchestrator stopped until `orch.toml` changes.
+
 What the supervisor does next (`supervisor/daemon.py`, under `ORCHESTRATOR_RESTART` of
 `supervisor/plan.py`): whatever the status, a run that is now evicted, rejected or deleted
 keeps its orchestrator stopped, and a finished run leaves it exited. Otherwise 0 leaves it
@@ -23,13 +29,14 @@ import time
 from pathlib import Path
 
 from workbench import layout, run_control
-from workbench.config import ConfigError, load_orchestrator_config
+from workbench.config import ConfigError, ConfigProblem, load_orchestrator_config
 from workbench.envs import EnvironmentConfigError
 from workbench.inference.client import AdapterVersions, InferenceClient
 from workbench.inference.endpoint import read_endpoint
 from workbench.inference.readiness import is_healthy
 from workbench.lifeline import die_with_parent
 from workbench.orchestrator.loop import Orchestrator, RunEvicted
+from workbench.preflight import environment_problem
 
 logger = logging.getLogger("workbench.orchestrator")
 EXIT_BAD_CONFIG = 2
@@ -83,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = os.getppid()
     run: Path = args.run_dir
     experiment = run.parent
+    read = None  # which orch.toml the config came from, once read
     try:
         wait_until(layout.orch_config_path(run).is_file, run, "control/orch.toml", args.poll_s)
         # The trainer may reject a config our own validation accepts (its hooks): write
@@ -93,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             "the trainer to accept the config (see control/config_validation_error.txt)",
             args.poll_s,
         )
-        config = load_orchestrator_config(layout.orch_config_path(run))
+        config_path = layout.orch_config_path(run)
+        read = run_control.current_config_signature(run)  # before reading: an edit retries
+        config = load_orchestrator_config(config_path)
+        problem = environment_problem(config)
+        if problem is not None:
+            raise ConfigError(config_path, [ConfigProblem(key=problem[0], message=problem[1])])
         wait_until(
             lambda: read_endpoint(experiment) is not None,
             run,
@@ -115,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                     adapters.unload_all()
     except (ConfigError, EnvironmentConfigError) as err:
         # A bad env or env_args (or a task space too small to hold out eval prompts) fails
-        # the same way on every restart: report it as a config error, not a crash.
+        # the same way on every restart: a rejected config, not a crash.
         print(f"error: {err}", file=sys.stderr)
+        if read is not None:
+            run_control.write_validation_error(run, str(err), read)
         return EXIT_BAD_CONFIG
     except RunEvicted as err:
         print(f"{run.name} evicted: {err}", file=sys.stderr)

@@ -2,10 +2,12 @@
 
 Names and behaviour follow prime-rl's `MultiRunManager` (`prime_rl.trainer.runs`):
 
-- the master rank scans the experiment directory (`discover_runs`): deleted and evicted
-  runs are forgotten, new `run_*` directories with a valid `control/orch.toml` get a free
-  slot, invalid ones get `control/config_validation_error.txt`; when every slot is used new
-  runs wait, without error, until one frees;
+- the master rank scans the experiment directory (`discover_runs`): deleted, evicted and
+  rejected runs are forgotten (a run's orchestrator rejects its config when the
+  environment cannot be built), new `run_*` directories with a valid `control/orch.toml`
+  get a free slot, invalid ones get `control/config_validation_error.txt`; a rejected run
+  is looked at again once its `orch.toml` changes; when every slot is used new runs wait,
+  without error, until one frees;
 - every rank then calls `synchronize_state`, which copies the master's view through the
   torch distributed store and runs deletion hooks before creation hooks, in registration
   order, on all ranks together;
@@ -165,7 +167,8 @@ class MultiRunManager:
     # ------------------------------------------------------------------ discovery (master)
 
     def discover_runs(self) -> None:
-        """Master only: forget deleted or evicted runs, admit new valid ones into free slots."""
+        """Master only: forget deleted, evicted or rejected runs, admit new valid ones into
+        free slots."""
         if not self.is_master:
             raise RuntimeError(
                 "discover_runs() runs on the master rank only; other ranks call synchronize_state()"
@@ -178,7 +181,11 @@ class MultiRunManager:
             if not layout.evicted_path(path).exists() and not layout.finished_path(path).exists()
         }
         for idx, run_id in sorted(self.idx_2_id.items()):
-            if run_id not in present or idx in self._failed_creation:
+            if (
+                run_id not in present
+                or idx in self._failed_creation
+                or run_control.rejection_stands(present[run_id])
+            ):
                 self._forget(idx, run_id)
 
         waiting = []
@@ -212,7 +219,7 @@ class MultiRunManager:
         except FileNotFoundError:
             return None
         signature = (stat.st_mtime_ns, stat.st_size)
-        if self._rejected_signature.get(run_id) == signature:
+        if self._rejected_signature.get(run_id) == signature or run_control.rejection_stands(path):
             return None
         error = None
         bad_id = check_run_id(run_id)
@@ -222,7 +229,7 @@ class MultiRunManager:
         else:
             config, error = self._load_and_validate(config_path)
         if error is not None:
-            self._reject(run_id, path, error, signature)
+            self._reject(run_id, path, error, stat)
             return None
         self._rejected_signature.pop(run_id, None)
         run_control.clear_validation_error(path)
@@ -247,11 +254,12 @@ class MultiRunManager:
                 return None, f"{config_path}: {message or 'rejected by ' + _hook_name(hook)}"
         return config, None
 
-    def _reject(self, run_id: str, path: Path, error: str, signature: tuple[int, int]) -> None:
+    def _reject(self, run_id: str, path: Path, error: str, config: os.stat_result) -> None:
+        """Reject the run's config, the `control/orch.toml` that `config` is a stat of."""
         logger.warning("run %s rejected: %s", run_id, error)
-        self._rejected_signature[run_id] = signature
+        self._rejected_signature[run_id] = (config.st_mtime_ns, config.st_size)
         try:
-            run_control.write_validation_error(path, error)
+            run_control.write_validation_error(path, error, run_control.config_signature(config))
         except OSError as err:  # the directory may be gone already
             logger.warning("could not write the validation error of %s: %s", run_id, err)
 
@@ -268,7 +276,7 @@ class MultiRunManager:
                 )
                 self._forget(idx, run_id, call_hooks=False)
                 stat = layout.orch_config_path(path).stat()
-                self._reject(run_id, path, error, (stat.st_mtime_ns, stat.st_size))
+                self._reject(run_id, path, error, stat)
                 return
 
     def _forget(self, idx: int, run_id: str, *, call_hooks: bool = True) -> None:
@@ -277,7 +285,7 @@ class MultiRunManager:
             path = layout.run_dir(self.output_dir, run_id)
             try:
                 stat = layout.orch_config_path(path).stat()
-                self._reject(run_id, path, failure, (stat.st_mtime_ns, stat.st_size))
+                self._reject(run_id, path, failure, stat)
             except FileNotFoundError:
                 pass
         logger.info("run %s forgotten: slot %d is free", run_id, idx)

@@ -35,6 +35,7 @@ from workbench.config import (
     normalize_run_id,
     validate_model,
 )
+from workbench.preflight import check_new_run
 from workbench.supervisor.paths import unix_socket_address
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ def new_run_config(
 ) -> tuple[str, OrchestratorConfig]:
     """The id and orchestrator config of a run to add: the recipe's `[defaults]` deep-merged
     with `overrides`. Raises ControlError naming what is wrong (bad or taken id, invalid
-    keys or values, an unreadable recipe)."""
+    keys or values, an unreadable recipe, what `workbench.preflight.check_new_run` finds)."""
     raw_id = raw_id.strip()
     problem = check_run_id(raw_id)
     if problem:
@@ -190,16 +191,18 @@ def new_run_config(
             f"`workbench restart {run_id}`"
         )
     recipe_file = layout.recipe_path(experiment)
+    recipe = None
     if recipe_file.is_file():
         try:
-            defaults = load_recipe(recipe_file).defaults.model_dump(mode="json")
+            recipe = load_recipe(recipe_file)
         except ConfigError as err:
             raise ControlError(f"cannot read the experiment's recipe: {err}") from None
-    else:  # an experiment made by hand: the built-in defaults
-        defaults = OrchestratorConfig().model_dump(mode="json")
+    # An experiment made by hand has no recipe: the built-in defaults.
+    defaults = (recipe.defaults if recipe else OrchestratorConfig()).model_dump(mode="json")
     merged = deep_merge(defaults, normalize_overrides(overrides))
     try:
         config = validate_model(OrchestratorConfig, merged, f"{run_id} settings", "")
+        check_new_run(experiment, recipe, run_id, config)
     except ConfigError as err:
         raise ControlError(str(err)) from None
     return run_id, config

@@ -13,7 +13,9 @@ The recipe's `[sweep.scheduler]`, if any, turns on early stopping, and its `[tra
 experiment tracking, as in the real plan.
 
 A process entry may give `argv` (a full command, e.g. `python -c ...`) instead of `args`,
-and `module` to check, as the real plan does, that a module exists before starting.
+and `module` to check, as the real plan does, that a module exists before starting. So
+may the orchestrator entry: `"argv": [python, "-m", "workbench.orchestrator"]` runs the
+real orchestrator (`--run-dir` is added) among stand-ins.
 `ready: true` gives it a file readiness check on `{experiment}/ready/<name>`, which the
 stand-in creates when passed `--ready-file` (added automatically).
 """
@@ -99,11 +101,15 @@ def plan(experiment: Path) -> Plan:
 
     def orchestrator_spec(run_id: str, run_dir: Path) -> ProcessSpec:
         args = [*orchestrator.get("args", []), "--run-dir", str(run_dir)]
+        if "argv" in orchestrator:
+            argv = [*orchestrator["argv"], "--run-dir", str(run_dir)]
+        else:
+            argv = standin_argv(experiment, run_id, args, ready=False)
         return ProcessSpec(
             name=run_id,
             kind="orchestrator",
             run_id=run_id,
-            argv=standin_argv(experiment, run_id, args, ready=False),
+            argv=argv,
             log_path=layout.orchestrator_log_path(run_dir),
             requires_ready=tuple(orchestrator.get("requires_ready", ["inference"])),
             restart=RestartPolicy(**orchestrator.get("restart", {})),

@@ -22,7 +22,13 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from workbench.config import ConfigProblem, OrchestratorConfig, explain_error, problem_at
+from workbench.config import (
+    ConfigProblem,
+    OrchestratorConfig,
+    explain_error,
+    lora_rank_problem,
+    problem_at,
+)
 from workbench.sweep.spec import (
     DISTRIBUTIONS,
     Distribution,
@@ -334,16 +340,12 @@ def rank_problems(
         if param.key != "lora.rank":
             continue
         values = bounds_of(param.distribution) if param.distribution else param.values
-        too_big = [v for v in values if isinstance(v, int) and v > trainer_rank]
-        if too_big:
-            problems.append(
-                problem_at(
-                    param.loc,
-                    f"rank {too_big[0]} is larger than the trainer's adapter slots ([trainer] "
-                    f"lora.rank = {trainer_rank}); raise that or ask for at most {trainer_rank}",
-                    text,
-                )
-            )
+        refusals = [
+            lora_rank_problem(value, trainer_rank) for value in values if isinstance(value, int)
+        ]
+        first = next((refusal for refusal in refusals if refusal), None)
+        if first:
+            problems.append(problem_at(param.loc, first, text))
     return problems
 
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.config import LORA_TARGET_MODULES, OrchestratorConfig
+from workbench.config import LORA_TARGET_MODULES, OrchestratorConfig, lora_rank_problem
 
 if TYPE_CHECKING:
     from workbench.runs import MultiRunManager
@@ -517,13 +517,8 @@ def apply_lora_to_model(
     setattr(model, _ROUTING_ATTRIBUTE, routing)
 
     def validate_run_rank(config: OrchestratorConfig) -> tuple[bool, str]:
-        run_rank, _ = resolve_run_lora(config, rank, alpha)
-        if run_rank > rank:
-            return False, (
-                f"[lora] rank = {run_rank} is larger than the trainer's adapter slots "
-                f"(rank {rank}); ask for at most {rank}"
-            )
-        return True, ""
+        problem = lora_rank_problem(config.lora.rank, rank)
+        return problem is None, f"lora.rank: {problem}" if problem else ""
 
     def configure_new_run(idx: int, run_id: str) -> None:
         config = manager.config[idx]

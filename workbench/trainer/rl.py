@@ -144,8 +144,7 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
     ]
     temperatures = torch.ones(manager.max_runs)
     for idx in manager.used_idxs:
-        # Greedy sampling (temperature 0) scales nothing: its log-probs are the model's own.
-        temperatures[idx] = manager.config[idx].sampling.temperature or 1.0
+        temperatures[idx] = manager.config[idx].sampling.temperature  # > 0 (config.py)
     run_loss = torch.zeros(manager.max_runs, dtype=torch.float64)
 
     for row in rows:

@@ -1,0 +1,294 @@
+"""Everything that can be found wrong before launch is found before launch (workbench.preflight).
+
+Recipes go through `read_recipe`, the first step of `workbench up` (and of `--dry-run` and
+`sweep plan`); a few go through the CLI to show the exit status and that nothing is written
+or started. Hub ids are checked in a subprocess: huggingface_hub reads its settings
+(HF_HUB_CACHE, HF_HUB_OFFLINE, HF_ENDPOINT) once, at import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.helpers import free_port, make_run
+from workbench import run_control
+from workbench.cli import app
+from workbench.config import ConfigError
+from workbench.experiment import create_experiment
+from workbench.models.char_tokenizer import build_char_tokenizer, save_char_tokenizer
+from workbench.supervisor import standins
+from workbench.supervisor.client import running_supervisor_pid
+from workbench.supervisor.control_socket import ControlError, new_run_config
+from workbench.supervisor.launch import PLAN_ENV, stop_experiment
+from workbench.up import RecipeError, read_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+
+RECIPE = """\
+[experiment]
+name = "pre"
+output_dir = "{output_dir}"
+
+[model]
+base = "{base}"
+
+[inference]
+max_model_len = 512
+
+[trainer]
+max_concurrent_runs = 2
+lora = {{ rank = 8, alpha = 16 }}
+
+[defaults]
+env = "reverse_text"
+env_args = {{ min_length = 9, max_length = 9 }}
+max_steps = 5
+
+[[runs]]
+id = "a"
+
+[[runs]]
+id = "b"
+lr = 1e-3
+"""
+
+
+def recipe_text(tmp_path: Path, base: str = "builtin:tiny-reverse") -> str:
+    return RECIPE.format(output_dir=tmp_path / "outputs" / "pre", base=base)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.toml"
+    path.write_text(text)
+    return path
+
+
+def problems(tmp_path: Path, text: str) -> dict[str, tuple[int | None, str]]:
+    """key -> (line, message) of every problem `workbench up` reports for this recipe."""
+    with pytest.raises(RecipeError) as raised:
+        read_recipe(write(tmp_path, text))
+    cause = raised.value.__context__
+    assert isinstance(cause, ConfigError), raised.value
+    return {p.key: (p.line, p.message) for p in cause.problems}
+
+
+def test_the_shipped_recipes_pass_every_check_that_needs_no_hub():
+    for name in ("reverse_text.toml", "reverse_text_sweep.toml"):
+        read_recipe(REPO / "recipes" / name)
+
+
+def test_an_unknown_environment_is_found_at_its_line_listing_the_known_ones(tmp_path: Path):
+    text = recipe_text(tmp_path).replace("lr = 1e-3", 'lr = 1e-3\nenv = "nope"')
+    found = problems(tmp_path, text)
+    assert list(found) == ["runs[1].env"]
+    line, message = found["runs[1].env"]
+    assert line == 26 and "unknown environment 'nope'" in message and "reverse_text" in message
+
+
+def test_an_unknown_env_args_key_is_found_by_the_environments_own_arguments(tmp_path: Path):
+    text = recipe_text(tmp_path).replace("min_length = 9,", "min_len = 9,")
+    line, message = problems(tmp_path, text)["defaults.env_args"]
+    assert line == 17 and "unknown env_args key 'min_len'" in message
+    assert "allowed: alphabet, max_length, min_length, system_prompt" in message
+
+
+def test_a_task_space_too_small_to_hold_out_eval_prompts_is_found(tmp_path: Path):
+    text = recipe_text(tmp_path).replace(
+        "min_length = 9, max_length = 9", 'min_length = 1, max_length = 1, alphabet = "ab"'
+    )
+    _, message = problems(tmp_path, text)["defaults.env_args"]
+    assert "no 'eval' prompt" in message and "hold out" in message
+
+
+def test_a_run_asking_for_a_larger_lora_rank_than_the_trainers_slots_is_found(tmp_path: Path):
+    text = recipe_text(tmp_path).replace('id = "a"', 'id = "a"\nlora = { rank = 16 }')
+    line, message = problems(tmp_path, text)["runs[0].lora.rank"]
+    assert line == 22 and "rank 16 is larger than the trainer's adapter slots" in message
+    in_defaults = recipe_text(tmp_path).replace("max_steps = 5", "max_steps = 5\nlora.rank = 32")
+    assert "rank 32" in problems(tmp_path, in_defaults)["defaults.lora.rank"][1]
+
+
+def test_a_local_model_that_is_missing_or_not_a_model_directory_is_found(tmp_path: Path):
+    missing = tmp_path / "no-such-model"
+    line, message = problems(tmp_path, recipe_text(tmp_path, str(missing)))["model.base"]
+    assert line == 6 and f"{missing} does not exist" in message
+    empty = tmp_path / "empty-dir"
+    empty.mkdir()
+    _, message = problems(tmp_path, recipe_text(tmp_path, str(empty)))["model.base"]
+    assert "not a model directory (no config.json)" in message
+    unknown = recipe_text(tmp_path, "builtin:huge")
+    assert "unknown builtin model 'builtin:huge'" in problems(tmp_path, unknown)["model.base"][1]
+
+
+def test_a_recipe_without_runs_says_so_unless_its_experiment_has_runs_already(tmp_path: Path):
+    text = recipe_text(tmp_path).split("[[runs]]")[0]
+    _, message = problems(tmp_path, text)["runs"]
+    assert "the recipe has no runs" in message
+    make_run(tmp_path / "outputs" / "pre", "run_added_earlier")
+    read_recipe(write(tmp_path, text))  # `up` resumes the runs the experiment has
+
+
+def test_a_prompt_plus_max_tokens_above_max_model_len_names_the_numbers(tmp_path: Path):
+    # The tiny model's chat template: <bos><|user|>, 9 letters, <eos><|assistant|>: 13 tokens.
+    text = recipe_text(tmp_path).replace("max_model_len = 512", "max_model_len = 80")
+    text = text.replace("lr = 1e-3", "lr = 1e-3\nsampling.max_tokens = 70")
+    found = problems(tmp_path, text)
+    assert list(found) == ["runs[1].sampling.max_tokens"]
+    line, message = found["runs[1].sampling.max_tokens"]
+    assert line == 26 and "training prompts is 13 tokens" in message
+    assert "up to 83, above [inference] max_model_len = 80" in message
+
+
+def test_a_run_whose_own_env_args_make_prompts_too_long_is_blamed_not_the_defaults(
+    tmp_path: Path,
+):
+    text = recipe_text(tmp_path).replace("max_model_len = 512", "max_model_len = 80")
+    text = text.replace("lr = 1e-3", "lr = 1e-3\nenv_args.max_length = 40")
+    line, message = problems(tmp_path, text)["runs[1].sampling.max_tokens"]
+    assert line == 23 and "training prompts is 44 tokens" in message
+
+
+def test_an_eval_of_its_own_length_and_the_trainers_seq_len_are_checked_too(tmp_path: Path):
+    text = recipe_text(tmp_path).replace("max_model_len = 512", "max_model_len = 80")
+    text = text.replace("max_concurrent_runs = 2", "max_concurrent_runs = 2\nseq_len = 40")
+    text = text.replace("max_steps = 5", "max_steps = 5\neval.sampling.max_tokens = 70")
+    found = problems(tmp_path, text)
+    assert set(found) == {"defaults.sampling.max_tokens", "defaults.eval.sampling.max_tokens"}
+    assert "above [trainer] seq_len = 40" in found["defaults.sampling.max_tokens"][1]
+    assert "eval prompts is 13 tokens" in found["defaults.eval.sampling.max_tokens"][1]
+
+
+def test_a_swept_value_that_fails_is_found_at_the_sweep_key(tmp_path: Path):
+    text = recipe_text(tmp_path).replace("max_model_len = 512", "max_model_len = 80")
+    text += "\n[sweep.grid]\nenv_args.max_length = [9, 40]\n"
+    found = problems(tmp_path, text)
+    assert list(found) == ["sweep.grid.env_args.max_length"]
+    line, message = found["sweep.grid.env_args.max_length"]
+    assert line == 28 and "training prompts is 44 tokens" in message
+
+
+def test_max_loras_below_the_adapters_in_flight_explains_the_count(tmp_path: Path):
+    text = recipe_text(tmp_path).replace("[inference]", "[inference]\nmax_loras = 3")
+    line, message = problems(tmp_path, text)["inference.max_loras"]
+    assert line == 9
+    assert "2 runs train at once" in message and "an eval holds" in message
+    assert "4 in flight" in message and "at least 4" in message
+    # Without evals a run has one adapter in flight; left out, max_loras fits every slot.
+    read_recipe(write(tmp_path, text.replace("max_steps = 5", "max_steps = 5\neval.interval = 0")))
+    _, recipe = read_recipe(write(tmp_path, recipe_text(tmp_path)))
+    assert recipe.max_loras == 4 and recipe.inference_config().inference.max_loras == 4
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path):
+    text = recipe_text(tmp_path, str(tmp_path / "gone")).replace("lr = 1e-3", 'env = "nope"')
+    text = text.replace("[inference]", "[inference]\nmax_loras = 1")
+    text = text.replace('id = "a"', 'id = "a"\nlora.rank = 64')
+    assert set(problems(tmp_path, text)) == {
+        "model.base",
+        "runs[0].lora.rank",
+        "runs[1].env",
+        "inference.max_loras",
+    }
+
+
+def test_up_with_a_run_that_cannot_work_exits_2_and_writes_and_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(PLAN_ENV, standins.PLAN_REFERENCE)  # were it to start: stand-ins
+    recipe = write(tmp_path, recipe_text(tmp_path).replace("lr = 1e-3", 'env = "nope"'))
+    experiment = tmp_path / "outputs" / "pre"
+    try:
+        result = CliRunner().invoke(app, ["up", str(recipe), "--detach"])
+    finally:
+        if running_supervisor_pid(experiment) is not None:
+            stop_experiment(experiment)
+    assert result.exit_code == 2, result.output
+    assert f"{recipe}, line 25: runs[1].env: unknown environment 'nope'" in result.output
+    assert not experiment.exists()
+
+
+def test_runs_add_checks_the_new_run_against_the_experiment(tmp_path: Path):
+    text = recipe_text(tmp_path).replace("[inference]", "[inference]\nmax_loras = 4")
+    document, recipe = read_recipe(write(tmp_path, text))
+    experiment = create_experiment(recipe, document)
+
+    def refusal(overrides: dict) -> str:
+        with pytest.raises(ControlError) as raised:
+            new_run_config(experiment, "c", overrides)
+        return str(raised.value)
+
+    assert "run_c settings: env: unknown environment 'x'" in refusal({"env": "x"})
+    assert "run_c settings: lora.rank: rank 9" in refusal({"lora.rank": 9})
+    too_long = refusal({"sampling.max_tokens": 600})
+    assert "run_c settings: sampling.max_tokens:" in too_long and "max_model_len = 512" in too_long
+    # Two runs with evals fill max_loras = 4; a third may take a slot once one frees.
+    assert new_run_config(experiment, "c", {})[0] == "run_c"
+    text = text.replace("max_concurrent_runs = 2", "max_concurrent_runs = 3")
+    (experiment / "recipe.toml").write_text(text)
+    crowded = refusal({})
+    assert "run_c settings: inference.max_loras: 4 is fewer adapters" in crowded
+    assert "with run_c, 3 runs, 3 trainer slots" in crowded and "6 in flight" in crowded
+    run_control.write_eviction(experiment / "run_a", "made room", by="user")
+    assert new_run_config(experiment, "c", {})[0] == "run_c"
+    assert not (experiment / "run_c").exists()
+
+
+# ---------------------------------------------------------------- hub ids
+
+
+def hub_cache_with(cache: Path, repo_id: str) -> None:
+    """A Hugging Face cache holding `repo_id` (config and tokenizer), as a download leaves it."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    save_char_tokenizer(build_char_tokenizer(), snapshot)
+
+
+def dry_run(tmp_path: Path, base: str, **env: str) -> subprocess.CompletedProcess[str]:
+    recipe = write(tmp_path, recipe_text(tmp_path, base))
+    return subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "up", str(recipe), "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        timeout=120,
+    )
+
+
+def test_a_hub_id_in_the_cache_needs_no_network(tmp_path: Path):
+    cache = tmp_path / "hf"
+    hub_cache_with(cache, "acme/tiny")
+    # Offline, and a hub that cannot answer: only the cache can make this pass.
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    result = dry_run(tmp_path, "acme/tiny", **env)
+    assert result.returncode == 0, result.stderr
+    assert "nothing was written or started" in result.stdout
+
+
+def test_a_hub_id_neither_cached_nor_downloadable_offline_is_refused(tmp_path: Path):
+    env = {"HF_HUB_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    result = dry_run(tmp_path, "acme/tiny", **env)
+    assert result.returncode == 2
+    assert "model.base: 'acme/tiny' is not in the Hugging Face cache" in result.stderr
+    assert "HF_HUB_OFFLINE is set" in result.stderr
+
+
+def test_a_hub_id_not_cached_on_a_machine_that_cannot_reach_the_hub_is_refused(tmp_path: Path):
+    unreachable = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    env = {"HF_HUB_CACHE": str(tmp_path / "hf"), "HF_ENDPOINT": unreachable}
+    result = dry_run(tmp_path, "acme/tiny", **env)
+    assert result.returncode == 2
+    assert "the hub cannot be reached" in result.stderr and unreachable in result.stderr
