@@ -296,6 +296,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[SummaryRow]]] = {
     "eval": _external_summary("eval", "workbench.bench.evaluation", "run_eval_benchmark"),
     "sweep": _external_summary("sweep", "workbench.bench.sweep", "run_sweep_benchmark"),
     "supervisor": _supervisor_summary,
+    "load": _external_summary("load", "workbench.bench.load.runner", "run_load_benchmark"),
 }
 
 
@@ -314,8 +315,9 @@ def all_benchmarks(
 ) -> None:
     """Every benchmark of the project, then one summary table (`just bench`).
 
-    Runs trainer, inference, e2e, eval, sweep and supervisor in turn; each writes its own JSON under
-    benchmarks/results/, and the summary goes to benchmarks/results/summary-latest.json.
+    Runs trainer, inference, e2e, eval, sweep, supervisor and load in turn; each writes its
+    own JSON under benchmarks/results/, and the summary goes to
+    benchmarks/results/summary-latest.json.
     A benchmark not written yet is skipped; one that fails is reported and the others
     still run; the exit code is 1 if any failed.
     """

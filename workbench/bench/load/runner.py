@@ -157,6 +157,7 @@ async def measure(
         "notes": exp.cli_lines[-6:],
     }
     payload["ok"] = is_ok(payload)
+    payload["exit_code"] = 0 if payload["ok"] else 1  # what `bench all` reads as failed
     return payload
 
 
