@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ import tomlkit
 
 from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
+from workbench.file_change import OnFileChange
 from workbench.supervisor.process import process_is_alive
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import read_asha, read_plan_values
@@ -73,8 +76,10 @@ def run_statuses(experiment: Path) -> list[RunStatus]:
     asha = read_asha(experiment)
     standings = latest_by_run(asha.results) if asha is not None else {}
     statuses = []
-    for run in layout.list_run_dirs(experiment):
-        status = _run_status(run, slots, progress)
+    runs = layout.list_run_dirs(experiment)
+    max_steps = _max_steps_cache.of_runs(experiment, runs)
+    for run in runs:
+        status = _run_status(run, slots, progress, max_steps[run.name])
         status.values = values.get(run.name)
         if run.name in standings:
             status.asha = _standing(standings[run.name])
@@ -102,7 +107,9 @@ def _standing(result: RungResult) -> dict[str, Any]:
     }
 
 
-def _run_status(run: Path, slots: dict[str, int], progress: dict[str, Any]) -> RunStatus:
+def _run_status(
+    run: Path, slots: dict[str, int], progress: dict[str, Any], max_steps: int | None
+) -> RunStatus:
     run_id = run.name
     trained = progress.get(run_id, {})
     broadcast_step = layout.latest_stable_step(layout.broadcasts_dir(run)) or 0
@@ -110,7 +117,7 @@ def _run_status(run: Path, slots: dict[str, int], progress: dict[str, Any]) -> R
         id=run_id,
         status="waiting",
         step=max(int(trained.get("step", 0)), broadcast_step),
-        max_steps=_max_steps(run),
+        max_steps=max_steps,
         slot=slots.get(run_id),
         total_tokens=int(trained.get("total_tokens", 0)),
         total_samples=int(trained.get("total_samples", 0)),
@@ -131,10 +138,35 @@ def _run_status(run: Path, slots: dict[str, int], progress: dict[str, Any]) -> R
     return status
 
 
-def _max_steps(run: Path) -> int | None:
+class _MaxStepsCache:
+    """Each run's max_steps, its orch.toml parsed again only when the file changes: the TUI
+    asks for every run every second, and parsing TOML was nine tenths of what a poll cost.
+    Runs that are gone are forgotten; threads may ask at once (a lock guards the table)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_experiment: dict[Path, dict[str, OnFileChange[int | None]]] = {}
+
+    def of_runs(self, experiment: Path, runs: list[Path]) -> dict[str, int | None]:
+        with self._lock:
+            known = self._by_experiment.setdefault(experiment, {})
+            for gone in set(known) - {run.name for run in runs}:
+                del known[gone]
+            for run in runs:
+                if run.name not in known:
+                    path = layout.orch_config_path(run)
+                    known[run.name] = OnFileChange(path, partial(_read_max_steps, path))
+            files = {run.name: known[run.name] for run in runs}
+        return {name: file.get() for name, file in files.items()}
+
+
+_max_steps_cache = _MaxStepsCache()
+
+
+def _read_max_steps(path: Path) -> int | None:
     # Read leniently: a broken orch.toml is reported as a rejection, not a crash here.
     with contextlib.suppress(Exception):
-        document = tomlkit.parse(layout.orch_config_path(run).read_text(encoding="utf-8"))
+        document = tomlkit.parse(path.read_text(encoding="utf-8"))
         value = document.get("max_steps")
         if value is None:
             return OrchestratorConfig.model_fields["max_steps"].default

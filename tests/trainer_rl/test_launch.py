@@ -1,5 +1,6 @@
 """The trainer as the supervisor starts it (`python -m workbench.trainer.launch`, torchrun's
-agent and a worker): a SIGTERM stop is a clean exit, and a killed agent leaves no worker."""
+agent and its workers): a SIGTERM stop is a clean exit, a killed agent leaves no worker,
+and nothing of it listens beyond 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers import free_port, make_run
+import psutil
+
+from tests.helpers import make_run
 from tests.trainer_rl.test_multi_process import (
     experiment_with_batches,
     wait_for,
@@ -19,12 +22,14 @@ from tests.trainer_rl.test_multi_process import (
 from workbench import layout
 from workbench.supervisor.process import process_is_alive
 from workbench.trainer.checkpoint import remove_killed_writes
-from workbench.trainer.launch import child_pids
+from workbench.trainer.launch import RENDEZVOUS_ARGS, child_pids
 
 RUNS = ("run_a", "run_b")
 
 
-def start_trainer(tmp_path: Path, tiny_llama: Path) -> tuple[subprocess.Popen, Path]:
+def start_trainer(
+    tmp_path: Path, tiny_llama: Path, ranks: int = 1
+) -> tuple[subprocess.Popen, Path]:
     """Two runs with two batches each and no interval checkpoint before step 100."""
     experiment = experiment_with_batches(
         tmp_path / "exp", steps=2, lr=0.05, checkpoint_interval=100
@@ -34,9 +39,8 @@ def start_trainer(tmp_path: Path, tiny_llama: Path) -> tuple[subprocess.Popen, P
     log = open(tmp_path / "trainer.log", "w")  # noqa: SIM115 - the child holds it
     launcher = subprocess.Popen(
         [
-            sys.executable, "-m", "workbench.trainer.launch", "--nproc_per_node", "1",
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            "-m", "workbench.trainer.rl", "--config", str(config_path),
+            sys.executable, "-m", "workbench.trainer.launch", "--nproc_per_node", str(ranks),
+            *RENDEZVOUS_ARGS, "-m", "workbench.trainer.rl", "--config", str(config_path),
         ],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )  # fmt: skip
@@ -78,6 +82,30 @@ def test_a_killed_torchrun_agent_leaves_no_worker_and_the_worker_checkpoints(tmp
             os.kill(workers[0], signal.SIGKILL)
     for run in RUNS:
         assert layout.is_stable(layout.checkpoint_part_dir(experiment / run, 2, "trainer")), run
+
+
+def tcp_listeners(process: psutil.Process) -> list[str]:
+    """`ip:port` of every TCP socket `process` listens on."""
+    return [
+        f"{conn.laddr.ip}:{conn.laddr.port}"
+        for conn in process.net_connections(kind="tcp")
+        if conn.status == psutil.CONN_LISTEN
+    ]
+
+
+def test_the_trainer_listens_on_127_0_0_1_only(tmp_path, tiny_llama):
+    """torchrun's store (in the agent) and gloo's ranks (two workers) answer only on the
+    loopback interface; the store listened on every interface before."""
+    launcher, _ = start_trainer(tmp_path, tiny_llama, ranks=2)
+    try:
+        agent = psutil.Process(launcher.pid)
+        store = tcp_listeners(agent)
+        everything = [where for p in [agent, *agent.children()] for where in tcp_listeners(p)]
+    finally:
+        os.killpg(launcher.pid, signal.SIGTERM)
+        launcher.wait(timeout=120)
+    assert store, "the agent holds the rendezvous store: it listens"
+    assert [where for where in everything if not where.startswith("127.0.0.1:")] == []
 
 
 def test_a_starting_trainer_removes_what_a_killed_one_left_half_written(tmp_path: Path):

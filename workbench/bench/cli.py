@@ -296,6 +296,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[SummaryRow]]] = {
     "eval": _external_summary("eval", "workbench.bench.evaluation", "run_eval_benchmark"),
     "sweep": _external_summary("sweep", "workbench.bench.sweep", "run_sweep_benchmark"),
     "supervisor": _supervisor_summary,
+    "load": _external_summary("load", "workbench.bench.load.runner", "run_load_benchmark"),
 }
 
 
@@ -314,8 +315,9 @@ def all_benchmarks(
 ) -> None:
     """Every benchmark of the project, then one summary table (`just bench`).
 
-    Runs trainer, inference, e2e, eval, sweep and supervisor in turn; each writes its own JSON under
-    benchmarks/results/, and the summary goes to benchmarks/results/summary-latest.json.
+    Runs trainer, inference, e2e, eval, sweep, supervisor and load in turn; each writes its
+    own JSON under benchmarks/results/, and the summary goes to
+    benchmarks/results/summary-latest.json.
     A benchmark not written yet is skipped; one that fails is reported and the others
     still run; the exit code is 1 if any failed.
     """
@@ -491,4 +493,55 @@ def sweep(
         raise typer.BadParameter(str(err), param_hint="RECIPE") from None
     typer.echo(f"results: {report['path']}")
     if report["exit_code"] != 0:
+        raise typer.Exit(1)
+
+
+@bench_app.command("load")
+def load(
+    duration: Annotated[
+        float | None,
+        typer.Option(min=1, help="Seconds of churn (default 600; --quick: 60)."),
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="60 s of churn: a few minutes.")] = False,
+    interval: Annotated[
+        float, typer.Option(min=0.5, help="Seconds between evictions (runs are added back).")
+    ] = 5.0,
+    seed: Annotated[int, typer.Option(help="Draws which run each eviction takes.")] = 0,
+    recipe: Annotated[Path, typer.Option(help="The recipe whose model and task to run.")] = Path(
+        "recipes/reverse_text.toml"
+    ),
+    keep_outputs: Annotated[
+        bool, typer.Option(help="Keep the scratch experiment directory after.")
+    ] = False,
+) -> None:
+    """The supervisor, trainer and TUI under runs coming and going, and the TUI's latency.
+
+    RECIPE's model and task with 16 runs of 8 short steps on 4 trainer slots (12 waiting),
+    started with `workbench up --headless --detach`. For the duration, every INTERVAL
+    seconds one unfinished run is evicted (an active or a waiting one, by a seeded coin) and
+    runs are added until 16 are unfinished again, through the supervisor's control socket;
+    meanwhile the TUI, attached headless in this process, gets a key every second (move the
+    selection, open a run, back) and the time from each key to the first frame showing its
+    effect is measured. Then: supervisor alive, no process ended unasked, no slot held by
+    an ended run or free while runs wait, every run added accounted for, every finished
+    run's metrics complete, listeners on 127.0.0.1 only; after `workbench down`, no process
+    left and nothing half-written. Exit status 1 if a check failed.
+    """
+    from workbench.bench.load.runner import LoadBenchError, format_table, run_load_benchmark
+
+    try:
+        report = run_load_benchmark(
+            duration_s=duration,
+            quick=quick,
+            interval_s=interval,
+            seed=seed,
+            recipe=recipe,
+            keep_outputs=keep_outputs,
+        )
+    except LoadBenchError as err:
+        typer.echo(f"load benchmark: {err}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(format_table(report))
+    typer.echo(f"results: {report['path']}")
+    if not report["ok"]:
         raise typer.Exit(1)

@@ -37,11 +37,13 @@ from workbench.supervisor.process import HttpReady, ProcessSpec
 from workbench.sweep import scheduler
 from workbench.sweep.spec import AshaSpec
 from workbench.tracking.target import TrackingTarget
+from workbench.trainer.launch import RENDEZVOUS_ARGS
 
 DEFAULT_PLAN = "workbench.supervisor.plan:plan_from_recipe"
 INFERENCE_MODULE = "workbench.inference"
 TRAINER_MODULE = "workbench.trainer.rl"
-# torchrun's agent, run so that a SIGTERM-ed trainer exits with its workers' status.
+# torchrun's agent, run so that a SIGTERM-ed trainer exits with its workers' status and
+# its rendezvous store listens on 127.0.0.1 only.
 TRAINER_LAUNCHER = "workbench.trainer.launch"
 ORCHESTRATOR_MODULE = "workbench.orchestrator"
 
@@ -282,7 +284,6 @@ def plan_from_recipe(experiment: Path) -> Plan:
 
     host = recipe.inference.host
     inference_port = choose_port(recipe.inference.port, host, "[inference] port")
-    trainer_port = free_port()
     gpu_count = detect_gpu_count()
     ranks = recipe.trainer.nproc_per_node
     devices = assign_devices(recipe.inference.gpus, recipe.trainer.gpus, ranks, gpu_count)
@@ -361,8 +362,7 @@ def plan_from_recipe(experiment: Path) -> Plan:
             TRAINER_LAUNCHER,
             "--nproc_per_node",
             str(ranks),
-            "--master_port",
-            str(trainer_port),
+            *RENDEZVOUS_ARGS,
             "-m",
             TRAINER_MODULE,
             "--config",

@@ -9,6 +9,10 @@ them, so its exit status is theirs (0 after a clean stop, 1 if one failed).
 torchrun starts each worker in a session of its own, out of reach of a signal to the
 agent's process group; the workers arm a parent-death signal (`workbench.lifeline`) so a
 killed agent never leaves one behind, and this process arms one for the supervisor.
+
+Nothing of the trainer listens beyond 127.0.0.1: the agent's store through the
+`workbench-loopback` rendezvous (`workbench.trainer.rendezvous`), registered here, in the
+agent's process; gloo's ranks through GLOO_SOCKET_IFNAME, which the workers inherit.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from workbench.lifeline import die_with_parent
 
 # The agent's handler for the signals it handles raises; SIGTERM is handled here instead.
 AGENT_SIGNALS = ("--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT")
+# The rendezvous whose store listens on 127.0.0.1 only, on a port the kernel picks.
+RENDEZVOUS_BACKEND = "workbench-loopback"
+RENDEZVOUS_ARGS = ("--rdzv-backend", RENDEZVOUS_BACKEND, "--rdzv-endpoint", "127.0.0.1:0")
 
 
 def child_pids(parent: int) -> list[int]:
@@ -49,8 +56,14 @@ def forward_to_workers(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     signal.signal(signal.SIGTERM, forward_to_workers)
+    # gloo's ranks listen on the address the host name resolves to, often the network's;
+    # one machine needs only the loopback interface (an explicit setting is kept).
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     from torch.distributed.run import main as torchrun_main
 
+    from workbench.trainer import rendezvous
+
+    rendezvous.register()
     torchrun_main([*AGENT_SIGNALS, *(sys.argv[1:] if argv is None else argv)])
     return 0
 

@@ -17,13 +17,13 @@ from the TUI or `workbench evict`, or by the trainer or orchestrator after an er
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from workbench import layout
+from workbench.file_change import OnFileChange
 from workbench.status import RunStatus
 from workbench.sweep.files import AshaRecord, read_asha
 from workbench.sweep.fit import SigmoidFit
@@ -39,8 +39,6 @@ from workbench.sweep.report import (
 from workbench.sweep.values import describe_values
 
 EARLY_STOPPED = "early-stop"
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -155,26 +153,3 @@ class LeaderboardReader:
         statuses = {run.status.id: run.status for run in runs}
         rows = tuple(leaderboard_row(outcome, statuses[outcome.id]) for outcome in report.runs)
         return Leaderboard(metric=ranking.metric, mode=ranking.mode, by=ranking.by, rows=rows)
-
-
-class OnFileChange(Generic[T]):
-    """A value derived from one file, derived again only when the file changes (its
-    inode, size or modification time) or appears or goes."""
-
-    def __init__(self, path: Path, derive: Callable[[], T]) -> None:
-        self.path = path
-        self._derive = derive
-        self._signature: tuple[int, int, int] | None = None
-        self._value: T | None = None
-        self._derived = False
-
-    def get(self) -> T:
-        try:
-            stat = os.stat(self.path)
-            signature: tuple[int, int, int] | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        except OSError:
-            signature = None
-        if not self._derived or signature != self._signature:
-            self._value = self._derive()
-            self._signature, self._derived = signature, True
-        return self._value  # type: ignore[return-value]

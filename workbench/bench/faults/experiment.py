@@ -1,8 +1,9 @@
 """One real experiment driven the way a user drives it: the CLI, the experiment directory.
 
 `FaultExperiment` writes a small recipe (the shipped task and model, two runs, few steps,
-frequent checkpoints) into a scratch directory, starts it with `workbench up --headless
---detach` (the supervisor then stops by itself once every run is done), and watches every
+frequent checkpoints; or the recipe it is given, as the load benchmark does) into a scratch
+directory, starts it with `workbench up --headless --detach` (the supervisor then stops by
+itself once every run is done), and watches every
 process that belongs to it: the supervisor's descendants, polled twice a second, so that
 processes a killed supervisor left behind are still known. `down` stops it and counts
 what is still alive.
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import tomlkit
 
 from workbench import layout, run_control
 from workbench.supervisor.client import read_state
@@ -81,16 +83,20 @@ class FaultExperiment:
     scratch: Path
     max_steps: int
     checkpoint_interval: int
+    # The recipe to start; by default RECIPE with `max_steps` and `checkpoint_interval`.
+    recipe_text: str = ""
     seen: dict[tuple[int, float], Seen] = field(default_factory=dict)
     cli_lines: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.recipe = self.scratch / "recipe.toml"
-        self.recipe.write_text(
-            RECIPE.format(max_steps=self.max_steps, checkpoint_interval=self.checkpoint_interval)
+        text = self.recipe_text or RECIPE.format(
+            max_steps=self.max_steps, checkpoint_interval=self.checkpoint_interval
         )
-        self.path = self.scratch / "outputs" / "faults"
+        self.recipe.write_text(text)
+        # Relative to the scratch directory, where every command runs.
+        self.path = self.scratch / tomlkit.parse(text)["experiment"]["output_dir"]
         self._stop_watch = threading.Event()
         self._watch: threading.Thread | None = None
 
@@ -161,10 +167,16 @@ class FaultExperiment:
             for record in (self.state().get("processes") or {}).values()
             if isinstance(record, dict)
         ]
-        for pid in {p for p in roots if isinstance(p, int)}:
+        # The supervisor first: its descendants are most of the roots, and each walk of
+        # a process tree reads all of /proc (many runs make many roots).
+        found: set[int] = set()
+        for pid in dict.fromkeys(p for p in roots if isinstance(p, int)):
+            if pid in found:
+                continue
             with contextlib.suppress(psutil.Error):
                 process = psutil.Process(pid)
                 for member in [process, *process.children(recursive=True)]:
+                    found.add(member.pid)
                     self._remember(member)
 
     def _remember(self, process: psutil.Process) -> None:

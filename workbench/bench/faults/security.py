@@ -1,6 +1,7 @@
 """Security checks on a running experiment, reported beside the faults.
 
-- listening TCP sockets: only vLLM's server (its process family), and only on 127.0.0.1;
+- listening TCP sockets: only vLLM's server and the trainer (torchrun's store, gloo's ranks),
+  each with its process family, and only on 127.0.0.1;
 - vLLM refuses a request without the experiment's API key and answers one with it;
 - the supervisor directory, the control socket, endpoint.json (the key) are the owner's;
 - `workbench runs add` refuses ids with path tricks, control characters or huge sizes.
@@ -22,17 +23,16 @@ from workbench.bench.faults.experiment import FaultExperiment, still_alive
 from workbench.inference.endpoint import endpoint_path, read_endpoint
 from workbench.supervisor import paths
 
+# The processes that may listen, each on 127.0.0.1 only.
+LISTENERS = ("inference", "trainer")
 BAD_RUN_IDS = ("../escape", "a/b", "run_\x1b[2Jx", "x" * 10_000, ".", "")
 
 
 def listening_problems(exp: FaultExperiment) -> list[str]:
+    """Every listening TCP socket of the experiment: only vLLM's and the trainer's process
+    families may listen (the API; torchrun's store and gloo's ranks), on 127.0.0.1 only."""
     exp.record_processes()
-    inference = exp.child_pid("inference")
-    allowed: set[int] = set()
-    with contextlib.suppress(psutil.Error):
-        if inference is not None:
-            process = psutil.Process(inference)
-            allowed = {process.pid, *(p.pid for p in process.children(recursive=True))}
+    owners = {pid: name for name in LISTENERS for pid in _family(exp.child_pid(name))}
     problems = []
     for seen in exp.seen.values():
         if not still_alive(seen):
@@ -42,11 +42,21 @@ def listening_problems(exp: FaultExperiment) -> list[str]:
                 if conn.status != psutil.CONN_LISTEN:
                     continue
                 where = f"{conn.laddr.ip}:{conn.laddr.port}"
-                if seen.pid not in allowed:
+                owner = owners.get(seen.pid)
+                if owner is None:
                     problems.append(f"pid {seen.pid} ({seen.command[:60]}) listens on {where}")
                 elif conn.laddr.ip != "127.0.0.1":
-                    problems.append(f"vLLM listens on {where}, not only 127.0.0.1")
+                    problems.append(f"{owner} (pid {seen.pid}) listens on {where}, not 127.0.0.1")
     return problems
+
+
+def _family(pid: int | None) -> set[int]:
+    """`pid` and its descendants."""
+    with contextlib.suppress(psutil.Error):
+        if pid is not None:
+            process = psutil.Process(pid)
+            return {process.pid, *(p.pid for p in process.children(recursive=True))}
+    return set()
 
 
 def api_key_problems(exp: FaultExperiment) -> list[str]:

@@ -1,0 +1,167 @@
+"""`workbench bench load`: its recipe, its choice of eviction, its checks on hand-built
+experiment files, its key-to-screen timing on the real TUI, and one short real load."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from random import Random
+
+import pytest
+
+from tests.helpers import make_run
+from tests.tui.synthetic import build_experiment
+from workbench.bench.load import checks
+from workbench.bench.load.churn import SLOTS, choose_eviction, load_recipe
+from workbench.bench.load.keys import TUI_SIZE, FrameTimedApp, press_keys, wait_for_runs
+from workbench.bench.load.runner import run_load_benchmark
+from workbench.config import load_recipe as parse_recipe
+from workbench.metrics import append_metrics
+from workbench.status import RunStatus
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "recipes" / "reverse_text.toml"
+
+
+def test_the_load_recipe_is_the_shipped_one_with_16_short_runs_on_4_slots(tmp_path: Path):
+    path = tmp_path / "load.toml"
+    path.write_text(load_recipe(SHIPPED))
+    shipped, load = parse_recipe(SHIPPED), parse_recipe(path)
+    assert load.model == shipped.model
+    assert load.trainer.max_concurrent_runs == SLOTS == 4
+    configs = load.run_configs()
+    assert len(configs) == 16
+    assert {config.max_steps for config in configs.values()} == {8}
+    assert {config.env for config in configs.values()} == {shipped.defaults.env}
+
+
+def test_an_eviction_takes_an_active_or_a_waiting_run_and_none_when_there_is_none():
+    assert choose_eviction([], [], Random(0)) is None
+    assert choose_eviction([], ["run_w"], Random(0)) == "run_w"
+    picks = {choose_eviction(["run_a"], ["run_w"], Random(seed)) for seed in range(20)}
+    assert picks == {"run_a", "run_w"}
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def statuses(**status_of: str) -> list[RunStatus]:
+    return [RunStatus(id=run_id, status=status, step=0) for run_id, status in status_of.items()]
+
+
+def trainer(slots: dict[int, str], waiting: tuple[str, ...] = ()) -> dict:
+    return {"max_runs": 2, "slots": {str(i): r for i, r in slots.items()}, "waiting": list(waiting)}
+
+
+def test_a_slot_held_by_an_ended_or_gone_run_is_a_leak():
+    runs = statuses(run_a="evicted", run_b="active")
+    problems = checks.slot_problems(runs, trainer({0: "run_a", 1: "run_gone"}))
+    assert problems == [
+        "slot 0 held by run_a, which is evicted",
+        "slot 1 held by run_gone, whose directory is gone",
+    ]
+
+
+def test_a_free_slot_while_a_run_waits_is_a_leak_and_full_slots_are_not():
+    runs = statuses(run_a="active", run_w="waiting")
+    (problem,) = checks.slot_problems(runs, trainer({0: "run_a"}))
+    assert problem.startswith("1 slot(s) free while 1 run(s) wait")
+    runs = statuses(run_a="active", run_b="active", run_w="waiting", run_e="evicted")
+    assert checks.slot_problems(runs, trainer({0: "run_a", 1: "run_b"}, ("run_w",))) == []
+
+
+def test_every_run_added_is_finished_evicted_training_or_queued_else_lost():
+    runs = statuses(run_f="finished", run_e="evicted", run_a="active", run_w="waiting")
+    runs += statuses(run_q="waiting", run_x="active", run_r="rejected")
+    live = {"run_a": "running", "run_w": "running", "run_q": "running", "run_x": "exited"}
+    added = ["run_f", "run_e", "run_a", "run_w", "run_q", "run_x", "run_r", "run_gone"]
+    lost = checks.lost_runs(added, runs, trainer({0: "run_a", 1: "run_x"}, ("run_w",)), live)
+    assert lost == [
+        "run_q: waiting, but not in the trainer's queue",
+        "run_x: active, its orchestrator exited",
+        "run_r: rejected: None",
+        "run_gone: its directory is gone",
+    ]
+
+
+def finished_run(tmp_path: Path, trained: list[int], written: list[int]) -> Path:
+    run = make_run(tmp_path, "run_a", "max_steps = 4\n")
+    for step in written:
+        append_metrics(run, "orchestrator", step - 1, reward_mean=0.5, written=True)
+    append_metrics(run, "orchestrator", 1, reward_mean=0.5, written=False)  # a dropped batch
+    for step in trained:
+        append_metrics(run, "trainer", step, loss=0.1)
+    return run
+
+
+def test_a_finished_run_has_every_step_trained_and_every_batch_written(tmp_path: Path):
+    complete = finished_run(tmp_path / "a", [1, 2, 3, 4], [1, 2, 3, 4])
+    assert checks.metrics_problems(complete, finished=True) == []
+    short = finished_run(tmp_path / "b", [1, 2, 4], [1, 2, 3])
+    assert checks.metrics_problems(short, finished=True) == [
+        "run_a: trained steps have gaps: 1-2,4",
+        "run_a: finished with trainer steps 1-2,4",
+        "run_a: finished with batches written for 1-3",
+    ]
+    assert checks.metrics_problems(finished_run(tmp_path / "c", [1, 2], [1, 2]), False) == []
+
+
+def exit_record(code: int | None, *, asked: bool = False) -> dict:
+    return {"time": "t", "code": code, "signal": None if code is not None else 9,
+            "stop_requested": asked, "last_lines": []}  # fmt: skip
+
+
+def test_exits_nobody_asked_for_are_crashes_except_an_orchestrator_done_or_evicted():
+    state = {
+        "processes": {
+            "trainer": {"kind": "trainer", "exits": [exit_record(0, asked=True), exit_record(None)]},
+            "inference": {"kind": "inference", "exits": [exit_record(0)]},
+            "run_a": {"kind": "orchestrator", "exits": [exit_record(0), exit_record(3)]},
+            "run_b": {"kind": "orchestrator", "exits": [exit_record(1), exit_record(None, asked=True)]},
+        }
+    }  # fmt: skip
+    assert checks.crash_problems(state) == [
+        "trainer ended unasked (signal 9) at t",
+        "inference ended unasked (exit 0) at t",
+        "run_b ended unasked (exit 1) at t",
+    ]
+
+
+# ---------------------------------------------------------------- the TUI's keys
+
+
+def test_each_key_is_timed_to_the_frame_that_shows_its_effect(tmp_path: Path):
+    experiment = build_experiment(tmp_path)
+
+    async def drive():
+        app = FrameTimedApp(experiment)
+        async with app.run_test(size=TUI_SIZE) as pilot:
+            await wait_for_runs(app, 4, 30)
+            stop = asyncio.Event()
+            keys = asyncio.create_task(press_keys(app, pilot, stop))
+            await asyncio.sleep(9)  # two cycles: move, enter, escape, move
+            stop.set()
+            return await keys, len(app.reader.poll_s)
+
+    latencies, polls = asyncio.run(drive())
+    assert latencies.timed_out == {}
+    assert {"down", "enter", "escape"} <= set(latencies.by_key), latencies
+    assert all(value > 0 for value in latencies.all_s)
+    assert polls >= 1
+
+
+# ---------------------------------------------------------------- for real
+
+
+@pytest.mark.slow
+def test_a_short_load_on_the_real_system_passes_every_check(tmp_path: Path):
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
+    report = run_load_benchmark(
+        duration_s=20, interval_s=2, recipe=SHIPPED, results_dir=tmp_path / "results"
+    )
+    problems = [report[key] for key in ("crashes", "slot_problems", "metrics_problems")]
+    assert report["ok"], (problems, report["runs"], report["after_down"], report["churn"])
+    assert report["churn"]["ticks"] >= 5 and report["churn"]["added"] >= 5
+    assert report["runs"]["added"] == 16 + report["churn"]["added"]
+    assert report["tui"]["keys"]["n"] >= 5
+    assert (tmp_path / "results" / "load-latest.json").is_file()

@@ -1,0 +1,165 @@
+"""Key-to-screen latency of the TUI attached to a loaded experiment.
+
+The real app (`WorkbenchApp`, its polls, screens and workers) runs headless through
+Textual's `run_test()`; a key is pressed the way a terminal delivers one (Pilot hands the
+key event to the app's driver), and the latency is the time from that moment to the first
+frame the app composes in which the key's effect is on the screen:
+
+- `down` / `up` on the runs table: the cursor is on another row;
+- `enter`: the run's detail screen is the screen shown;
+- `escape` on the detail screen: the main screen is shown again.
+
+"Composes" is Textual's compositor producing the frame's update, the step just before it
+is written to the terminal; headless, that write is skipped (the hook is the app's
+`_display`, which receives every frame). Keys go one at a time, `KEY_GAP_S` apart, so each
+latency is the app's alone and not a queue of keys. A key whose effect is not on screen
+within `KEY_TIMEOUT_S` counts as timed out (its latency is not in the figures).
+
+The time each poll of the experiment directory takes (the app's reader, in a worker
+thread) is recorded too: what the app spends every second to stay current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.tui.app import WorkbenchApp
+from workbench.tui.data import ExperimentReader, ExperimentSnapshot
+from workbench.tui.screens.main import MainScreen
+from workbench.tui.screens.run_detail import RunDetailScreen
+from workbench.tui.widgets.runs_table import RunsTable
+
+TUI_SIZE = (120, 40)
+KEY_GAP_S = 1.0
+KEY_TIMEOUT_S = 10.0
+# One cycle: move, open the run, back, move again (down while it can, then up).
+CYCLE = ("move", "enter", "escape", "move")
+
+
+class TimedReader(ExperimentReader):
+    """The app's reader, timing each poll."""
+
+    def __init__(self, experiment: Path) -> None:
+        super().__init__(experiment)
+        self.poll_s: list[float] = []
+
+    def poll(self) -> ExperimentSnapshot:
+        started = time.perf_counter()
+        try:
+            return super().poll()
+        finally:
+            self.poll_s.append(time.perf_counter() - started)
+
+
+class FrameTimedApp(WorkbenchApp):
+    """The TUI, noting the first frame in which an awaited effect of a key is on screen."""
+
+    # Textual reads a relative CSS_PATH beside the module that defines the class.
+    CSS_PATH = str(Path(inspect.getfile(WorkbenchApp)).parent / WorkbenchApp.CSS_PATH)
+
+    def __init__(self, experiment: Path) -> None:
+        self.reader = TimedReader(experiment)
+        super().__init__(experiment, reader=self.reader)
+        self._awaited: tuple[Callable[[], bool], asyncio.Future[float]] | None = None
+
+    def await_frame(self, shown: Callable[[], bool]) -> asyncio.Future[float]:
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._awaited = (shown, future)
+        return future
+
+    def _display(self, screen: Any, renderable: Any) -> None:
+        super()._display(screen, renderable)
+        if self._awaited is None or renderable is None or screen is not self.screen:
+            return
+        shown, future = self._awaited
+        if shown() and not future.done():
+            future.set_result(time.perf_counter())
+            self._awaited = None
+
+
+@dataclass
+class KeyLatencies:
+    by_key: dict[str, list[float]] = field(default_factory=dict)  # seconds
+    timed_out: dict[str, int] = field(default_factory=dict)
+
+    def add(self, key: str, latency_s: float | None) -> None:
+        if latency_s is None:
+            self.timed_out[key] = self.timed_out.get(key, 0) + 1
+        else:
+            self.by_key.setdefault(key, []).append(latency_s)
+
+    @property
+    def all_s(self) -> list[float]:
+        return [value for values in self.by_key.values() for value in values]
+
+
+async def time_key(
+    app: FrameTimedApp, pilot: Any, key: str, shown: Callable[[], bool]
+) -> float | None:
+    """Press `key`; seconds until a frame shows `shown()` true, None after KEY_TIMEOUT_S."""
+    frame = app.await_frame(shown)
+    started = time.perf_counter()
+    await pilot.press(key)
+    try:
+        return await asyncio.wait_for(frame, KEY_TIMEOUT_S) - started
+    except TimeoutError:
+        return None
+
+
+async def press_keys(app: FrameTimedApp, pilot: Any, stop: asyncio.Event) -> KeyLatencies:
+    """Press the cycle's keys, `KEY_GAP_S` apart, until `stop` is set."""
+    latencies = KeyLatencies()
+    step = 0
+    direction = "down"
+    while not stop.is_set():
+        action = CYCLE[step % len(CYCLE)]
+        step += 1
+        if action == "move" and isinstance(app.screen, MainScreen):
+            table = app.screen.query_one(RunsTable)
+            if table.row_count < 2:
+                await sleep_unless_stopped(stop, KEY_GAP_S)
+                continue
+            if table.cursor_row >= table.row_count - 1:
+                direction = "up"
+            elif table.cursor_row <= 0:
+                direction = "down"
+            latency = await time_key(app, pilot, direction, cursor_moved(table))
+            latencies.add(direction, latency)
+        elif action == "enter" and isinstance(app.screen, MainScreen):
+            latency = await time_key(
+                app, pilot, "enter", lambda: isinstance(app.screen, RunDetailScreen)
+            )
+            latencies.add("enter", latency)
+        elif action == "escape" and isinstance(app.screen, RunDetailScreen):
+            latency = await time_key(
+                app, pilot, "escape", lambda: isinstance(app.screen, MainScreen)
+            )
+            latencies.add("escape", latency)
+        await sleep_unless_stopped(stop, KEY_GAP_S)
+    return latencies
+
+
+def cursor_moved(table: RunsTable) -> Callable[[], bool]:
+    before = table.cursor_row
+    return lambda: table.cursor_row != before
+
+
+async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def wait_for_runs(app: FrameTimedApp, runs: int, timeout_s: float) -> None:
+    """Until the app shows `runs` runs (the TUI is attached and current)."""
+    deadline = time.monotonic() + timeout_s
+    while not (app.snapshot and len(app.snapshot.runs) >= runs):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the TUI did not show {runs} runs within {timeout_s:g} s")
+        await asyncio.sleep(0.1)

@@ -1,0 +1,298 @@
+"""One load benchmark, from `up` to `down`, and its report.
+
+1. `workbench up --headless --detach` on the load recipe (`churn.load_recipe`) in a scratch
+   directory; wait until the trainer holds all 4 slots.
+2. Attach the TUI (headless, in this process) and, for `duration_s`, churn runs (a thread)
+   while pressing keys in the TUI and timing them (`keys`); every 2 s, note the slot
+   problems of the moment (how long a freed slot stays unused is a figure, not a failure).
+3. Stop the churn; give the trainer up to `SETTLE_TIMEOUT_S` to catch up, then check
+   (`checks`): slots, lost runs, metrics, crashes, and listeners (the faults benchmark's
+   security check). Then `workbench down`, and count processes left and half-written files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from random import Random
+from typing import Any
+
+from workbench import layout, run_control
+from workbench.bench.faults import invariants
+from workbench.bench.faults.experiment import FaultExperiment
+from workbench.bench.faults.security import listening_problems
+from workbench.bench.load import checks
+from workbench.bench.load.churn import (
+    RUN_SETTINGS,
+    RUNS_AT_ONCE,
+    SHIPPED_RECIPE,
+    SLOTS,
+    Churn,
+    ChurnLog,
+    load_recipe,
+)
+from workbench.bench.load.keys import (
+    TUI_SIZE,
+    FrameTimedApp,
+    press_keys,
+    sleep_unless_stopped,
+    wait_for_runs,
+)
+from workbench.bench.results import RESULTS_DIR, write_result
+from workbench.bench.supervisor import format_value, load_average, percentile, say_on_stderr
+from workbench.status import STATUSES, read_trainer_state, run_statuses
+
+DURATION_S = 600.0
+QUICK_DURATION_S = 60.0
+INTERVAL_S = 5.0
+STARTUP_TIMEOUT_S = 900.0  # the built-in model may be built first, then vLLM starts
+SETTLE_TIMEOUT_S = 60.0
+SLOT_SAMPLE_S = 2.0
+
+
+class LoadBenchError(Exception):
+    """The experiment could not be brought up: nothing to measure."""
+
+
+def run_load_benchmark(
+    *,
+    duration_s: float | None = None,
+    quick: bool = False,
+    interval_s: float = INTERVAL_S,
+    seed: int = 0,
+    recipe: Path = SHIPPED_RECIPE,
+    keep_outputs: bool = False,
+    results_dir: Path = RESULTS_DIR,
+) -> dict[str, Any]:
+    duration = duration_s or (QUICK_DURATION_S if quick else DURATION_S)
+    scratch = Path(tempfile.mkdtemp(prefix="workbench-load-"))
+    exp = FaultExperiment(
+        scratch, int(RUN_SETTINGS["max_steps"]), 10, recipe_text=load_recipe(recipe)
+    )
+    try:
+        payload = asyncio.run(measure(exp, duration, interval_s, Random(seed)))
+    finally:
+        exp.kill_leftovers()
+        if not keep_outputs:
+            shutil.rmtree(scratch, ignore_errors=True)
+    payload.update(seed=seed, quick=quick, recipe=str(recipe))
+    if keep_outputs:
+        payload["scratch"] = str(scratch)
+    payload["summary"] = summary_rows(payload)
+    path = write_result("load-quick" if quick else "load", payload, results_dir=results_dir)
+    return {**payload, "path": str(path)}
+
+
+async def measure(
+    exp: FaultExperiment, duration_s: float, interval_s: float, rng: Random
+) -> dict[str, Any]:
+    load_start = load_average()
+    started = time.monotonic()
+    say_on_stderr(f"load: up in {exp.scratch}")
+    up = await asyncio.to_thread(exp.up)
+    if up.returncode != 0:
+        raise LoadBenchError(f"up failed: {(up.stdout + up.stderr).strip()[-600:]}")
+    full = await asyncio.to_thread(
+        exp.wait, lambda: _slots_held(exp.path) >= SLOTS, STARTUP_TIMEOUT_S, 1.0
+    )
+    if not full:
+        raise LoadBenchError(f"the trainer did not fill its {SLOTS} slots in time")
+    startup_s = time.monotonic() - started
+    say_on_stderr(f"load: {SLOTS} slots held after {startup_s:.0f} s; churn for {duration_s:g} s")
+
+    app = FrameTimedApp(exp.path)
+    churn = Churn(exp.path, interval_s, rng)
+    async with app.run_test(size=TUI_SIZE) as pilot:
+        await wait_for_runs(app, RUNS_AT_ONCE, 60.0)
+        stop = asyncio.Event()
+        cpu_before, wall_before = time.process_time(), time.perf_counter()
+        churn.start()
+        keys = asyncio.create_task(press_keys(app, pilot, stop))
+        slot_watch = asyncio.create_task(watch_slots(exp.path, stop))
+        await asyncio.sleep(duration_s)
+        stop.set()
+        latencies = await keys
+        transient = await slot_watch
+        await asyncio.to_thread(churn.stop)
+        cpu_s, wall_s = time.process_time() - cpu_before, time.perf_counter() - wall_before
+        poll_s = list(app.reader.poll_s)
+        runs_shown = len(app.snapshot.runs) if app.snapshot else 0
+
+    say_on_stderr(f"load: {churn.log.ticks} ticks, {len(churn.log.added)} runs; checking")
+    final = await asyncio.to_thread(settle_and_check, exp, churn.log)
+    say_on_stderr("load: down")
+    down = await asyncio.to_thread(exp.down)
+    orphans = exp.alive()
+    half = invariants.half_written(exp.path, set()) if exp.path.is_dir() else []
+    after_down = {
+        "down_exit": down.returncode,
+        "orphans": [f"{seen.pid} {seen.command}" for seen in orphans],
+        "half_written": [str(path.relative_to(exp.path)) for path in half],
+    }
+    payload = {
+        "duration_s": duration_s,
+        "interval_s": interval_s,
+        "runs_at_once": RUNS_AT_ONCE,
+        "slots": SLOTS,
+        "run_settings": RUN_SETTINGS,
+        "startup_s": round(startup_s, 1),
+        "churn": churn_report(churn.log),
+        "slot_problems_longest_s": transient,
+        **final,
+        "after_down": after_down,
+        "tui": {
+            "size": list(TUI_SIZE),
+            "keys": latency_report(latencies.all_s),
+            "by_key": {key: latency_report(values) for key, values in latencies.by_key.items()},
+            "timed_out": latencies.timed_out,
+            "poll": latency_report(poll_s),
+            "runs_shown_at_end": runs_shown,
+            "process_cpu_percent": round(100 * cpu_s / wall_s, 1),
+        },
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "notes": exp.cli_lines[-6:],
+    }
+    payload["ok"] = is_ok(payload)
+    payload["exit_code"] = 0 if payload["ok"] else 1  # what `bench all` reads as failed
+    return payload
+
+
+def _slots_held(experiment: Path) -> int:
+    return len((read_trainer_state(experiment) or {}).get("slots") or {})
+
+
+async def watch_slots(experiment: Path, stop: asyncio.Event) -> float:
+    """The longest any one slot problem lasted between samples (a slot held by an ended
+    run, or free while runs wait): how long the trainer takes to catch up."""
+    first_seen: dict[str, float] = {}
+    longest = 0.0
+    while not stop.is_set():
+        problems = await asyncio.to_thread(_slot_problems_now, experiment)
+        now = time.monotonic()
+        keys = {problem.split(":")[0] for problem in problems}
+        first_seen = {key: first_seen.get(key, now) for key in keys}
+        longest = max([longest, *(now - since for since in first_seen.values())])
+        await sleep_unless_stopped(stop, SLOT_SAMPLE_S)
+    return round(longest, 1)
+
+
+def _slot_problems_now(experiment: Path) -> list[str]:
+    return checks.slot_problems(run_statuses(experiment), read_trainer_state(experiment))
+
+
+def settle_and_check(exp: FaultExperiment, log: ChurnLog) -> dict[str, Any]:
+    """The checks, once the trainer has caught up with the last changes (or its time is up)."""
+
+    def current() -> tuple[list[str], list[str]]:
+        statuses = run_statuses(exp.path)
+        trainer = read_trainer_state(exp.path)
+        orchestrators = {
+            name: str(record.get("state"))
+            for name, record in (exp.state().get("processes") or {}).items()
+            if isinstance(record, dict) and record.get("kind") == "orchestrator"
+        }
+        slots = checks.slot_problems(statuses, trainer)
+        return slots, checks.lost_runs(log.added, statuses, trainer, orchestrators)
+
+    settle_started = time.monotonic()
+    exp.wait(lambda: current() == ([], []), SETTLE_TIMEOUT_S, 1.0)
+    settled_s = time.monotonic() - settle_started
+    slots, lost = current()
+    statuses = run_statuses(exp.path)
+    counts = {name: sum(s.status == name for s in statuses) for name in STATUSES}
+    metrics = []
+    for status in statuses:
+        run = layout.run_dir(exp.path, status.id)
+        metrics += checks.metrics_problems(run, run_control.is_finished(run))
+    return {
+        "settled_s": round(settled_s, 1),
+        "runs": {"added": len(log.added), **counts, "lost": lost},
+        "slot_problems": slots,
+        "supervisor_alive": exp.supervisor_pid() is not None,
+        "crashes": checks.crash_problems(exp.state()),
+        "metrics_problems": metrics,
+        "listeners": listening_problems(exp),
+    }
+
+
+def churn_report(log: ChurnLog) -> dict[str, Any]:
+    return {
+        "ticks": log.ticks,
+        "added": len(log.added) - RUNS_AT_ONCE,
+        "evicted_active": len(log.evicted_active),
+        "evicted_waiting": len(log.evicted_waiting),
+        "errors": log.errors[:20],
+        "tick": latency_report(log.tick_s),
+    }
+
+
+def latency_report(seconds: list[float]) -> dict[str, Any]:
+    ms = [1000 * value for value in seconds]
+    return {
+        "n": len(ms),
+        "p50_ms": round(percentile(ms, 0.5), 1),
+        "p95_ms": round(percentile(ms, 0.95), 1),
+        "max_ms": round(max(ms), 1) if ms else float("nan"),
+    }
+
+
+def is_ok(payload: dict[str, Any]) -> bool:
+    return (
+        payload["supervisor_alive"]
+        and not payload["crashes"]
+        and not payload["slot_problems"]
+        and not payload["runs"]["lost"]
+        and not payload["metrics_problems"]
+        and not payload["listeners"]
+        and not payload["churn"]["errors"]
+        and not payload["after_down"]["orphans"]
+        and not payload["after_down"]["half_written"]
+        and not payload["tui"]["timed_out"]
+    )
+
+
+def summary_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    runs, tui, churn = payload["runs"], payload["tui"], payload["churn"]
+    keys, poll = tui["keys"], tui["poll"]
+    return [
+        _row("runs added / evicted", f"{runs['added']} / {churn['evicted_active'] + churn['evicted_waiting']}"),
+        _row("runs finished / lost", f"{runs['finished']} / {len(runs['lost'])}"),
+        _row("leaked slots, crashes", f"{len(payload['slot_problems'])}, {len(payload['crashes'])}"),
+        _row("incomplete metrics", len(payload["metrics_problems"])),
+        _row("processes left after down", len(payload["after_down"]["orphans"])),
+        _row("slot free or stale, longest", payload["slot_problems_longest_s"], "s"),
+        _row(f"TUI key-to-screen p50 / p95 / max ({keys['n']} keys)",
+             f"{keys['p50_ms']:.0f} / {keys['p95_ms']:.0f} / {keys['max_ms']:.0f}", "ms"),
+        _row("TUI keys timed out", sum(tui["timed_out"].values())),
+        _row(f"TUI poll p50 / p95 ({tui['runs_shown_at_end']} runs)",
+             f"{poll['p50_ms']:.0f} / {poll['p95_ms']:.0f}", "ms"),
+        _row("TUI process CPU", tui["process_cpu_percent"], "% core"),
+        _row("all checks passed", "yes" if payload["ok"] else "NO"),
+    ]  # fmt: skip
+
+
+def _row(metric: str, value: Any, unit: str | None = None) -> dict[str, Any]:
+    return {"metric": metric, "value": value, "unit": unit}
+
+
+def format_table(payload: dict[str, Any]) -> str:
+    width = max(len(row["metric"]) for row in payload["summary"])
+    load = payload["load_average_start"][0]
+    lines = [
+        f"load: {payload['duration_s']:g} s, a run evicted and runs added every "
+        f"{payload['interval_s']:g} s, {RUNS_AT_ONCE} runs on {SLOTS} slots "
+        f"(load average at start {load:.2f})"
+    ]
+    for row in payload["summary"]:
+        lines.append(f"  {row['metric'].ljust(width)}  {format_value(row['value'], row['unit'])}")
+    problems = [
+        *payload["crashes"], *payload["slot_problems"], *payload["runs"]["lost"],
+        *payload["metrics_problems"], *payload["listeners"], *payload["churn"]["errors"],
+        *payload["after_down"]["orphans"], *payload["after_down"]["half_written"],
+    ]  # fmt: skip
+    lines += [f"  ! {problem}" for problem in problems[:20]]
+    return "\n".join(lines)
