@@ -66,3 +66,16 @@ def test_recovery_is_the_longest_pause_in_generation_or_training_after_the_fault
     inj.exp.path = tmp_path
     inj.expect_finished = ("run_a",)
     assert recovery_s(inj) == 39.0  # generation stopped from 101.5 to 140.5
+
+
+def test_a_failing_command_is_noted_in_the_report_shortened(tmp_path: Path):
+    """The security scenario's 10,000-character run id is refused; the report's note of the
+    refused command names it in a line, not in a page."""
+    experiment = FaultExperiment(tmp_path, max_steps=2, checkpoint_interval=1)
+    huge = "x" * 10_000
+    make_run(experiment.path, "run_a")
+    result = experiment.cli("runs", "add", huge, "--experiment", str(experiment.path))
+    assert result.returncode == 2
+    assert experiment.cli_lines[0].startswith("$ workbench runs add xxx")
+    assert "... (10000 characters)" in experiment.cli_lines[0]
+    assert all(len(line) < 400 for line in experiment.cli_lines)

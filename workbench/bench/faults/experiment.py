@@ -111,8 +111,12 @@ class FaultExperiment:
             timeout=timeout,
         )
         if result.returncode != 0:  # a failing command is worth a note in the report
-            self.cli_lines.append(f"$ workbench {' '.join(args)} -> {result.returncode}")
-            self.cli_lines += (result.stdout + result.stderr).strip().splitlines()[-4:]
+            shown = " ".join(_shortened(arg) for arg in args)
+            self.cli_lines.append(f"$ workbench {shown} -> {result.returncode}")
+            self.cli_lines += [
+                _shortened(line)
+                for line in (result.stdout + result.stderr).strip().splitlines()[-4:]
+            ]
         return result
 
     def up(self) -> subprocess.CompletedProcess[str]:
@@ -228,3 +232,9 @@ class FaultExperiment:
             1.0,
         )
         return all(self.finished(run) for run in runs)
+
+
+def _shortened(text: str, limit: int = 200) -> str:
+    """A note as the report shows it: the security scenario's 10,000-character run id
+    would fill the table."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
