@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from workbench.trainer import rendezvous
 
-    rendezvous.register()
+    rendezvous.register(RENDEZVOUS_BACKEND)
     torchrun_main([*AGENT_SIGNALS, *(sys.argv[1:] if argv is None else argv)])
     return 0
 

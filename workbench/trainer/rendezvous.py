@@ -11,8 +11,8 @@ we hand it one: this backend binds 127.0.0.1 itself and gives the store that soc
 trainer never finds its port taken; the workers learn it from the rendezvous, as ever.
 
 One node only, as the product runs one trainer on one machine. The backend is registered
-by `workbench.trainer.launch` (torchrun's agent runs in that process), and asked for with
-its `RENDEZVOUS_ARGS`: `--rdzv-backend workbench-loopback --rdzv-endpoint 127.0.0.1:0`.
+by `workbench.trainer.launch` (torchrun's agent runs in that process) under the name its
+`RENDEZVOUS_ARGS` ask for: `--rdzv-backend workbench-loopback --rdzv-endpoint 127.0.0.1:0`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
-
-from workbench.trainer.launch import RENDEZVOUS_BACKEND as BACKEND
 
 HOST = "127.0.0.1"
 TIMEOUT_S = 60.0
@@ -52,16 +50,17 @@ def listening_socket(host: str, port: int) -> socket.socket:
 class LoopbackRendezvous(RendezvousHandler):
     """The one node's agent holds the store; its server listens on 127.0.0.1 only."""
 
-    def __init__(self, host: str, port: int, run_id: str, timeout_s: float) -> None:
+    def __init__(self, backend: str, host: str, port: int, run_id: str, timeout_s: float) -> None:
         if host not in ("127.0.0.1", "localhost"):
-            raise ValueError(f"{BACKEND} listens on 127.0.0.1 only, not {host!r}")
+            raise ValueError(f"{backend} listens on 127.0.0.1 only, not {host!r}")
+        self.backend = backend
         self.run_id = run_id
         self.timeout = timedelta(seconds=timeout_s)
         self._port = port
         self._store: TCPStore | None = None
 
     def get_backend(self) -> str:
-        return BACKEND
+        return self.backend
 
     @property
     def use_agent_store(self) -> bool:
@@ -98,12 +97,12 @@ class LoopbackRendezvous(RendezvousHandler):
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     if params.max_nodes != 1:
-        raise ValueError(f"{BACKEND} is for one node, not {params.max_nodes}")
+        raise ValueError(f"{params.backend} is for one node, not {params.max_nodes}")
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=0)
     timeout_s = float(params.config.get("timeout", TIMEOUT_S))
-    return LoopbackRendezvous(host, port, params.run_id, timeout_s)
+    return LoopbackRendezvous(params.backend, host, port, params.run_id, timeout_s)
 
 
-def register() -> None:
-    """Make `--rdzv-backend workbench-loopback` known to torchrun in this process."""
-    rendezvous_handler_registry.register(BACKEND, create_handler)
+def register(backend: str) -> None:
+    """Make `--rdzv-backend <backend>` this rendezvous for torchrun in this process."""
+    rendezvous_handler_registry.register(backend, create_handler)
