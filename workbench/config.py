@@ -336,14 +336,6 @@ class ExperimentSection(StrictModel):
     output_dir: Path | None = Field(
         None, description="the experiment directory; default: `outputs/<name>`"
     )
-    nice: int = Field(
-        10,
-        ge=0,
-        le=19,
-        description="niceness of every process the supervisor starts (vLLM, the trainer, "
-        "orchestrators, and what they start): when they fill the CPUs, the TUI, your shell "
-        "and SSH still answer at once; 0: normal priority",
-    )
 
 
 class ModelSection(StrictModel):

@@ -137,18 +137,6 @@ def test_children_get_the_supervisors_pid_to_die_with_it(experiment: Path, no_gp
     assert all(spec.env[PARENT_PID_ENV] == str(os.getpid()) for spec in specs)
 
 
-def test_every_child_runs_at_the_recipes_niceness(experiment: Path, no_gpu):
-    write_recipe(experiment)
-    result = plan_from_recipe(experiment)
-    specs = [*result.processes, result.orchestrator("run_a", experiment / "run_a")]
-    assert [spec.nice for spec in specs] == [10, 10, 10], "the default"
-    with open(layout.recipe_path(experiment), "a") as recipe:
-        recipe.write("[experiment]\nnice = 0\n")
-    result = plan_from_recipe(experiment)
-    specs = [*result.processes, result.orchestrator("run_a", experiment / "run_a")]
-    assert [spec.nice for spec in specs] == [0, 0, 0]
-
-
 def test_a_fixed_inference_port_in_use_is_refused_naming_the_port(experiment: Path, no_gpu):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

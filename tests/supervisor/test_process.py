@@ -83,28 +83,6 @@ def test_a_child_runs_in_its_own_session_and_process_group(tmp_path: Path, spawn
     assert os.getsid(proc.pid) != os.getsid(0)
 
 
-def test_a_niced_process_and_what_it_starts_run_below_the_supervisors_priority(
-    tmp_path: Path, spawned
-):
-    """The TUI and the user's shell keep answering while the children fill the CPUs: a
-    spec's `nice` holds for the process and for the processes it starts."""
-    import os
-
-    code = (
-        "import subprocess, sys, time\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
-        "time.sleep(30)"
-    )
-    proc = start(spawned, standin(tmp_path, code, nice=7))
-    deadline = time.monotonic() + 10
-    while len(family_members(proc.pid)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    members = family_members(proc.pid)
-    assert len(members) == 2, "the stand-in and the process it started"
-    expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)
-    assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in members} == {expected}
-
-
 def test_a_missing_command_is_a_failed_start_with_the_reason(tmp_path: Path, spawned):
     proc = SupervisedProcess(
         ProcessSpec(name="ghost", argv=["/no/such/binary"], log_path=tmp_path / "ghost.log")

@@ -258,9 +258,7 @@ def _module_preflight(module: str) -> Callable[[], str | None]:
     return lambda: module_problem(module)
 
 
-def orchestrator_spec(
-    run_id: str, run_dir: Path, env: dict[str, str] | None = None, nice: int = 0
-) -> ProcessSpec:
+def orchestrator_spec(run_id: str, run_dir: Path, env: dict[str, str] | None = None) -> ProcessSpec:
     return ProcessSpec(
         name=run_id,
         kind="orchestrator",
@@ -272,7 +270,6 @@ def orchestrator_spec(
         restart=ORCHESTRATOR_RESTART,
         stop_timeout_s=ORCHESTRATOR_STOP_TIMEOUT_S,
         preflight=_module_preflight(ORCHESTRATOR_MODULE),
-        nice=nice,
     )
 
 
@@ -302,7 +299,6 @@ def plan_from_recipe(experiment: Path) -> Plan:
             f"early stopping: {scheduler.describe(early_stopping, recipe.defaults.max_steps)}"
         )
     tracking = TrackingTarget.from_recipe(recipe)
-    nice = recipe.experiment.nice
 
     inference_config = recipe.inference_config()
     inference_config.output_dir = experiment
@@ -356,7 +352,6 @@ def plan_from_recipe(experiment: Path) -> Plan:
         restart=INFERENCE_RESTART,
         stop_timeout_s=INFERENCE_STOP_TIMEOUT_S,
         preflight=_module_preflight(INFERENCE_MODULE),
-        nice=nice,
     )
     trainer = ProcessSpec(
         name="trainer",
@@ -382,13 +377,10 @@ def plan_from_recipe(experiment: Path) -> Plan:
         restart=TRAINER_RESTART,
         stop_timeout_s=TRAINER_STOP_TIMEOUT_S,
         preflight=_module_preflight(TRAINER_MODULE),
-        nice=nice,
     )
     return Plan(
         processes=[inference, trainer],
-        orchestrator=lambda run_id, run_dir: orchestrator_spec(
-            run_id, run_dir, orchestrator_env, nice
-        ),
+        orchestrator=lambda run_id, run_dir: orchestrator_spec(run_id, run_dir, orchestrator_env),
         notes=notes,
         early_stopping=early_stopping,
         tracking=tracking,

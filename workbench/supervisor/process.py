@@ -116,7 +116,6 @@ class ProcessSpec:
     readiness: None means the process is usable as soon as it runs.
     requires_ready: names of processes that must be ready (or running) before this starts.
     preflight: returns why the process cannot start (a missing module), or None.
-    nice: added to the supervisor's niceness, for the process and all it starts.
     """
 
     name: str
@@ -132,7 +131,6 @@ class ProcessSpec:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     stop_timeout_s: float = 10.0
     preflight: Callable[[], str | None] | None = None
-    nice: int = 0
 
 
 def describe_exit(code: int | None, signal_number: int | None, error: str | None) -> str:
@@ -252,9 +250,6 @@ class SupervisedProcess:
                     env=env,
                     start_new_session=True,
                     close_fds=True,
-                    # Set in the child before it runs anything, so what it starts (vLLM's
-                    # engine, torchrun's ranks) inherits it: no window at normal priority.
-                    preexec_fn=(lambda: os.nice(spec.nice)) if spec.nice else None,
                 )
         except OSError as err:
             problem = f"cannot run {spec.argv[0]!r}: {err.strerror or err}"
