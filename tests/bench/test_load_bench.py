@@ -165,3 +165,34 @@ def test_a_short_load_on_the_real_system_passes_every_check(tmp_path: Path):
     assert report["runs"]["added"] == 16 + report["churn"]["added"]
     assert report["tui"]["keys"]["n"] >= 5
     assert (tmp_path / "results" / "load-latest.json").is_file()
+
+
+def test_a_slot_seen_once_held_by_a_run_that_just_finished_is_no_leak(tmp_path, monkeypatch):
+    """Runs go on finishing while the checks look: the trainer frees a finished run's slot
+    a moment after its finished.txt appears. The reading that settled is the one reported;
+    one that stays wrong until the time is up is a leak."""
+    from workbench.bench.faults.experiment import FaultExperiment
+    from workbench.bench.load import runner
+    from workbench.bench.load.churn import ChurnLog
+
+    exp = FaultExperiment(tmp_path / "scratch", max_steps=2, checkpoint_interval=1)
+    run = make_run(exp.path, "run_a", "max_steps = 2\n")
+    (run / "control" / "finished.txt").write_text("step: 2\n")
+    # Settled at the first look; at the next, run_a has just finished and its slot is
+    # not yet free (the trainer frees it at its next step).
+    readings = iter([{}, {0: "run_a"}])
+    monkeypatch.setattr(
+        runner,
+        "read_trainer_state",
+        lambda _: {"slots": next(readings, {}), "max_runs": 4, "waiting": []},
+    )
+    report = runner.settle_and_check(exp, ChurnLog())
+    assert report["slot_problems"] == []
+
+    readings = iter([])
+    monkeypatch.setattr(
+        runner, "read_trainer_state", lambda _: {"slots": {0: "run_a"}, "max_runs": 4}
+    )
+    monkeypatch.setattr(runner, "SETTLE_TIMEOUT_S", 0.5)
+    report = runner.settle_and_check(exp, ChurnLog())
+    assert report["slot_problems"] == ["slot 0 held by run_a, which is finished"]

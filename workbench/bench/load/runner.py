@@ -198,10 +198,18 @@ def settle_and_check(exp: FaultExperiment, log: ChurnLog) -> dict[str, Any]:
         slots = checks.slot_problems(statuses, trainer)
         return slots, checks.lost_runs(log.added, statuses, trainer, orchestrators)
 
+    # Runs go on finishing while this looks, so a slot may be seen held by a run that
+    # finished a moment ago: what counts is the reading that settled, or the last one.
+    readings: list[tuple[list[str], list[str]]] = []
+
+    def settled() -> bool:
+        readings.append(current())
+        return readings[-1] == ([], [])
+
     settle_started = time.monotonic()
-    exp.wait(lambda: current() == ([], []), SETTLE_TIMEOUT_S, 1.0)
+    exp.wait(settled, SETTLE_TIMEOUT_S, 1.0)
     settled_s = time.monotonic() - settle_started
-    slots, lost = current()
+    slots, lost = readings[-1]
     statuses = run_statuses(exp.path)
     counts = {name: sum(s.status == name for s in statuses) for name in STATUSES}
     metrics = []
