@@ -79,3 +79,26 @@ def test_a_failing_command_is_noted_in_the_report_shortened(tmp_path: Path):
     assert experiment.cli_lines[0].startswith("$ workbench runs add xxx")
     assert "... (10000 characters)" in experiment.cli_lines[0]
     assert all(len(line) < 400 for line in experiment.cli_lines)
+
+
+def test_deleting_a_run_directory_wins_against_a_writer_adding_a_file(tmp_path, monkeypatch):
+    """The trainer may write a checkpoint into the run while it is being deleted: that
+    removal fails with ENOTEMPTY, and the injection deletes it again, as a user would."""
+    import errno
+    import shutil
+
+    from workbench.bench.faults import scenarios
+
+    run = make_run(tmp_path, "run_b")
+    real_rmtree, calls = shutil.rmtree, []
+
+    def racing_rmtree(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 1:
+            (Path(path) / "checkpoints").mkdir()  # what the writer added meanwhile
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", "checkpoints")
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(scenarios.shutil, "rmtree", racing_rmtree)
+    scenarios.remove_tree(run)
+    assert not run.exists() and len(calls) == 2

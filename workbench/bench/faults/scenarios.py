@@ -11,6 +11,7 @@ files by the checks), the runs expected to finish, and notes for the report.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -213,9 +214,26 @@ def checkpoint_without_stable(inj: Injection) -> None:
 # ---------------------------------------------------------------- run directories
 
 
+def remove_tree(path: Path, attempts: int = 20) -> None:
+    """`rm -rf` that wins against a writer: the trainer may add a file to the run (a
+    checkpoint) while the tree is being removed, which fails that removal with ENOTEMPTY;
+    a user would run it again, so this does."""
+    for attempt in range(attempts):
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError as err:
+            if not path.exists():
+                return
+            # A file added (ENOTEMPTY) or removed (ENOENT) by the writer meanwhile.
+            if err.errno not in (errno.ENOTEMPTY, errno.ENOENT) or attempt == attempts - 1:
+                raise
+            time.sleep(0.05)
+
+
 def delete_run_dir(inj: Injection) -> None:
     exp = inj.exp
-    shutil.rmtree(exp.path / "run_b")
+    remove_tree(exp.path / "run_b")
     inj.deleted.add("run_b")
     inj.mark()
     inj.expect_finished = ("run_a",)
