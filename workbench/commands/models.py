@@ -111,21 +111,41 @@ def model_build(
     name: Annotated[
         str, typer.Argument(help="The builtin model to build.")
     ] = "builtin:tiny-reverse",
+    from_scratch: Annotated[
+        bool,
+        typer.Option(
+            "--from-scratch",
+            help="Train it from its seed into --output-dir instead of using the shipped weights "
+            "(how the shipped weights were made; other processors give other bits).",
+        ),
+    ] = False,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option("--output-dir", "-o", help="With --from-scratch: a new directory."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the build info as JSON.")] = False,
 ) -> None:
-    """Build a builtin model into the cache now (it is otherwise built on first use).
+    """Write a builtin model into the cache now (it is otherwise written on first use).
 
-    Prints its directory and build info (parameters, warm-up time, greedy rewards). A model
-    already built is reused. The cache is $WORKBENCH_CACHE_DIR/models, else the user cache
-    directory (~/.cache/workbench/models on Linux).
+    Prints its directory and build info (parameters, warm-up time, greedy rewards, the
+    sha256 of its files and the machine that made them). builtin:tiny-reverse ships its
+    weights, so this copies and checks them. --from-scratch -o DIR trains the model from its
+    seed into DIR instead, recording in DIR/build.json how it was made: that is how the
+    shipped weights were made (`-o workbench/models/weights/tiny-reverse` replaces them).
+    The cache is $WORKBENCH_CACHE_DIR/models, else ~/.cache/workbench/models on Linux.
     """
     from workbench.models import ModelResolutionError, is_builtin, resolve_model
-    from workbench.models.tiny_reverse import read_build_info
+    from workbench.models.shipped import read_build_info
 
     if not is_builtin(name):
         raise fail(f"{name!r} is not a builtin model (builtin:tiny-reverse)", EXIT_BAD_INPUT)
+    if from_scratch != (output_dir is not None):
+        raise fail("--from-scratch and --output-dir go together", EXIT_BAD_INPUT)
     try:
-        path = resolve_model(name, console=err_console)
+        if output_dir is not None:
+            path = _build_from_scratch(name, output_dir)
+        else:
+            path = resolve_model(name, console=err_console)
     except ModelResolutionError as err:
         raise fail(str(err)) from None
     info = read_build_info(path) or {}
@@ -133,6 +153,27 @@ def model_build(
         print(json.dumps({"path": str(path), **info}, indent=2))
         return
     say(str(path))
-    for key in ("params", "warmup_seconds", "greedy_reward"):
+    for key in ("params", "warmup_seconds", "greedy_reward", "made_with"):
         if key in info:
             say(f"  {key}: {info[key]}")
+
+
+def _build_from_scratch(name: str, output_dir: Path) -> Path:
+    """Train builtin `name` from its default spec into the new directory `output_dir`,
+    written whole or not at all, with its files' digests recorded."""
+    from workbench import layout
+    from workbench.models.resolve import BUILTIN_PREFIX, get_builtin
+    from workbench.models.shipped import record_shipment
+
+    if output_dir.exists():
+        raise fail(f"{output_dir} exists; name a new directory", EXIT_BAD_INPUT)
+    builtin = get_builtin(name.removeprefix(BUILTIN_PREFIX))
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    with layout.staged_directory(output_dir) as staging:
+        builtin.build_from_scratch(
+            staging, builtin.default_spec(), show_progress=True, console=err_console
+        )
+        record_shipment(staging, f"workbench model build {name} --from-scratch -o {output_dir}")
+    # The marker says the cache's copy is whole; shipped files are checked by their digests.
+    (output_dir / layout.STABLE).unlink(missing_ok=True)
+    return output_dir

@@ -1,7 +1,8 @@
 """How far a built-in model's build has come, told through the experiment directory.
 
-The first `workbench up` builds `builtin:tiny-reverse` inside a child of the supervisor
-(inference, or the trainer when it takes the cache's build lock first); the supervisor only
+A child of the supervisor writes a built-in model into the cache on first use (copies its
+shipped weights, or builds it from a seed: inference, or the trainer when it takes the
+cache's build lock first); the supervisor only
 sees that child "starting". So the child hands `resolve_model` a `BuildProgressFile` as its
 `on_step` callback, which writes `{experiment}/model_build.json` at every step:
 

@@ -1,7 +1,8 @@
 """Turning a recipe's `[model] base` into something `from_pretrained` and vLLM can load.
 
-`builtin:NAME` is a model this project builds itself (no hub needed): built on first use into
-the cache, then reused. Anything else (a local directory, a hub id) passes through unchanged.
+`builtin:NAME` is a model this project makes itself (no hub needed): written into the cache on
+first use (its shipped weights copied, or built from a seed), then reused. Anything else (a
+local directory, a hub id) passes through unchanged.
 `base_model_problem` and `prompt_tokenizer` answer, without building or downloading
 anything, whether a base can be loaded here and how vLLM will tokenize its prompts.
 
@@ -68,6 +69,10 @@ class BuiltinModel(Protocol):
     def version_hash(self, spec: Any) -> str:
         """Short hash of everything that determines the built files."""
 
+    def describe_build(self, spec: Any) -> str:
+        """What writing `spec`'s model into the cache involves, told to the user waiting on
+        it: "building builtin:NAME (first use, about a minute)"."""
+
     def build(
         self,
         target: Path,
@@ -78,6 +83,11 @@ class BuiltinModel(Protocol):
         on_step: StepCallback = ignore_steps,
     ) -> None:
         """Write the model into the empty directory `target`, telling `on_step` each step."""
+
+    def build_from_scratch(
+        self, target: Path, spec: Any, *, show_progress: bool, console: Console
+    ) -> None:
+        """Make `spec`'s model from nothing into `target` (what made any shipped weights)."""
 
 
 def cache_dir() -> Path:
@@ -188,9 +198,10 @@ def resolve_model(
 ) -> Path:
     """The directory (or hub id, as a Path) to load `base` from.
 
-    `builtin:NAME` is built on first use (seconds to minutes, with a progress bar) and then
-    reused; `spec` replaces the builtin's default spec (tests build a smaller model). A local
-    path or a hub id is returned unchanged. `on_step` hears of each step of a build, and of
+    `builtin:NAME` is written into the cache on first use (shipped weights copied in a moment,
+    or built in seconds to minutes with a progress bar) and then reused; `spec` replaces the
+    builtin's default spec (tests build a smaller model). A local path or a hub id is returned
+    unchanged. `on_step` hears of each step of a build, and of
     waiting for another process's build (step 0 of 0).
     """
     if not is_builtin(base):
@@ -224,7 +235,7 @@ def resolve_model(
             return final
         _remove_leftovers(final)
         console.print(
-            f"building {base} (first use, about a minute) into {final}",
+            f"{builtin.describe_build(spec)} into {final}",
             highlight=False,
             soft_wrap=True,
         )

@@ -1,0 +1,98 @@
+"""builtin:tiny-reverse ships its weights: every machine trains on the same model, bit for bit.
+
+How they were made (`build.json`'s `made_with` names the machine): on an AMD EPYC machine
+with torch 2.13.0+cpu, `workbench model build builtin:tiny-reverse --from-scratch -o
+workbench/models/weights/tiny-reverse`, i.e. `TinyReverse.build_from_scratch` on the
+default `TinyReverseSpec`. Another processor's build gives other bits (and another model to
+learn from), which is why the files ship rather than being built on first use.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from workbench import layout
+from workbench.envs import get_environment
+from workbench.models import ModelResolutionError, resolve_model, tiny_reverse
+from workbench.models import shipped as shipped_module
+from workbench.models.shipped import file_sha256, read_build_info, verify
+from workbench.models.tiny_reverse import SHIPPED_DIR, TINY_REVERSE, TinyReverseSpec
+from workbench.trainer.sft import evaluate_greedy, load_model
+
+
+def test_the_shipped_files_are_the_ones_their_build_json_records():
+    info = read_build_info(SHIPPED_DIR)
+    assert info is not None
+    assert set(info["sha256"]) >= {"config.json", "model.safetensors", "tokenizer.json"}
+    for name, digest in info["sha256"].items():
+        assert file_sha256(SHIPPED_DIR / name) == digest, name
+    assert info["made_with"]["command"].startswith("workbench model build")
+    verify(SHIPPED_DIR)
+
+
+def test_the_default_spec_is_the_one_the_shipped_weights_were_built_from():
+    # A changed default (warm-up steps, seed, sizes) must come with weights built from it:
+    # rebuild them with the command in build.json's made_with.
+    assert TINY_REVERSE.ships(TinyReverseSpec())
+    assert not TINY_REVERSE.ships(TinyReverseSpec(seed=1))
+
+
+def test_the_shipped_model_scores_what_its_build_measured():
+    """Greedy decoding of a fixed model barely depends on the processor: the reward the
+    build recorded on held-out 8-14 letter prompts is what this machine measures."""
+    info = read_build_info(SHIPPED_DIR)
+    spec = TinyReverseSpec.model_validate(info["spec"])
+    tokenizer, model = load_model(SHIPPED_DIR)
+    model.eval()
+    measured = evaluate_greedy(
+        model, tokenizer, get_environment("reverse_text"), n=spec.eval_prompts, seed=spec.seed
+    ).mean_reward
+    assert measured == pytest.approx(info["greedy_reward"]["rl (8-14 letters)"], abs=0.01)
+
+
+def test_first_use_copies_the_shipped_weights_bit_for_bit_without_training(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    def no_training(*args, **kwargs):
+        raise AssertionError("the default spec's weights are shipped, not trained")
+
+    monkeypatch.setattr(tiny_reverse, "train_sft", no_training)
+    model = resolve_model("builtin:tiny-reverse", show_progress=False)
+    assert model.parent == cache_dir / "models" and layout.is_stable(model)
+    assert file_sha256(model / "model.safetensors") == file_sha256(
+        SHIPPED_DIR / "model.safetensors"
+    )
+    assert resolve_model("builtin:tiny-reverse") == model
+
+
+def test_damaged_shipped_weights_are_refused_and_leave_no_model_in_the_cache(
+    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    damaged = tmp_path / "weights" / "tiny-reverse"
+    shutil.copytree(SHIPPED_DIR, damaged)
+    data = bytearray((damaged / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (damaged / "model.safetensors").write_bytes(bytes(data))
+    monkeypatch.setattr(tiny_reverse, "SHIPPED_DIR", damaged)
+    with pytest.raises(ModelResolutionError, match=r"damaged .*model\.safetensors.*reinstall"):
+        resolve_model("builtin:tiny-reverse", show_progress=False)
+    assert [p for p in (cache_dir / "models").iterdir() if p.is_dir()] == []
+
+
+def test_a_build_from_scratch_records_its_files_and_the_machine_that_made_it(
+    tmp_path: Path, small_spec: TinyReverseSpec
+):
+    from rich.console import Console
+
+    target = tmp_path / "built"
+    target.mkdir()
+    TINY_REVERSE.build_from_scratch(
+        target, small_spec, show_progress=False, console=Console(stderr=True)
+    )
+    info = shipped_module.record_shipment(target, "test")
+    verify(target)
+    assert info["made_with"]["torch"] and info["made_with"]["processor"]
+    assert info["spec"] == small_spec.model_dump(mode="json")
