@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.trainer.flex_mask import document_causal_block_mask
+
 AttentionChoice = Literal["auto", "per_sample", "varlen", "flash", "flex", "dense"]
 AttentionPath = Literal["per_sample", "varlen", "flash", "flex", "dense"]
 ATTENTION_PATHS: tuple[AttentionPath, ...] = ("per_sample", "varlen", "flash", "flex", "dense")
@@ -114,16 +116,8 @@ class PackedSequences:
 
     def flex_block_mask(self):
         if "flex_block_mask" not in self._cache:
-            from torch.nn.attention.flex_attention import create_block_mask
-
-            sample = self.sample_of_token()
-
-            def document_causal(batch, head, q_idx, kv_idx):
-                return (sample[q_idx] == sample[kv_idx]) & (q_idx >= kv_idx)
-
-            total = self.total_tokens
-            self._cache["flex_block_mask"] = create_block_mask(
-                document_causal, None, None, total, total, device=self.device
+            self._cache["flex_block_mask"] = document_causal_block_mask(
+                self.lengths, self.sample_of_token()
             )
         return self._cache["flex_block_mask"]
 
@@ -271,7 +265,10 @@ def _flash(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
 def _compiled_flex_attention():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    # Dynamic shapes: one compilation serves every row length (and block-mask size). With
+    # static shapes each new length recompiled, until dynamo's recompile limit sent flex
+    # to its eager fallback, which builds the full score matrix.
+    return torch.compile(flex_attention, dynamic=True)
 
 
 def _flex(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
