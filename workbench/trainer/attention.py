@@ -29,6 +29,7 @@ import functools
 import importlib.util
 import inspect
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -223,31 +224,61 @@ def _dense(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
 
 
 def _varlen(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
-    from torch.nn.attention.varlen import varlen_attn
+    from torch.nn.attention import varlen
 
     # [1, H, T, D] -> [T, H, D], the layout of FlashAttention's varlen kernels.
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-    options: dict[str, Any] = {"scale": scaling}
-    accepted = _varlen_parameters()
-    if "enable_gqa" in accepted:
-        options["enable_gqa"] = True
-    else:
-        groups = _groups(q, k, 1)
-        k, v = _expand_kv(k, groups, 1), _expand_kv(v, groups, 1)
-    # torch 2.10/2.11 spell causality `is_causal`; later releases a (left, right) window.
-    if "is_causal" in accepted:
-        options["is_causal"] = True
-    else:
-        options["window_size"] = (-1, 0)
+    options, query_factor = varlen_options(
+        _parameters(varlen.varlen_attn),
+        groups=_groups(q, k, 1),
+        head_dim=q.shape[2],
+        scaling=scaling,
+    )
+    if query_factor != 1.0:
+        q = q * query_factor
     cu, longest = packed.cu_seqlens, packed.max_length
-    return varlen_attn(q, k, v, cu, cu, longest, longest, **options)[None]
+    return varlen.varlen_attn(q, k, v, cu, cu, longest, longest, **options)[None]
+
+
+def varlen_options(
+    parameters: frozenset[str], *, groups: int, head_dim: int, scaling: float | None
+) -> tuple[dict[str, Any], float]:
+    """Keyword arguments for causal attention through a `varlen_attn` that takes
+    `parameters`, and the factor to scale the query by where it cannot take `scale`.
+
+    torch 2.10: `(..., is_causal=False, return_aux=None)`, no scale; 2.11: keyword-only
+    `return_aux`, `scale` and `window_size`, causal being `window_size=(-1, 0)`; later
+    releases add `enable_gqa` and refuse fewer key/value heads without it. The kernel
+    under all of them is FlashAttention-2's, which takes fewer key/value heads than query
+    heads as they are, so the keys and values are never repeated to the query heads.
+    """
+    options: dict[str, Any] = {}
+    if "is_causal" in parameters:
+        options["is_causal"] = True
+    elif "window_size" in parameters:
+        options["window_size"] = (-1, 0)
+    else:
+        raise TypeError(
+            f"torch's varlen_attn takes neither is_causal nor window_size: {parameters}"
+        )
+    if groups > 1 and "enable_gqa" in parameters:
+        options["enable_gqa"] = True
+    query_factor = 1.0
+    default_scale = head_dim**-0.5
+    if scaling is not None and not math.isclose(scaling, default_scale, rel_tol=1e-6):
+        if "scale" in parameters:
+            options["scale"] = scaling
+        else:
+            # Without `scale` the kernel uses 1 / sqrt(head_dim); scaling the query by the
+            # ratio gives the same scores.
+            query_factor = scaling / default_scale
+    return options, query_factor
 
 
 @functools.cache
-def _varlen_parameters() -> frozenset[str]:
-    from torch.nn.attention.varlen import varlen_attn
-
-    return frozenset(inspect.signature(varlen_attn).parameters)
+def _parameters(function) -> frozenset[str]:
+    """The parameter names of `function`, read once per function object."""
+    return frozenset(inspect.signature(function).parameters)
 
 
 def _flash(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
