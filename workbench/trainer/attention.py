@@ -21,6 +21,10 @@ mask function that builds nothing, so the model calls it in place of SDPA. The s
 boundaries reach it as the keyword argument `packed_sequences` of the model's forward,
 which transformers passes down to every attention call; called without it, the model
 treats each batch row as one unpadded sequence.
+
+Host syncs: everything a kernel needs of the row (lengths, cu_seqlens, the longest sample,
+the buckets, the block mask) is computed on the host once per row in `PackedSequences` and
+copied to the device once; no decoder layer reads a device tensor back.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class PackedSequences:
     def from_position_ids(
         cls, position_ids: torch.Tensor, device: torch.device | str
     ) -> PackedSequences:
+        # The one host read of a row: position ids come from the packer on the host (a
+        # device tensor here costs one sync per row, never one per layer).
         positions = position_ids.reshape(-1).cpu()
         if positions.numel() == 0:
             raise ValueError("a packed row needs at least one token")
@@ -76,8 +82,8 @@ class PackedSequences:
         starts = [*torch.nonzero(positions == 0).flatten().tolist(), positions.numel()]
         lengths = tuple(end - start for start, end in itertools.pairwise(starts))
         device = torch.device(device)
-        cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-        return cls(lengths, cu_seqlens.to(device), max(lengths), device)
+        cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        return cls(lengths, _to_device(cu_seqlens, device), max(lengths), device)
 
     @property
     def total_tokens(self) -> int:
@@ -88,7 +94,7 @@ class PackedSequences:
             ids = torch.repeat_interleave(
                 torch.arange(len(self.lengths)), torch.tensor(self.lengths)
             )
-            self._cache["sample_of_token"] = ids.to(self.device)
+            self._cache["sample_of_token"] = _to_device(ids, self.device)
         return self._cache["sample_of_token"]
 
     def length_buckets(self) -> list[LengthBucket]:
@@ -121,6 +127,13 @@ class PackedSequences:
                 self.lengths, self.sample_of_token()
             )
         return self._cache["flex_block_mask"]
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`: to CUDA from pinned memory without blocking the host."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 # A right-padded causal batch is exact for the real tokens (a query never sees the padding
@@ -156,9 +169,9 @@ def _length_buckets(lengths: tuple[int, ...], device: torch.device) -> list[Leng
             LengthBucket(
                 count=len(members),
                 longest=longest,
-                gather=gather.flatten().to(device),
-                real=torch.nonzero(valid.flatten()).flatten().to(device),
-                positions=gather[valid].to(device),
+                gather=_to_device(gather.flatten(), device),
+                real=_to_device(torch.nonzero(valid.flatten()).flatten(), device),
+                positions=_to_device(gather[valid], device),
             )
         )
     return buckets
