@@ -5,16 +5,18 @@ dense block-diagonal T x T mask would make attention cost quadratic in the row; 
 here cost per sample and never build one:
 
 - "per_sample": causal `scaled_dot_product_attention` within each sample, samples of similar
-  length batched (right-padded) into one call. Exact on any device; the CPU's choice (torch
-  has no CPU varlen kernel and no flex-attention backward on CPU).
-- "varlen":     `torch.nn.attention.varlen.varlen_attn` (FlashAttention's varlen kernel in
-  torch itself; CUDA, torch >= 2.10).
+  length batched (right-padded) into one call. Exact on any device and dtype; the CPU's
+  choice (torch has no CPU varlen kernel and no flex-attention backward on CPU).
+- "varlen":     `torch.nn.attention.varlen.varlen_attn` (FlashAttention-2's varlen kernel in
+  torch itself; CUDA, torch >= 2.10, bfloat16 or float16), called as the installed
+  torch's signature allows.
 - "flash":      `flash_attn_varlen_func` from the `flash-attn` package, where it is installed.
-- "flex":       flex attention with a document-causal block mask, compiled (CUDA).
+- "flex":       flex attention with a document-causal block mask built from the sample
+  boundaries (`flex_mask.py`), compiled once for every row length (CUDA).
 - "dense":      the explicit T x T block-diagonal mask through SDPA: quadratic, kept only
   as the reference that `workbench bench trainer` measures the others against.
 
-"auto" picks varlen, then flash, then flex on CUDA, and per_sample elsewhere.
+Which path runs where is `attention_choice.py`'s business.
 
 Each path is registered with Hugging Face's `AttentionInterface` under its own name, with a
 mask function that builds nothing, so the model calls it in place of SDPA. The sample
@@ -30,7 +32,6 @@ copied to the device once; no decoder layer reads a device tensor back.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import itertools
 import math
@@ -333,45 +334,22 @@ _KERNELS = {
 }
 
 
-# ---------------------------------------------------------------------------- choosing a path
-
-
-def available_attention_paths(device: torch.device | str) -> list[AttentionPath]:
-    """The paths that can run on `device`, fastest first (what "auto" takes the first of)."""
-    device = torch.device(device)
-    paths: list[AttentionPath] = []
-    if device.type == "cuda":
-        if importlib.util.find_spec("torch.nn.attention.varlen") is not None:
-            paths.append("varlen")
-        if importlib.util.find_spec("flash_attn") is not None:
-            paths.append("flash")
-        if importlib.util.find_spec("torch.nn.attention.flex_attention") is not None:
-            paths.append("flex")
-    paths += ["per_sample", "dense"]
-    return paths
-
-
-def resolve_attention(choice: AttentionChoice, device: torch.device | str) -> AttentionPath:
-    """The path `choice` means on `device`; a path the device cannot run is a clear error."""
-    device = torch.device(device)
-    available = available_attention_paths(device)
-    if choice == "auto":
-        return available[0]
-    if choice not in available:
+def packed_attention(
+    path: AttentionPath,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    packed: PackedSequences,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Attention of a packed row by `path`: query [1, Hq, T, D], key and value [1, Hkv, T, D]
+    -> [1, T, Hq, D]."""
+    if query.shape[0] != 1 or query.shape[2] != packed.total_tokens:
         raise ValueError(
-            f"trainer.attention = {choice!r} cannot run on {device.type} here (needs "
-            f"{_NEEDS[choice]}); choose one of {', '.join(['auto', *available])}"
+            f"a packed row is one sequence of {packed.total_tokens} tokens; "
+            f"attention got query {tuple(query.shape)}"
         )
-    return choice
-
-
-_NEEDS = {
-    "varlen": "CUDA and torch >= 2.10",
-    "flash": "CUDA and the flash-attn package",
-    "flex": "CUDA (flex attention has no CPU backward)",
-    "per_sample": "nothing",
-    "dense": "nothing",
-}
+    return _KERNELS[path](query, key, value, packed, scaling)
 
 
 # ---------------------------------------------------------------------------- wiring into the model
@@ -382,8 +360,6 @@ def attention_implementation_name(path: AttentionPath) -> str:
 
 
 def _attention_function(path: AttentionPath):
-    kernel = _KERNELS[path]
-
     def attention(
         module: nn.Module,
         query: torch.Tensor,
@@ -399,12 +375,7 @@ def _attention_function(path: AttentionPath):
             # Called as a plain causal LM (a check, a generation): every batch row is one
             # whole, unpadded sequence.
             return _causal(query, key, value, scaling), None
-        if query.shape[0] != 1 or query.shape[2] != packed_sequences.total_tokens:
-            raise ValueError(
-                f"a packed row is one sequence of {packed_sequences.total_tokens} tokens; "
-                f"attention got query {tuple(query.shape)}"
-            )
-        return kernel(query, key, value, packed_sequences, scaling), None
+        return packed_attention(path, query, key, value, packed_sequences, scaling), None
 
     return attention
 
