@@ -37,6 +37,12 @@ def device_paths() -> list[tuple[str, str]]:
     return pairs
 
 
+def widest_dtype(device: str, path: str) -> torch.dtype:
+    """float32 where `path` takes it on `device` (exact comparisons), else bfloat16."""
+    runtime = AttentionRuntime.detect(device, torch.float32, HEAD_DIM[device])
+    return torch.float32 if path in available_attention_paths(runtime) else torch.bfloat16
+
+
 def random_samples(lengths, vocab: int = 64, seed: int = 0) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=generator) for n in lengths]
@@ -75,6 +81,60 @@ def test_every_attention_path_gives_each_sample_the_logprobs_it_gets_alone(devic
     torch.testing.assert_close(
         together[~first], alone[~first].float(), rtol=tolerance, atol=tolerance
     )
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize(("device", "path"), device_paths())
+def test_every_attention_path_gives_each_sample_the_adapter_gradients_it_gets_alone(
+    tmp_path, device, path, checkpointing
+):
+    dtype = widest_dtype(device, path)
+    runs = {"run_a": "seed = 1\n", "run_b": "seed = 2\n"}
+    model = build_trainer(tmp_path, runs, head_dim=HEAD_DIM[device]).model.to(device, dtype)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # B starts at zero; adapters that change the forward test more
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+    # run_a's samples, then run_b's: the order of the routing counts.
+    lengths = {0: [7, 3, 12], 1: [9, 5, 1]}
+    samples = random_samples([n for slot in (0, 1) for n in lengths[slot]], seed=3)
+    slots = [slot for slot in (0, 1) for _ in lengths[slot]]
+    weights = [torch.randn(len(s), generator=generator) for s in samples]
+    for w in weights:
+        w[0] = 0  # a sample's first token is predicted from the sample before it
+
+    def adapter_gradients() -> dict[str, torch.Tensor]:
+        grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.requires_grad}
+        model.zero_grad(set_to_none=True)
+        return grads
+
+    for sample, slot, w in zip(samples, slots, weights, strict=True):
+        counts = [0, 0]
+        counts[slot] = len(sample)
+        set_lora_num_tokens(model, torch.tensor(counts))
+        ids = sample.to(device)
+        logprobs = compute_logprobs(model(input_ids=ids[None]).logits[0], ids)
+        (logprobs * w.to(device)).sum().backward()
+    alone = adapter_gradients()
+
+    section = TrainerSection(attention=path, activation_checkpointing=checkpointing)
+    plan = prepare_model(model, section, device)
+    input_ids, positions = packed(samples)
+    set_lora_num_tokens(model, torch.tensor([sum(lengths[0]), sum(lengths[1])]))
+    ones = torch.ones(len(input_ids), device=device)
+    logprobs = packed_row_logprobs(model, plan, input_ids.to(device), positions, ones)
+    (logprobs * torch.cat(weights).to(device)).sum().backward()
+    together = adapter_gradients()
+
+    assert plan.attention == path and alone.keys() == together.keys()
+    assert all(g.abs().sum() > 0 for n, g in alone.items() if "lora_B" in n)
+    for name, grad in alone.items():
+        if dtype == torch.float32:
+            torch.testing.assert_close(together[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        else:  # bfloat16: compare the gradient as a whole
+            error = (together[name] - grad).norm() / grad.norm().clamp_min(1e-12)
+            assert error < 5e-2, f"{name}: relative error {error:.3g}"
 
 
 @pytest.mark.parametrize("bias", [False, True])
