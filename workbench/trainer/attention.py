@@ -289,10 +289,16 @@ def varlen_options(
     return options, query_factor
 
 
-@functools.cache
 def _parameters(function) -> frozenset[str]:
     """The parameter names of `function`, read once per function object."""
-    return frozenset(inspect.signature(function).parameters)
+    # A plain dict rather than functools.cache: torch.compile traces a dict lookup, where it
+    # warns about an lru_cache wrapper and traces the signature inspection inside it.
+    if function not in _PARAMETERS:
+        _PARAMETERS[function] = frozenset(inspect.signature(function).parameters)
+    return _PARAMETERS[function]
+
+
+_PARAMETERS: dict[Any, frozenset[str]] = {}
 
 
 def _flash(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
