@@ -411,8 +411,9 @@ class TrainerSection(StrictModel):
         "auto",
         description="how packed rows attend, each sample to its own earlier tokens only: "
         "`per_sample` runs causal attention per sample; on CUDA `auto` takes `varlen` (torch "
-        ">= 2.10), else `flash` (the flash-attn package), else `flex`; elsewhere `per_sample`. "
-        "`dense` is the quadratic T x T mask, for comparison only",
+        ">= 2.10, bfloat16 or float16), else `flash` (the flash-attn package, bfloat16 or "
+        "float16), else `flex` (heads of at least 16), else `per_sample`; elsewhere "
+        "`per_sample`. `dense` is the quadratic T x T mask, for comparison only",
     )
     logprob_chunk_tokens: int = Field(
         1024,

@@ -82,8 +82,10 @@ def test_shipped_sweep_recipe_expands_to_a_learning_rate_by_rank_grid_with_early
 
 
 def test_shipped_gpu_recipe_is_valid_and_shares_one_gpu_between_vllm_and_the_trainer():
+    import torch
+
     from workbench.supervisor.plan import assign_devices
-    from workbench.trainer.attention import resolve_attention
+    from workbench.trainer.attention_choice import AttentionRuntime, resolve_attention
 
     recipe = load_recipe(REPO / "recipes" / "reverse_text_qwen3.toml")
     assert recipe.model.base == "Qwen/Qwen3-0.6B"
@@ -95,7 +97,8 @@ def test_shipped_gpu_recipe_is_valid_and_shares_one_gpu_between_vllm_and_the_tra
     assert recipe.inference.gpu_memory_utilization <= 0.5, "the trainer needs the rest"
     # Every adapter version in flight fits vLLM's LoRA slots: current and next per run.
     assert recipe.inference.max_loras >= 2 * len(configs)
-    assert resolve_attention(recipe.trainer.attention, "cuda") != "dense"
+    runtime = AttentionRuntime.detect("cuda", getattr(torch, recipe.trainer.dtype))
+    assert resolve_attention(recipe.trainer.attention, runtime) != "dense"
 
 
 def test_runs_get_defaults_merged_with_their_overrides(tmp_path: Path):

@@ -38,11 +38,15 @@ FAMILIES = {
 }
 
 
-def tiny_causal_lm(family: str = "llama", seed: int = 0) -> transformers.PreTrainedModel:
-    """A random float32 causal LM of the family, built from its config (nothing downloaded)."""
+def tiny_causal_lm(
+    family: str = "llama", seed: int = 0, head_dim: int = 8
+) -> transformers.PreTrainedModel:
+    """A random float32 causal LM of the family, built from its config (nothing downloaded).
+
+    Heads of 8 keep the CPU tests fast; CUDA's flex kernel needs at least 16."""
     config_class, model_class = FAMILIES[family]
     torch.manual_seed(seed)
-    return model_class(config_class(**TINY_SHAPE, head_dim=8)).float()
+    return model_class(config_class(**TINY_SHAPE, head_dim=head_dim)).float()
 
 
 def tiny_llama(seed: int = 0) -> transformers.LlamaForCausalLM:
@@ -84,12 +88,13 @@ def build_trainer(
     path: LoRAPath = "auto",
     family: str = "llama",
     model_seed: int = 0,
+    head_dim: int = 8,
 ) -> TinyTrainer:
     """The trainer's set-up order: manager, LoRA layers, optimizer, scheduler, then runs."""
     experiment.mkdir(parents=True, exist_ok=True)
     write_runs(experiment, runs)
     manager = MultiRunManager(experiment, max_runs or max(1, len(runs)))
-    model = tiny_causal_lm(family, model_seed)
+    model = tiny_causal_lm(family, model_seed, head_dim)
     layers = apply_lora_to_model(model, manager, rank, alpha, path=path)
     optimizer = MultiLoRAOptimizer(manager)
     scheduler = MultiLoRAScheduler(optimizer)

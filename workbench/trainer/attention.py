@@ -5,36 +5,44 @@ dense block-diagonal T x T mask would make attention cost quadratic in the row; 
 here cost per sample and never build one:
 
 - "per_sample": causal `scaled_dot_product_attention` within each sample, samples of similar
-  length batched (right-padded) into one call. Exact on any device; the CPU's choice (torch
-  has no CPU varlen kernel and no flex-attention backward on CPU).
-- "varlen":     `torch.nn.attention.varlen.varlen_attn` (FlashAttention's varlen kernel in
-  torch itself; CUDA, torch >= 2.10).
+  length batched (right-padded) into one call. Exact on any device and dtype; the CPU's
+  choice (torch has no CPU varlen kernel and no flex-attention backward on CPU).
+- "varlen":     `torch.nn.attention.varlen.varlen_attn` (FlashAttention-2's varlen kernel in
+  torch itself; CUDA, torch >= 2.10, bfloat16 or float16), called as the installed
+  torch's signature allows.
 - "flash":      `flash_attn_varlen_func` from the `flash-attn` package, where it is installed.
-- "flex":       flex attention with a document-causal block mask, compiled (CUDA).
+- "flex":       flex attention with a document-causal block mask built from the sample
+  boundaries (`flex_mask.py`), compiled once for every row length (CUDA).
 - "dense":      the explicit T x T block-diagonal mask through SDPA: quadratic, kept only
   as the reference that `workbench bench trainer` measures the others against.
 
-"auto" picks varlen, then flash, then flex on CUDA, and per_sample elsewhere.
+Which path runs where is `attention_choice.py`'s business.
 
 Each path is registered with Hugging Face's `AttentionInterface` under its own name, with a
 mask function that builds nothing, so the model calls it in place of SDPA. The sample
 boundaries reach it as the keyword argument `packed_sequences` of the model's forward,
 which transformers passes down to every attention call; called without it, the model
 treats each batch row as one unpadded sequence.
+
+Host syncs: everything a kernel needs of the row (lengths, cu_seqlens, the longest sample,
+the buckets, the block mask) is computed on the host once per row in `PackedSequences` and
+copied to the device once; no decoder layer reads a device tensor back.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from workbench.trainer.flex_mask import document_causal_block_mask
 
 AttentionChoice = Literal["auto", "per_sample", "varlen", "flash", "flex", "dense"]
 AttentionPath = Literal["per_sample", "varlen", "flash", "flex", "dense"]
@@ -65,6 +73,8 @@ class PackedSequences:
     def from_position_ids(
         cls, position_ids: torch.Tensor, device: torch.device | str
     ) -> PackedSequences:
+        # The one host read of a row: position ids come from the packer on the host (a
+        # device tensor here costs one sync per row, never one per layer).
         positions = position_ids.reshape(-1).cpu()
         if positions.numel() == 0:
             raise ValueError("a packed row needs at least one token")
@@ -73,8 +83,8 @@ class PackedSequences:
         starts = [*torch.nonzero(positions == 0).flatten().tolist(), positions.numel()]
         lengths = tuple(end - start for start, end in itertools.pairwise(starts))
         device = torch.device(device)
-        cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-        return cls(lengths, cu_seqlens.to(device), max(lengths), device)
+        cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        return cls(lengths, _to_device(cu_seqlens, device), max(lengths), device)
 
     @property
     def total_tokens(self) -> int:
@@ -85,7 +95,7 @@ class PackedSequences:
             ids = torch.repeat_interleave(
                 torch.arange(len(self.lengths)), torch.tensor(self.lengths)
             )
-            self._cache["sample_of_token"] = ids.to(self.device)
+            self._cache["sample_of_token"] = _to_device(ids, self.device)
         return self._cache["sample_of_token"]
 
     def length_buckets(self) -> list[LengthBucket]:
@@ -114,18 +124,17 @@ class PackedSequences:
 
     def flex_block_mask(self):
         if "flex_block_mask" not in self._cache:
-            from torch.nn.attention.flex_attention import create_block_mask
-
-            sample = self.sample_of_token()
-
-            def document_causal(batch, head, q_idx, kv_idx):
-                return (sample[q_idx] == sample[kv_idx]) & (q_idx >= kv_idx)
-
-            total = self.total_tokens
-            self._cache["flex_block_mask"] = create_block_mask(
-                document_causal, None, None, total, total, device=self.device
+            self._cache["flex_block_mask"] = document_causal_block_mask(
+                self.lengths, self.sample_of_token()
             )
         return self._cache["flex_block_mask"]
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`: to CUDA from pinned memory without blocking the host."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 # A right-padded causal batch is exact for the real tokens (a query never sees the padding
@@ -161,9 +170,9 @@ def _length_buckets(lengths: tuple[int, ...], device: torch.device) -> list[Leng
             LengthBucket(
                 count=len(members),
                 longest=longest,
-                gather=gather.flatten().to(device),
-                real=torch.nonzero(valid.flatten()).flatten().to(device),
-                positions=gather[valid].to(device),
+                gather=_to_device(gather.flatten(), device),
+                real=_to_device(torch.nonzero(valid.flatten()).flatten(), device),
+                positions=_to_device(gather[valid], device),
             )
         )
     return buckets
@@ -229,31 +238,67 @@ def _dense(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
 
 
 def _varlen(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
-    from torch.nn.attention.varlen import varlen_attn
+    from torch.nn.attention import varlen
 
     # [1, H, T, D] -> [T, H, D], the layout of FlashAttention's varlen kernels.
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-    options: dict[str, Any] = {"scale": scaling}
-    accepted = _varlen_parameters()
-    if "enable_gqa" in accepted:
-        options["enable_gqa"] = True
-    else:
-        groups = _groups(q, k, 1)
-        k, v = _expand_kv(k, groups, 1), _expand_kv(v, groups, 1)
-    # torch 2.10/2.11 spell causality `is_causal`; later releases a (left, right) window.
-    if "is_causal" in accepted:
-        options["is_causal"] = True
-    else:
-        options["window_size"] = (-1, 0)
+    options, query_factor = varlen_options(
+        _parameters(varlen.varlen_attn),
+        groups=_groups(q, k, 1),
+        head_dim=q.shape[2],
+        scaling=scaling,
+    )
+    if query_factor != 1.0:
+        q = q * query_factor
     cu, longest = packed.cu_seqlens, packed.max_length
-    return varlen_attn(q, k, v, cu, cu, longest, longest, **options)[None]
+    return varlen.varlen_attn(q, k, v, cu, cu, longest, longest, **options)[None]
 
 
-@functools.cache
-def _varlen_parameters() -> frozenset[str]:
-    from torch.nn.attention.varlen import varlen_attn
+def varlen_options(
+    parameters: frozenset[str], *, groups: int, head_dim: int, scaling: float | None
+) -> tuple[dict[str, Any], float]:
+    """Keyword arguments for causal attention through a `varlen_attn` that takes
+    `parameters`, and the factor to scale the query by where it cannot take `scale`.
 
-    return frozenset(inspect.signature(varlen_attn).parameters)
+    torch 2.10: `(..., is_causal=False, return_aux=None)`, no scale; 2.11: keyword-only
+    `return_aux`, `scale` and `window_size`, causal being `window_size=(-1, 0)`; later
+    releases add `enable_gqa` and refuse fewer key/value heads without it. The kernel
+    under all of them is FlashAttention-2's, which takes fewer key/value heads than query
+    heads as they are, so the keys and values are never repeated to the query heads.
+    """
+    options: dict[str, Any] = {}
+    if "is_causal" in parameters:
+        options["is_causal"] = True
+    elif "window_size" in parameters:
+        options["window_size"] = (-1, 0)
+    else:
+        raise TypeError(
+            f"torch's varlen_attn takes neither is_causal nor window_size: {parameters}"
+        )
+    if groups > 1 and "enable_gqa" in parameters:
+        options["enable_gqa"] = True
+    query_factor = 1.0
+    default_scale = head_dim**-0.5
+    if scaling is not None and not math.isclose(scaling, default_scale, rel_tol=1e-6):
+        if "scale" in parameters:
+            options["scale"] = scaling
+        else:
+            # Without `scale` the kernel uses 1 / sqrt(head_dim); scaling the query by the
+            # ratio gives the same scores.
+            query_factor = scaling / default_scale
+    return options, query_factor
+
+
+def _parameters(function) -> frozenset[str]:
+    """The parameter names of `function`, read once per function object."""
+    # A plain dict rather than functools.cache: torch.compile traces a dict lookup, where it
+    # warns about an lru_cache wrapper and traces the signature inspection inside it.
+    if function not in _PARAMETERS:
+        _PARAMETERS[function] = frozenset(inspect.signature(function).parameters)
+    return _PARAMETERS[function]
+
+
+_PARAMETERS: dict[Any, frozenset[str]] = {}
 
 
 def _flash(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
@@ -271,7 +316,10 @@ def _flash(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
 def _compiled_flex_attention():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    # Dynamic shapes: one compilation serves every row length (and block-mask size). With
+    # static shapes each new length recompiled, until dynamo's recompile limit sent flex
+    # to its eager fallback, which builds the full score matrix.
+    return torch.compile(flex_attention, dynamic=True)
 
 
 def _flex(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
@@ -292,45 +340,22 @@ _KERNELS = {
 }
 
 
-# ---------------------------------------------------------------------------- choosing a path
-
-
-def available_attention_paths(device: torch.device | str) -> list[AttentionPath]:
-    """The paths that can run on `device`, fastest first (what "auto" takes the first of)."""
-    device = torch.device(device)
-    paths: list[AttentionPath] = []
-    if device.type == "cuda":
-        if importlib.util.find_spec("torch.nn.attention.varlen") is not None:
-            paths.append("varlen")
-        if importlib.util.find_spec("flash_attn") is not None:
-            paths.append("flash")
-        if importlib.util.find_spec("torch.nn.attention.flex_attention") is not None:
-            paths.append("flex")
-    paths += ["per_sample", "dense"]
-    return paths
-
-
-def resolve_attention(choice: AttentionChoice, device: torch.device | str) -> AttentionPath:
-    """The path `choice` means on `device`; a path the device cannot run is a clear error."""
-    device = torch.device(device)
-    available = available_attention_paths(device)
-    if choice == "auto":
-        return available[0]
-    if choice not in available:
+def packed_attention(
+    path: AttentionPath,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    packed: PackedSequences,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Attention of a packed row by `path`: query [1, Hq, T, D], key and value [1, Hkv, T, D]
+    -> [1, T, Hq, D]."""
+    if query.shape[0] != 1 or query.shape[2] != packed.total_tokens:
         raise ValueError(
-            f"trainer.attention = {choice!r} cannot run on {device.type} here (needs "
-            f"{_NEEDS[choice]}); choose one of {', '.join(['auto', *available])}"
+            f"a packed row is one sequence of {packed.total_tokens} tokens; "
+            f"attention got query {tuple(query.shape)}"
         )
-    return choice
-
-
-_NEEDS = {
-    "varlen": "CUDA and torch >= 2.10",
-    "flash": "CUDA and the flash-attn package",
-    "flex": "CUDA (flex attention has no CPU backward)",
-    "per_sample": "nothing",
-    "dense": "nothing",
-}
+    return _KERNELS[path](query, key, value, packed, scaling)
 
 
 # ---------------------------------------------------------------------------- wiring into the model
@@ -341,8 +366,6 @@ def attention_implementation_name(path: AttentionPath) -> str:
 
 
 def _attention_function(path: AttentionPath):
-    kernel = _KERNELS[path]
-
     def attention(
         module: nn.Module,
         query: torch.Tensor,
@@ -358,12 +381,7 @@ def _attention_function(path: AttentionPath):
             # Called as a plain causal LM (a check, a generation): every batch row is one
             # whole, unpadded sequence.
             return _causal(query, key, value, scaling), None
-        if query.shape[0] != 1 or query.shape[2] != packed_sequences.total_tokens:
-            raise ValueError(
-                f"a packed row is one sequence of {packed_sequences.total_tokens} tokens; "
-                f"attention got query {tuple(query.shape)}"
-            )
-        return kernel(query, key, value, packed_sequences, scaling), None
+        return packed_attention(path, query, key, value, packed_sequences, scaling), None
 
     return attention
 

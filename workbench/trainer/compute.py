@@ -19,12 +19,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from workbench.config import TrainerSection
-from workbench.trainer.attention import (
-    AttentionPath,
-    PackedSequences,
-    resolve_attention,
-    use_packed_attention,
-)
+from workbench.trainer.attention import AttentionPath, PackedSequences, use_packed_attention
+from workbench.trainer.attention_choice import AttentionRuntime, resolve_attention
 from workbench.trainer.lm_head import chunkable_lm_head, chunked_token_logprobs
 from workbench.trainer.loss import compute_logprobs
 
@@ -61,7 +57,7 @@ def prepare_model(
     Call after the LoRA layers are in place (compilation must see them).
     """
     device = torch.device(device)
-    attention = resolve_attention(section.attention, device)
+    attention = resolve_attention(section.attention, AttentionRuntime.of_model(model, device))
     use_packed_attention(model, attention)
     chunk = section.logprob_chunk_tokens
     if chunk and chunkable_lm_head(model) is None:
