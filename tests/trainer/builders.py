@@ -23,24 +23,14 @@ from workbench.trainer.lora import (
 )
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
 
-# Every device-parametrised test also runs on CUDA where a GPU is present, skipped elsewhere.
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-    ),
-]
-# (device, dtype) pairs: float32 everywhere, bf16 (the GPU's dtype) on CUDA.
+# Device-parametrised tests also run on CUDA where a GPU is present, skipped elsewhere.
+NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=NEEDS_GPU)]
+# (device, dtype): float32 everywhere, and bf16, the dtype a GPU trains in, on CUDA.
 DEVICE_DTYPES = [
     ("cpu", torch.float32),
-    *(
-        pytest.param(
-            "cuda",
-            dtype,
-            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
-        )
-        for dtype in (torch.float32, torch.bfloat16)
-    ),
+    pytest.param("cuda", torch.float32, marks=NEEDS_GPU),
+    pytest.param("cuda", torch.bfloat16, marks=NEEDS_GPU),
 ]
 
 TINY_SHAPE = {

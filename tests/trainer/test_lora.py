@@ -11,6 +11,7 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from safetensors.torch import load_file
 from torch import nn
+from torch._dynamo.testing import CompileCounter
 
 from tests.trainer.builders import (
     DEVICE_DTYPES,
@@ -313,6 +314,22 @@ def test_auto_takes_torch_grouped_mm_for_bf16_on_hopper_and_blackwell():
     layer = MultiLoRALinear(nn.Linear(16, 24).cuda().bfloat16(), rank=8, n_adapters=2, alpha=8.0)
     assert layer.select_compute(torch.device("cuda"), torch.bfloat16) == "grouped"
     assert layer.select_compute(torch.device("cuda"), torch.float32) == "per_run_loop"
+
+
+@pytest.mark.parametrize("path", ["grouped", "per_run_loop"])
+def test_a_compiled_lora_layer_is_not_recompiled_for_each_rows_token_counts(path):
+    # The counts reach the op as an offsets tensor, never as Python ints the graph would be
+    # specialised on: one compilation for the first shape, one dynamic one after that.
+    if path == "grouped" and grouped_mm_problem("cpu", torch.float32):
+        pytest.skip(grouped_mm_problem("cpu", torch.float32))
+    layer = random_layer(path)
+    counter = CompileCounter()
+    compiled = torch.compile(layer, backend=counter)
+    for counts in ([3, 0, 5], [7, 2, 1], [1, 1, 9], [0, 12, 4], [5, 5, 5], [2, 9, 0]):
+        layer.routing.set_num_tokens(counts)
+        x = torch.randn(sum(counts), 16, requires_grad=True)
+        compiled(x).square().sum().backward()
+    assert counter.frame_count <= 2
 
 
 # ---------------------------------------------------------------------------- model wiring
