@@ -332,6 +332,21 @@ def test_a_compiled_lora_layer_is_not_recompiled_for_each_rows_token_counts(path
     assert counter.frame_count <= 2
 
 
+@pytest.mark.parametrize("grouped_mm", [True, False], ids=["grouped", "per_run_loop"])
+def test_the_compiled_multi_lora_op_passes_torchs_custom_op_checks(grouped_mm):
+    # Its schema, fake (shape) function and autograd registration, as torch.compile uses them.
+    if grouped_mm and grouped_mm_problem("cpu", torch.float32):
+        pytest.skip(grouped_mm_problem("cpu", torch.float32))
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 16, generator=generator, requires_grad=True)
+    lora_a = torch.randn(3, 8, 16, generator=generator, requires_grad=True)
+    scaled_lora_b = torch.randn(3, 24, 8, generator=generator, requires_grad=True)
+    offsets = torch.tensor([4, 4, 9], dtype=torch.int32)
+    torch.library.opcheck(
+        lora_ops.multi_lora_forward, (x, lora_a, scaled_lora_b, offsets, grouped_mm)
+    )
+
+
 # ---------------------------------------------------------------------------- model wiring
 
 
