@@ -183,15 +183,16 @@ def multi_lora(
 def grouped_mm_problem(device_type: str, dtype: torch.dtype) -> str | None:
     """Why `torch._grouped_mm` should not carry the LoRA product here; None where it should.
 
-    Decided once per device type and dtype. torch's CUDA `_grouped_mm`
-    (aten/src/ATen/native/cuda/GroupedBlas.cpp, torch 2.8 to 2.13) runs its CUTLASS kernel
+    Decided once per device type and dtype. torch's `_grouped_mm_cuda` (Blas.cpp, later
+    GroupedBlas.cpp; the same test in every release that has the op) runs its CUTLASS kernel
     only when both operands and the output are bfloat16 and the GPU's compute capability is
     9.x or 10.x (`_scaled_mm_allowed_device(sm90_only, sm100_only)`; on ROCm only with the
-    CK kernels on gfx942/gfx950); otherwise `_grouped_mm_fallback` (GroupedMMUtils.h) copies
-    the offsets to the host and loops. On the CPU that same loop is the kernel, and there the
-    offsets already are on the host: no sync. Elsewhere a small forward and backward is
-    checked against a loop, because which devices and dtypes the op accepts has changed
-    between torch releases.
+    CK kernels on gfx942/gfx950); otherwise `_grouped_mm_fallback` (ATen's
+    GroupedMMUtils.h, shipped in the wheel's include/) runs `offs.cpu()` and loops over the
+    groups with `mm_out`. On the CPU that same loop is the kernel, and there the offsets
+    already are on the host: no sync. Where the rule allows it, a small forward and backward
+    is still checked against a loop (on CUDA too), because which devices and dtypes the op
+    accepts has changed between torch releases.
     """
     if not hasattr(torch, "_grouped_mm"):
         return f"torch {torch.__version__} has no torch._grouped_mm"
