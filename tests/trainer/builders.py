@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
 
@@ -21,6 +22,16 @@ from workbench.trainer.lora import (
     set_lora_num_tokens,
 )
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
+
+# Device-parametrised tests also run on CUDA where a GPU is present, skipped elsewhere.
+NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=NEEDS_GPU)]
+# (device, dtype): float32 everywhere, and bf16, the dtype a GPU trains in, on CUDA.
+DEVICE_DTYPES = [
+    ("cpu", torch.float32),
+    pytest.param("cuda", torch.float32, marks=NEEDS_GPU),
+    pytest.param("cuda", torch.bfloat16, marks=NEEDS_GPU),
+]
 
 TINY_SHAPE = {
     "hidden_size": 32,
@@ -89,12 +100,15 @@ def build_trainer(
     family: str = "llama",
     model_seed: int = 0,
     head_dim: int = 8,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> TinyTrainer:
-    """The trainer's set-up order: manager, LoRA layers, optimizer, scheduler, then runs."""
+    """The trainer's set-up order: manager, model on its device, LoRA layers, optimizer,
+    scheduler, then runs."""
     experiment.mkdir(parents=True, exist_ok=True)
     write_runs(experiment, runs)
     manager = MultiRunManager(experiment, max_runs or max(1, len(runs)))
-    model = tiny_causal_lm(family, model_seed, head_dim)
+    model = tiny_causal_lm(family, model_seed, head_dim).to(device, dtype)
     layers = apply_lora_to_model(model, manager, rank, alpha, path=path)
     optimizer = MultiLoRAOptimizer(manager)
     scheduler = MultiLoRAScheduler(optimizer)
@@ -115,7 +129,8 @@ def packed_logits(
 ) -> torch.Tensor:
     """Logits [1, T, V] of a packed row. `use_cache=False` matters: with a cache object
     transformers 5.19 ignores the restarting position_ids and lets samples attend across."""
-    input_ids, position_ids = packed_inputs(samples)
+    device = next(model.parameters()).device
+    input_ids, position_ids = (t.to(device) for t in packed_inputs(samples))
     set_lora_num_tokens(model, torch.tensor(list(lora_num_tokens)))
     return model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
 

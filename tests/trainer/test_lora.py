@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import peft
 import pytest
 import torch
 from peft.utils import get_peft_model_state_dict
+from safetensors.torch import load_file
 from torch import nn
+from torch._dynamo.testing import CompileCounter
 
 from tests.trainer.builders import (
+    DEVICE_DTYPES,
     build_trainer,
     load_state_dict_for_run,
     packed_logits,
     tiny_causal_lm,
 )
 from workbench import run_control
+from workbench.trainer import lora, lora_ops
+from workbench.trainer.broadcast import write_adapter
+from workbench.trainer.checkpoint import RunCheckpointer
 from workbench.trainer.lora import (
     DEFAULT_TARGET_MODULES,
     MultiLoRALinear,
-    grouped_mm_supported,
     set_lora_num_tokens,
 )
+from workbench.trainer.lora_ops import grouped_mm_problem
 
 PATHS = ["grouped", "plain"]
 PEFT_PREFIX = "base_model.model."
@@ -64,15 +71,19 @@ def our_grads(manager, idx: int) -> dict[str, torch.Tensor]:
     }
 
 
-def random_layer(path: str) -> MultiLoRALinear:
-    """16 -> 12 features, rank-4 slots; slot 2 runs at rank 2; every adapter non-zero."""
+def random_layer(
+    path: str, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> MultiLoRALinear:
+    """16 -> 24 features, rank-8 slots; slot 2 runs at rank 2; every adapter non-zero.
+    (Shapes 16-byte aligned in bf16 too, as torch._grouped_mm needs.)"""
     torch.manual_seed(3)
-    layer = MultiLoRALinear(nn.Linear(16, 12), rank=4, n_adapters=3, alpha=8.0, path=path)
+    base = nn.Linear(16, 24).to(device, dtype)
+    layer = MultiLoRALinear(base, rank=8, n_adapters=3, alpha=8.0, path=path)
     layer.set_adapter_config(2, rank=2, alpha=3.0)
     for idx in range(3):
         rank = layer.adapter_rank(idx)
         layer.load_state_dict_for_adapter(
-            idx, {"lora_A.weight": torch.randn(rank, 16), "lora_B.weight": torch.randn(12, rank)}
+            idx, {"lora_A.weight": torch.randn(rank, 16), "lora_B.weight": torch.randn(24, rank)}
         )
     return layer
 
@@ -186,9 +197,9 @@ def test_counts_that_do_not_cover_the_input_are_refused():
 def forward_and_grads(layer: MultiLoRALinear, x: torch.Tensor, counts: list[int]):
     layer.zero_grad(set_to_none=True)
     x = x.clone().requires_grad_()
-    layer.routing.set_num_tokens(torch.tensor(counts))
+    layer.routing.set_num_tokens(torch.tensor(counts), x.device)
     out = layer(x)
-    out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
+    out.backward(torch.linspace(-1, 1, out.numel(), device=x.device).view_as(out).to(out.dtype))
     grads = [x.grad] + [
         p.grad if p.grad is not None else torch.zeros_like(p)
         for p in [*layer.lora_A, *layer.lora_B]
@@ -196,17 +207,25 @@ def forward_and_grads(layer: MultiLoRALinear, x: torch.Tensor, counts: list[int]
     return out.detach(), grads
 
 
-def test_grouped_path_gives_the_plain_paths_outputs_and_gradients():
-    layer = random_layer("plain")
-    x = torch.randn(1, 40, 16)
+@pytest.mark.parametrize("kernel", ["grouped", "per_run_loop"])
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
+def test_every_lora_kernel_gives_the_plain_paths_outputs_and_gradients(device, dtype, kernel):
+    if kernel == "grouped" and device == "cpu" and grouped_mm_problem(device, dtype):
+        pytest.skip(grouped_mm_problem(device, dtype))
+    layer = random_layer("plain", device, dtype)
+    x = torch.randn(1, 40, 16, device=device, dtype=dtype)
+    # bf16 products differ in rounding from one summation order to another.
+    rtol = 1e-5 if dtype == torch.float32 else 2e-2
     for counts in ([13, 0, 27], [0, 40, 0], [1, 38, 1]):
         layer.path = "plain"
         plain_out, plain_grads = forward_and_grads(layer, x, counts)
-        layer.path = "grouped"
-        grouped_out, grouped_grads = forward_and_grads(layer, x, counts)
-        assert_close_relative(grouped_out, plain_out)
-        for grouped, plain in zip(grouped_grads, plain_grads, strict=True):
-            assert_close_relative(grouped, plain)
+        layer.path = kernel
+        layer.select_compute(x.device, dtype)
+        out, grads = forward_and_grads(layer, x, counts)
+        assert_close_relative(out, plain_out, rtol)
+        for ours, plain in zip(grads, plain_grads, strict=True):
+            assert ours.dtype == plain.dtype
+            assert_close_relative(ours, plain, rtol)
 
 
 def test_grouped_path_gives_the_plain_paths_gradients_through_a_whole_model(tmp_path: Path):
@@ -239,15 +258,93 @@ def test_grouped_path_gives_the_plain_paths_gradients_through_a_whole_model(tmp_
 
 
 def test_auto_path_takes_grouped_matmul_only_where_it_works_and_shapes_align():
+    cpu = torch.device("cpu")
     aligned = MultiLoRALinear(nn.Linear(16, 12), rank=4, n_adapters=2, alpha=8.0)
-    x = torch.randn(3, 16)
-    expected = "grouped" if grouped_mm_supported("cpu", torch.float32) else "plain"
-    assert aligned.resolve_path(x) == expected
+    expected = "per_run_loop" if grouped_mm_problem("cpu", torch.float32) else "grouped"
+    assert aligned.select_compute(cpu, torch.float32) == expected
     # 10 float32 features are 40-byte rows: not a multiple of 16, so grouped_mm cannot run.
     unaligned = MultiLoRALinear(nn.Linear(10, 12), rank=4, n_adapters=2, alpha=8.0)
-    assert unaligned.resolve_path(torch.randn(3, 10)) == "plain"
+    assert unaligned.select_compute(cpu, torch.float32) == "per_run_loop"
+    assert "'in': 10" in unaligned.compute_reason
     forced = MultiLoRALinear(nn.Linear(10, 12), rank=4, n_adapters=2, alpha=8.0, path="plain")
-    assert forced.resolve_path(torch.randn(3, 10)) == "plain"
+    assert forced.select_compute(cpu, torch.float32) == "plain"
+
+
+@pytest.fixture
+def fresh_lora_decisions():
+    """The kernel decision and its warning are made once per process; these tests redo them."""
+    lora_ops.grouped_mm_problem.cache_clear()
+    lora._warn_once.cache_clear()
+    yield
+    lora_ops.grouped_mm_problem.cache_clear()
+    lora._warn_once.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("capability", "dtype"),
+    [((9, 0), torch.float32), ((8, 0), torch.bfloat16), ((12, 0), torch.bfloat16)],
+)
+def test_auto_takes_the_per_run_loop_where_torch_grouped_mm_would_sync_and_warns_why(
+    monkeypatch, caplog, fresh_lora_decisions, capability, dtype
+):
+    # What torch's CUDA _grouped_mm does on this GPU and dtype, decided without one: only
+    # bf16 on compute capability 9.x / 10.x has a kernel; elsewhere it syncs to loop.
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some GPU")
+    layer = MultiLoRALinear(nn.Linear(16, 24), rank=8, n_adapters=2, alpha=8.0)
+    with caplog.at_level(logging.WARNING, logger="workbench.trainer.lora"):
+        assert layer.select_compute(torch.device("cuda"), dtype) == "per_run_loop"
+        MultiLoRALinear(nn.Linear(16, 24), rank=8, n_adapters=2, alpha=8.0).select_compute(
+            torch.device("cuda"), dtype
+        )
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, "one warning per reason, not one per layer"
+    major, minor = capability
+    assert f"sm_{major}{minor}" in warnings[0].getMessage()
+    assert "offsets to the host" in warnings[0].getMessage()
+    assert f"sm_{major}{minor}" in layer.compute_reason
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] not in (9, 10),
+    reason="needs a Hopper or Blackwell GPU",
+)
+def test_auto_takes_torch_grouped_mm_for_bf16_on_hopper_and_blackwell():
+    layer = MultiLoRALinear(nn.Linear(16, 24).cuda().bfloat16(), rank=8, n_adapters=2, alpha=8.0)
+    assert layer.select_compute(torch.device("cuda"), torch.bfloat16) == "grouped"
+    assert layer.select_compute(torch.device("cuda"), torch.float32) == "per_run_loop"
+
+
+@pytest.mark.parametrize("path", ["grouped", "per_run_loop"])
+def test_a_compiled_lora_layer_is_not_recompiled_for_each_rows_token_counts(path):
+    # The counts reach the op as an offsets tensor, never as Python ints the graph would be
+    # specialised on: one compilation for the first shape, one dynamic one after that.
+    if path == "grouped" and grouped_mm_problem("cpu", torch.float32):
+        pytest.skip(grouped_mm_problem("cpu", torch.float32))
+    layer = random_layer(path)
+    counter = CompileCounter()
+    compiled = torch.compile(layer, backend=counter)
+    for counts in ([3, 0, 5], [7, 2, 1], [1, 1, 9], [0, 12, 4], [5, 5, 5], [2, 9, 0]):
+        layer.routing.set_num_tokens(counts)
+        x = torch.randn(sum(counts), 16, requires_grad=True)
+        compiled(x).square().sum().backward()
+    assert counter.frame_count <= 2
+
+
+@pytest.mark.parametrize("grouped_mm", [True, False], ids=["grouped", "per_run_loop"])
+def test_the_compiled_multi_lora_op_passes_torchs_custom_op_checks(grouped_mm):
+    # Its schema, fake (shape) function and autograd registration, as torch.compile uses them.
+    if grouped_mm and grouped_mm_problem("cpu", torch.float32):
+        pytest.skip(grouped_mm_problem("cpu", torch.float32))
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 16, generator=generator, requires_grad=True)
+    lora_a = torch.randn(3, 8, 16, generator=generator, requires_grad=True)
+    scaled_lora_b = torch.randn(3, 24, 8, generator=generator, requires_grad=True)
+    offsets = torch.tensor([4, 4, 9], dtype=torch.int32)
+    torch.library.opcheck(
+        lora_ops.multi_lora_forward, (x, lora_a, scaled_lora_b, offsets, grouped_mm)
+    )
 
 
 # ---------------------------------------------------------------------------- model wiring
@@ -307,3 +404,71 @@ def test_a_runs_state_dict_loads_back_and_a_wrong_shape_is_refused(tmp_path: Pat
     key = "model.layers.0.self_attn.q_proj.lora_A.weight"
     with pytest.raises(ValueError, match="run rank 4"):
         load_state_dict_for_run(trainer.manager, 0, {**changed, key: torch.zeros(8, 32)})
+
+
+# ---------------------------------------------------------------------------- a bf16 base
+
+
+def one_update(trainer, samples: list[torch.Tensor], counts: list[int]) -> None:
+    logits = packed_logits(trainer.model, samples, counts)
+    logits.float().square().mean().backward()
+    trainer.manager.ready_to_update[:] = [True] * len(counts)
+    trainer.optimizer.step()
+    trainer.scheduler.step()
+    trainer.optimizer.zero_grad()
+
+
+def test_a_bf16_base_keeps_float32_adapters_that_learn_from_updates_of_1e_5(tmp_path: Path):
+    trainer = build_trainer(tmp_path / "exp", {"run_a": "lr = 1e-5\n"}, dtype=torch.bfloat16)
+    params = dict(trainer.manager.get_named_parameters_for_run(0))
+    assert all(p.dtype == torch.float32 for p in params.values())
+    initial = {name: p.detach().clone() for name, p in params.items()}
+    samples = [torch.arange(3, 12), torch.arange(20, 31)]
+    for _ in range(2):  # B moves first (it starts at zero), then A has a gradient too
+        one_update(trainer, samples, [20])
+
+    state = trainer.optimizer.optimizers[0].state
+    assert {state[p][key].dtype for p in params.values() for key in ("exp_avg", "exp_avg_sq")} == {
+        torch.float32
+    }
+    for name, param in params.items():
+        # A is about 0.1: in bf16 (8 bits of mantissa) a step of 1e-5 would round away.
+        changed = (param != initial[name]).float().mean().item()
+        assert changed > 0.5, f"{name}: only {changed:.0%} of its entries moved"
+
+
+def test_a_bf16_bases_checkpoint_and_broadcast_keep_the_float32_adapter(tmp_path: Path):
+    trainer = build_trainer(tmp_path / "exp", {"run_a": "lr = 1e-5\n"}, dtype=torch.bfloat16)
+    one_update(trainer, [torch.arange(3, 12), torch.arange(20, 31)], [20])
+    trainer.manager.progress[0].step = 1
+    checkpoint = RunCheckpointer(trainer.manager, trainer.optimizer, trainer.scheduler).save(0)
+    broadcast = write_adapter(
+        tmp_path / "broadcast",
+        trainer.manager.get_state_dict_for_run(0),
+        rank=8,
+        alpha=16.0,
+        target_modules=list(DEFAULT_TARGET_MODULES),
+        base_model=str(tmp_path),
+    )
+
+    # vLLM and peft read float32 adapters and cast them to the model's dtype themselves.
+    published = load_file(str(broadcast / "adapter_model.safetensors"))
+    for key, tensor in trainer.manager.get_state_dict_for_run(0).items():
+        assert published[PEFT_PREFIX + key].dtype == torch.float32
+        torch.testing.assert_close(published[PEFT_PREFIX + key], tensor, rtol=0, atol=0)
+    assert {t.dtype for t in load_file(str(checkpoint / "adapter.safetensors")).values()} == {
+        torch.float32
+    }
+
+    resumed = build_trainer(tmp_path / "exp", {}, max_runs=1, dtype=torch.bfloat16)
+    resumed_checkpointer = RunCheckpointer(resumed.manager, resumed.optimizer, resumed.scheduler)
+    assert resumed_checkpointer.restore(0) == 1
+    ours = dict(resumed.manager.get_named_parameters_for_run(0))
+    theirs = dict(trainer.manager.get_named_parameters_for_run(0))
+    for name, param in theirs.items():
+        torch.testing.assert_close(ours[name], param, rtol=0, atol=0)
+        moments = resumed.optimizer.optimizers[0].state[ours[name]]
+        assert moments["exp_avg"].dtype == torch.float32
+        torch.testing.assert_close(
+            moments["exp_avg"], trainer.optimizer.optimizers[0].state[param]["exp_avg"]
+        )

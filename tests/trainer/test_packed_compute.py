@@ -7,12 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from tests.trainer.builders import build_trainer, tiny_causal_lm
+from tests.trainer.builders import DEVICE_DTYPES, build_trainer, tiny_causal_lm
 from workbench.config import TrainerSection
-from workbench.trainer import lora
+from workbench.trainer.attention import PackedSequences
 from workbench.trainer.attention_choice import AttentionRuntime, available_attention_paths
 from workbench.trainer.compute import (
     apply_activation_checkpointing,
+    decoder_layers,
     packed_row_logprobs,
     prepare_model,
 )
@@ -165,12 +166,13 @@ def test_chunked_lm_head_equals_full_logits_in_values_and_gradients(bias):
 
 
 def lora_gradients(trainer, samples, counts, plan) -> dict[str, torch.Tensor]:
+    device = next(trainer.model.parameters()).device
     input_ids, positions = packed(samples)
     set_lora_num_tokens(trainer.model, counts)
     logprobs = packed_row_logprobs(
-        trainer.model, plan, input_ids, positions, torch.ones(len(input_ids))
+        trainer.model, plan, input_ids.to(device), positions, torch.ones(len(input_ids))
     )
-    weights = torch.linspace(-1, 1, len(input_ids))
+    weights = torch.linspace(-1, 1, len(input_ids), device=device)
     (logprobs * weights).sum().backward()
     return {
         name: param.grad.clone()
@@ -179,30 +181,70 @@ def lora_gradients(trainer, samples, counts, plan) -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("path", ["auto", "plain"])  # auto probes, then takes "grouped"
-def test_activation_checkpointing_gives_the_same_adapter_gradients_with_several_runs_in_a_row(
-    tmp_path, path
+@pytest.mark.parametrize("path", ["auto", "per_run_loop", "plain"])
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
+def test_activation_checkpointing_on_or_off_gives_the_reference_adapter_gradients_for_several_runs(
+    tmp_path, device, dtype, path
 ):
+    # The reference: the plain per-run LoRA, every activation kept. "auto" is the grouped
+    # op on the CPU and with bf16 on Hopper, the per-run loop elsewhere on CUDA.
     runs = {"run_a": "seed = 1\n", "run_b": "seed = 2\n", "run_c": "seed = 3\n"}
-    kept = build_trainer(tmp_path / "kept", runs, path=path)
-    recomputed = build_trainer(tmp_path / "recomputed", runs, path=path)
-    section = TrainerSection(attention="per_sample", activation_checkpointing=False)
-    plan_kept = prepare_model(kept.model, section, torch.device("cpu"))
-    plan_recomputed = prepare_model(recomputed.model, section, torch.device("cpu"))
-    apply_activation_checkpointing(recomputed.model)
-    # The grouped-matmul probe used to run inside the first checkpointed forward and make
-    # the recomputation save fewer tensors than the forward (CheckpointError): re-probe there.
-    lora.grouped_mm_supported.cache_clear()
-
     samples = random_samples([6, 4, 8, 5, 7])
     counts = torch.tensor([10, 8, 12])  # run_a: 6 + 4, run_b: 8, run_c: 5 + 7
-    with_recompute = lora_gradients(recomputed, samples, counts, plan_recomputed)
-    reference = lora_gradients(kept, samples, counts, plan_kept)
-    assert reference.keys() == with_recompute.keys() and reference
+    section = TrainerSection(attention="per_sample", activation_checkpointing=False)
+    gradients = {}
+    for name, lora_path, checkpointing in [
+        ("reference", "plain", False),
+        ("kept", path, False),
+        ("recomputed", path, True),
+    ]:
+        trainer = build_trainer(tmp_path / name, runs, path=lora_path, device=device, dtype=dtype)
+        plan = prepare_model(trainer.model, section, torch.device(device))
+        if checkpointing:
+            apply_activation_checkpointing(trainer.model)
+        gradients[name] = lora_gradients(trainer, samples, counts, plan)
+    reference = gradients["reference"]
     for slot in range(3):  # B starts at zero, so B's gradient is where every run learns
         assert any(g.abs().sum() > 0 for n, g in reference.items() if f"lora_B.{slot}" in n)
-    for name, grad in reference.items():
-        torch.testing.assert_close(with_recompute[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    # bf16 products round differently from one summation order to another.
+    rtol = 1e-5 if dtype == torch.float32 else 3e-2
+    for name in ("kept", "recomputed"):
+        assert gradients[name].keys() == reference.keys()
+        for param, grad in reference.items():
+            scale = grad.abs().max().item()
+            torch.testing.assert_close(
+                gradients[name][param], grad, rtol=rtol, atol=rtol * scale, msg=f"{name} {param}"
+            )
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "recomputed"])
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
+def test_a_decoder_layer_with_multi_lora_compiles_into_one_graph(
+    tmp_path, device, dtype, checkpointing
+):
+    runs = {"run_a": "seed = 1\n", "run_b": "seed = 2\n"}
+    trainer = build_trainer(tmp_path / "exp", runs, device=device, dtype=dtype)
+    section = TrainerSection(attention="per_sample", activation_checkpointing=checkpointing)
+    prepare_model(trainer.model, section, torch.device(device))
+    input_ids, positions = (t[None].to(device) for t in packed(random_samples([12, 8])))
+    packed_sequences = PackedSequences.from_position_ids(positions, device)
+    # The attention's sample buckets are built on first use, by the first layer of a forward
+    # (attention.py); built here, this layer is what the LoRA layers make of it.
+    packed_sequences.length_buckets()
+    packed_sequences.bucket_order()
+    set_lora_num_tokens(trainer.model, [12, 8])
+    hidden = trainer.model.get_input_embeddings()(input_ids)
+    position_embeddings = trainer.model.model.rotary_emb(hidden, positions)
+
+    explanation = torch._dynamo.explain(decoder_layers(trainer.model)[0])(
+        hidden,
+        attention_mask=None,
+        position_ids=positions,
+        position_embeddings=position_embeddings,
+        packed_sequences=packed_sequences,
+    )
+    assert explanation.graph_break_count == 0, [b.reason for b in explanation.break_reasons]
+    assert explanation.graph_count == 1
 
 
 def test_compiled_decoder_layers_give_the_same_logprobs_and_gradients_as_eager(tmp_path):

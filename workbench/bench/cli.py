@@ -71,10 +71,13 @@ def trainer(
 ) -> None:
     """One trainer training N runs vs N separate trainers vs peft, same total tokens.
 
-    Reports tokens/s (median update time), memory (the CUDA allocator's peak on a GPU; peak
-    RSS and the RSS the updates added on the CPU), MFU on a GPU, and each shared
-    measurement's ratio to peft and to N separate trainers. The "legacy" rows run the
-    compute of earlier releases side by side (the "before").
+    Reports tokens/s (median update time), the memory of the measured updates, warm-up
+    excluded (the CUDA allocator's peak allocated and reserved on a GPU; peak RSS and the
+    RSS the updates added on the CPU), MFU on a GPU, which LoRA compute ran (grouped
+    matmul, or the per-run loop and why), and each shared measurement's ratio to peft and
+    to N separate trainers, whose steps start together. The "legacy" rows run the compute
+    of earlier releases side by side (the "before"). A configuration that runs out of
+    memory is a row saying OOM; the others still run.
     """
     from workbench.bench.results import write_result
     from workbench.bench.trainer import BenchSettings, print_table, run_benchmark

@@ -13,10 +13,13 @@ several ways, each in a fresh process so peak memory is clean:
             (N = 1 only), the reference.
 
 Throughput = total tokens / wall time of one update (median over the measured steps; for
-`separate`, the slowest process's median, since they run side by side). Memory: the CUDA
-allocator's peak on a GPU; on the CPU the process's peak RSS and how much the updates added
-to what the process held before them. Weights are random: shapes, not values, decide speed.
-No download: models are built from their configs.
+`separate`, the slowest process's median; their processes wait for each other before every
+step, so their timed steps run side by side). Memory: the peak of the measured updates
+only, reset before each (the warm-up update does not count): on a GPU the CUDA allocator's
+peak allocated and reserved memory; on the CPU the process's peak RSS and how much the
+updates added to what the process held before them. A configuration that runs out of
+memory is reported as OOM in its row; the others still run. Weights are random: shapes,
+not values, decide speed. No download: models are built from their configs.
 
 MFU (CUDA only) counts the useful FLOPs of a LoRA update of a frozen model, per token:
     4 * N_linear                      forward and input gradients of every linear (the
@@ -32,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -185,9 +190,53 @@ class WorkerSpec:
     rank: int
     steps: int
     compute: dict[str, Any] = field(default_factory=dict)
+    # Separate trainers: a directory where `parties` processes meet before every step.
+    barrier: str = ""
+    parties: int = 1
+
+
+class PeerFailed(RuntimeError):
+    """Another process of the same measurement stopped before a step everyone waits for."""
+
+
+def _meet_peers(spec: WorkerSpec, step: int, timeout_s: float = 1800.0) -> None:
+    """Wait until every process of the measurement has reached `step` (a file barrier)."""
+    if not spec.barrier:
+        return
+    directory = Path(spec.barrier)
+    (directory / f"step{step}.{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(directory.glob(f"step{step}.*"))) < spec.parties:
+        if (directory / "failed").exists():
+            raise PeerFailed("another separate trainer failed")
+        if time.monotonic() > deadline:
+            raise PeerFailed(f"the other separate trainers did not reach step {step}")
+        time.sleep(0.005)
 
 
 def run_worker(spec: WorkerSpec) -> dict[str, Any]:
+    """Measure one configuration; {"oom": why} if it ran out of memory."""
+    import torch
+
+    try:
+        return _measure_worker(spec)
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        _tell_peers_failed(spec)
+        # The CPU allocator's failure is a plain RuntimeError.
+        if isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err):
+            return {"oom": str(err).splitlines()[0][:300]}
+        raise
+    except BaseException:
+        _tell_peers_failed(spec)
+        raise
+
+
+def _tell_peers_failed(spec: WorkerSpec) -> None:
+    if spec.barrier:
+        (Path(spec.barrier) / "failed").touch()
+
+
+def _measure_worker(spec: WorkerSpec) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -205,36 +254,67 @@ def run_worker(spec: WorkerSpec) -> dict[str, Any]:
         spec.seq_len,
         spec.runs,
     )
-    step, described = (_peft_step if spec.mode == "peft" else _shared_step)(
+    step, described, lora = (_peft_step if spec.mode == "peft" else _shared_step)(
         model, rows, spec, device
     )
     baseline_rss = _current_rss_mb()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
+    times, spans, peaks = [], [], []
     for i in range(spec.steps + 1):  # the first step warms up allocators and kernels
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
+        _meet_peers(spec, i)
+        reset_peak_memory(device)
+        started, started_at = time.perf_counter(), time.time()
         step()
         if device.type == "cuda":
             torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - started)
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            spans.append((started_at, time.time()))
+            peaks.append(peak_memory(device))
     result = {
         "step_s": times,
+        "step_spans": spans,  # wall-clock (start, end) of each timed step
         "tokens": sum(row.num_tokens for row in rows),
         "rows": len(rows),
         "compute": described,
+        "lora": lora,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
-        "peak_rss_mb": peak_rss,
-        "added_rss_mb": max(0.0, peak_rss - baseline_rss),
+        **{key: max(peak[key] for peak in peaks) for key in peaks[0]},
     }
-    if device.type == "cuda":
-        result["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    if "peak_rss_mb" in result:
+        result["added_rss_mb"] = max(0.0, result["peak_rss_mb"] - baseline_rss)
     return result
+
+
+def reset_peak_memory(device) -> None:
+    """Start a new peak: the CUDA allocator's, or on the CPU the kernel's peak RSS (VmHWM)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    except OSError:
+        pass  # the peak then spans the whole process, set-up included
+
+
+def peak_memory(device) -> dict[str, float]:
+    """Peaks since `reset_peak_memory`, in MB."""
+    import torch
+
+    if device.type == "cuda":
+        return {
+            "peak_cuda_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+            "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
+        }
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return {"peak_rss_mb": int(line.split()[1]) / 1024}
+    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _trainer_section(spec: WorkerSpec):
@@ -251,6 +331,7 @@ def _trainer_section(spec: WorkerSpec):
 def _shared_step(model, rows, spec: WorkerSpec, device):
     from workbench.config import ModelSection, OrchestratorConfig, TrainerConfig
     from workbench.experiment import write_run
+    from workbench.trainer.lora import lora_compute_summary
     from workbench.trainer.rl import build_trainer, train_step
 
     experiment = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
@@ -268,7 +349,7 @@ def _shared_step(model, rows, spec: WorkerSpec, device):
             trainer.manager.ready_to_update[idx] = True
         train_step(trainer, rows)
 
-    return step, trainer.compute.describe()
+    return step, trainer.compute.describe(), lora_compute_summary(trainer.model)
 
 
 def _peft_step(model, rows, spec: WorkerSpec, device):
@@ -308,7 +389,7 @@ def _peft_step(model, rows, spec: WorkerSpec, device):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return step, plan.describe()
+    return step, plan.describe(), "peft"
 
 
 # ------------------------------------------------------------------ the driver
@@ -332,6 +413,8 @@ class Measurement:
     device: str = ""
     dtype: str = ""
     added_memory_mb: float = float("nan")  # CPU: RSS the updates added; CUDA: the peak
+    reserved_memory_mb: float | None = None  # CUDA: the caching allocator's peak reserved
+    lora: str = ""  # which LoRA compute ran: grouped matmul, per-run loop (why), or peft
     mfu: float | None = None
     vs_peft: float | None = None
     vs_separate_speed: float | None = None
@@ -357,11 +440,34 @@ def _spawn(spec: WorkerSpec, threads: int | None = None):
     )
 
 
+class OutOfMemory(RuntimeError):
+    """A configuration did not fit: its row says so and the benchmark goes on."""
+
+
 def _collect(process: subprocess.Popen) -> dict[str, Any]:
     out, err = process.communicate()
+    if process.returncode == -signal.SIGKILL:
+        raise OutOfMemory("killed (SIGKILL: the kernel's out-of-memory killer?)")
     if process.returncode != 0:
         raise RuntimeError(f"benchmark worker failed ({process.returncode}):\n{err[-3000:]}")
-    return json.loads(out.strip().splitlines()[-1])
+    result = json.loads(out.strip().splitlines()[-1])
+    if "oom" in result:
+        raise OutOfMemory(result["oom"])
+    return result
+
+
+def _collect_all(processes: list[subprocess.Popen]) -> list[dict[str, Any]]:
+    """Every process's result; the first out-of-memory (or failure) once all have ended."""
+    results, problems = [], []
+    for process in processes:
+        try:
+            results.append(_collect(process))
+        except (OutOfMemory, RuntimeError) as err:
+            problems.append(err)
+    ooms = [p for p in problems if isinstance(p, OutOfMemory)]
+    if ooms or problems:
+        raise (ooms or problems)[0]
+    return results
 
 
 def _memory(result: dict[str, Any]) -> tuple[float, float]:
@@ -370,17 +476,43 @@ def _memory(result: dict[str, Any]) -> tuple[float, float]:
     return result["peak_rss_mb"], result["added_rss_mb"]
 
 
+def run_side_by_side(spec: WorkerSpec, processes: int) -> list[dict[str, Any]]:
+    """`processes` workers of `spec` at once, meeting before every step (see `_meet_peers`)."""
+    with tempfile.TemporaryDirectory(prefix="workbench-bench-barrier-") as barrier:
+        together = WorkerSpec(**{**spec.__dict__, "barrier": barrier, "parties": processes})
+        return _collect_all([_spawn(together) for _ in range(processes)])
+
+
+def _reserved(results: list[dict[str, Any]]) -> float | None:
+    values = [r["peak_reserved_mb"] for r in results if "peak_reserved_mb" in r]
+    return sum(values) if values else None
+
+
 def measure(spec: WorkerSpec, mode: str) -> Measurement:
-    """Run `spec` as `mode` (shared, legacy, separate or peft) and measure it."""
+    """Run `spec` as `mode` (shared, legacy, separate or peft) and measure it; a
+    configuration that runs out of memory comes back as a row saying OOM."""
+    common = {"seq_len": spec.seq_len, "sample_len": spec.sample_len, "rank": spec.rank}
+    processes = spec.runs if mode == "separate" else 1
+    try:
+        return _measure(spec, mode, common)
+    except OutOfMemory as err:
+        nan = float("nan")
+        return Measurement(
+            spec.shape, mode, spec.runs, spec.tokens, nan, nan, nan, processes,
+            note=f"OOM: {err}", **common,
+        )  # fmt: skip
+
+
+def _measure(spec: WorkerSpec, mode: str, common: dict[str, int]) -> Measurement:
     from workbench.bench.results import median
 
     shape = spec.shape
-    common = {"seq_len": spec.seq_len, "sample_len": spec.sample_len, "rank": spec.rank}
     if mode == "separate":
-        # N trainers side by side share the device, as they would on the user's machine.
+        # N trainers side by side share the device, as they would on the user's machine;
+        # they meet before every step so that their timed steps overlap.
         one = WorkerSpec(**{**spec.__dict__, "mode": "shared", "runs": 1})
         one.tokens = spec.tokens // spec.runs
-        results = [_collect(p) for p in [_spawn(one) for _ in range(spec.runs)]]
+        results = run_side_by_side(one, spec.runs)
         step_s = max(median(r["step_s"]) for r in results)
         peak = sum(_memory(r)[0] for r in results)
         added = sum(_memory(r)[1] for r in results)
@@ -389,7 +521,8 @@ def measure(spec: WorkerSpec, mode: str) -> Measurement:
         return Measurement(
             shape, mode, spec.runs, trained, step_s, trained / step_s, peak, spec.runs,
             compute=first["compute"], device=first["device"], dtype=first["dtype"],
-            added_memory_mb=added, **common,
+            added_memory_mb=added, reserved_memory_mb=_reserved(results), lora=first["lora"],
+            **common,
         )  # fmt: skip
     worker = WorkerSpec(**{**spec.__dict__, "mode": "peft" if mode == "peft" else "shared"})
     if mode == "peft":
@@ -402,7 +535,8 @@ def measure(spec: WorkerSpec, mode: str) -> Measurement:
     return Measurement(
         shape, mode, worker.runs, result["tokens"], step_s, result["tokens"] / step_s, peak, 1,
         compute=result["compute"], device=result["device"], dtype=result["dtype"],
-        added_memory_mb=added, **common,
+        added_memory_mb=added, reserved_memory_mb=_reserved([result]), lora=result["lora"],
+        **common,
     )  # fmt: skip
 
 
@@ -477,9 +611,13 @@ def run_benchmark(settings: BenchSettings) -> list[Measurement]:
         def run(mode: str, n: int, spec: WorkerSpec = spec) -> Measurement:
             console.print(f"  {mode} x{n} ...", end="")
             m = measure(WorkerSpec(**{**spec.__dict__, "runs": n}), mode)
-            console.print(
-                f" {m.tokens_per_s:,.0f} tok/s, {m.peak_memory_mb:,.0f} MB peak ({m.compute})"
-            )
+            if m.note:
+                console.print(f" {m.note}")
+            else:
+                console.print(
+                    f" {m.tokens_per_s:,.0f} tok/s, {m.peak_memory_mb:,.0f} MB peak "
+                    f"({m.compute}; LoRA: {m.lora})"
+                )
             measurements.append(m)
             return m
 
@@ -488,12 +626,13 @@ def run_benchmark(settings: BenchSettings) -> list[Measurement]:
         single_mb = None
         for n in settings.run_counts:
             shared = run("shared", n)
-            single_mb = single_mb or shared.peak_memory_mb
+            if single_mb is None and math.isfinite(shared.peak_memory_mb):
+                single_mb = shared.peak_memory_mb
             if settings.legacy and n in (settings.run_counts[0], settings.run_counts[-1]):
                 run("legacy", n)
             if not settings.separate or n == 1:
                 continue  # one separate trainer is the shared one with one run
-            if single_mb * n > 0.8 * available_memory_mb():
+            if single_mb is not None and single_mb * n > 0.8 * available_memory_mb():
                 measurements.append(
                     Measurement(shape, "separate", n, spec.tokens, float("nan"), float("nan"),
                                 single_mb * n, n, note=f"skipped: needs ~{single_mb * n / 1024:.0f} GiB")
@@ -511,7 +650,7 @@ def add_ratios(measurements: list[Measurement]) -> None:
         if flops and m.tokens_per_s == m.tokens_per_s:
             per_token = train_flops_per_token(model_config(m.model), m.sample_len)
             m.mfu = m.tokens_per_s * per_token / flops
-        if m.mode not in ("shared", "legacy"):
+        if m.mode not in ("shared", "legacy") or not math.isfinite(m.tokens_per_s):
             continue
         for other in measurements:
             if other.model != m.model or other.tokens_per_s != other.tokens_per_s:
@@ -532,24 +671,29 @@ def print_table(measurements: list[Measurement]) -> None:
 
     table = Table(title="trainer: tokens/s and memory per update (same total tokens)")
     columns = ("model", "mode", "runs", "tokens", "step s", "tokens/s", "MFU", "peak MB",
-               "added MB", "vs peft", "vs separate (speed / memory)", "compute / note")  # fmt: skip
+               "added MB", "reserved MB", "vs peft", "vs separate (speed / memory)", "LoRA",
+               "compute / note")  # fmt: skip
     for column in columns:
-        left = column in ("model", "mode", "compute / note")
+        left = column in ("model", "mode", "LoRA", "compute / note")
         table.add_column(column, justify="left" if left else "right")
     for m in measurements:
         table.add_row(
             m.model, m.mode, str(m.runs), str(m.tokens), f"{m.step_s:.3f}", f"{m.tokens_per_s:,.0f}",
             f"{m.mfu:.1%}" if m.mfu is not None else "n/a", f"{m.peak_memory_mb:,.0f}",
             f"{m.added_memory_mb:,.0f}",
+            f"{m.reserved_memory_mb:,.0f}" if m.reserved_memory_mb is not None else "n/a",
             ratio(m.vs_peft),
             f"{ratio(m.vs_separate_speed)} / {ratio(m.vs_separate_memory)}" if m.vs_separate_speed else "",
+            m.lora,
             m.note or m.compute,
         )  # fmt: skip
     Console().print(table)
     Console().print(
         "MFU = tokens/s x (4 x linear params + 12 x layers x heads x head_dim x "
-        "(sample_len + 1) / 2) / peak bf16 FLOP/s (CUDA only). added MB: on the CPU, RSS "
-        "the updates added to the process; on a GPU, the allocator's peak."
+        "(sample_len + 1) / 2) / peak bf16 FLOP/s (CUDA only). Memory is the peak of the "
+        "measured updates (warm-up excluded). added MB: on the CPU, RSS the updates added to "
+        "the process; on a GPU, the allocator's peak. reserved MB: the CUDA caching "
+        "allocator's peak reserved memory."
     )
 
 

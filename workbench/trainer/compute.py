@@ -23,6 +23,7 @@ from workbench.trainer.attention import AttentionPath, PackedSequences, use_pack
 from workbench.trainer.attention_choice import AttentionRuntime, resolve_attention
 from workbench.trainer.lm_head import chunkable_lm_head, chunked_token_logprobs
 from workbench.trainer.loss import compute_logprobs
+from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def packed_row_logprobs(
     packed = PackedSequences.from_position_ids(position_ids, input_ids.device)
     inputs = {
         "input_ids": input_ids[None],
-        "position_ids": position_ids.to(input_ids.device)[None],
+        "position_ids": to_device(position_ids, input_ids.device)[None],
         "use_cache": False,
         "packed_sequences": packed,
     }

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.trainer.transfer import to_device
+
 # Config attributes with which a model's logits are not `lm_head(hidden)`; such models keep
 # the full-logits path (`logprob_chunk_tokens = 0`).
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -59,7 +61,7 @@ def chunked_token_logprobs(
     if bool((temperatures <= 0).any()):
         raise ValueError("temperatures must be positive")
     # Position t predicts token t + 1; the last position predicts nothing we have.
-    inverse_temperature = 1.0 / temperatures[:-1].to(device=hidden.device, dtype=torch.float32)
+    inverse_temperature = 1.0 / to_device(temperatures[:-1].float(), hidden.device)
     predicted = _ChunkedLMHeadLogprobs.apply(
         hidden[:-1], head.weight, head.bias, input_ids[1:], inverse_temperature, chunk_tokens
     )

@@ -13,25 +13,33 @@ How the counts reach the layers: Hugging Face models do not pass extra arguments
 their linears, so every `MultiLoRALinear` of a model shares one `LoRARouting` object and
 the training loop sets it before each forward with `set_lora_num_tokens(model, counts)`.
 
-Two ways to compute the adapters, numerically the same:
-- "grouped": one `torch._grouped_mm` per matmul over all runs (forward and backward), so
-  there is no Python loop over runs and no host sync on the hot path. It also runs on CPU,
-  where torch's own autograd for it fails, hence the hand-written backward below.
-- "plain": a loop over each run's slice of tokens with ordinary matmuls; correct anywhere.
-"auto" takes "grouped" where a one-time probe shows it works for the device and dtype and
-the shapes meet its alignment rule, else "plain".
+Three ways to compute the adapters, numerically the same:
+- "grouped": one op over all runs per LoRA layer (`workbench::multi_lora`, forward and
+  backward in `lora_ops.py`) with `torch._grouped_mm` as its kernel: no Python loop over
+  runs, and nothing torch.compile must specialise on the token counts.
+- "per_run_loop": the same op with our own loop over each run's rows, reading counts that
+  are already on the host. Where torch has no real grouped kernel (float32 on CUDA, any
+  GPU before Hopper) its `_grouped_mm` loops too, but copies the offsets to the host
+  first: a sync in every LoRA layer, which this loop avoids (`grouped_mm_problem`).
+- "plain": the reference: each run's slice of tokens through ordinary matmuls and autograd.
+"auto" is decided once per device and dtype at set-up, not in the forward: "grouped" where
+torch has the kernel and the layer's shapes meet its alignment rule, else "per_run_loop",
+with the reason logged at WARNING level once.
 
-Each run may ask for a smaller rank than the slot (`set_adapter_config`): the unused rows of
-A and columns of B are kept at zero and masked out of the forward, so they never receive a
-gradient; the state dict cuts them off, so a run's adapter is an ordinary rank-r_i peft one.
+Adapter weights (and so their AdamW state) are float32 whatever the base's dtype, as in
+peft: an update near the learning rate would round away in a bf16 weight of about 0.03.
+The matmuls run in the activations' dtype (bf16 with a bf16 base, as FSDP's mixed precision
+does), the weights cast on the way in; their gradients come back float32.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -40,13 +48,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import LORA_TARGET_MODULES, OrchestratorConfig, lora_rank_problem
+from workbench.trainer.lora_ops import grouped_mm_problem, multi_lora
+from workbench.trainer.transfer import to_device
 
 if TYPE_CHECKING:
     from workbench.runs import MultiRunManager
 
 logger = logging.getLogger(__name__)
 
-LoRAPath = Literal["auto", "grouped", "plain"]
+# What a layer computes with: the one op over all runs with torch's grouped kernel
+# ("grouped") or with our per-run loop, or the plain reference. "auto" chooses per device.
+LoRACompute = Literal["grouped", "per_run_loop", "plain"]
+LoRAPath = Literal["auto", "grouped", "per_run_loop", "plain"]
 
 DEFAULT_TARGET_MODULES = LORA_TARGET_MODULES
 
@@ -60,7 +73,8 @@ class LoRARouting:
     """Which tokens of the current micro-batch belong to which adapter slot.
 
     One object per model, shared by all its `MultiLoRALinear` layers, so the counts are
-    converted (host list, device offsets) once per micro-batch rather than once per layer.
+    converted (host list, offsets on the host and on the device) once per micro-batch
+    rather than once per layer.
     """
 
     def __init__(self, n_adapters: int):
@@ -68,33 +82,42 @@ class LoRARouting:
         self.num_tokens: torch.Tensor | None = None
         self.host_counts: list[int] = []
         self.total_tokens = 0
-        self._offsets_by_device: dict[torch.device, torch.Tensor] = {}
+        self.host_offsets = torch.zeros(n_adapters, dtype=torch.int32)
+        self.device_offsets = self.host_offsets
 
-    def set_num_tokens(self, lora_num_tokens: torch.Tensor | Sequence[int]) -> None:
+    def set_num_tokens(
+        self, lora_num_tokens: torch.Tensor | Sequence[int], device: torch.device | None = None
+    ) -> None:
+        """Route the next forward; `device` is where the layers compute (default: the CPU).
+
+        Pass host counts: reading counts that live on a GPU would be a host sync."""
         counts = torch.as_tensor(lora_num_tokens, dtype=torch.long)
         if counts.ndim != 1 or counts.numel() != self.n_adapters:
             raise ValueError(
                 f"lora_num_tokens must have one count per adapter slot ({self.n_adapters}), "
                 f"got shape {tuple(counts.shape)}"
             )
-        # One host sync per micro-batch: the plain path and the size check need the counts.
         host_counts = counts.tolist()
         if min(host_counts) < 0:
             raise ValueError(f"lora_num_tokens must be non-negative, got {host_counts}")
         self.num_tokens = counts
         self.host_counts = host_counts
         self.total_tokens = sum(host_counts)
-        self._offsets_by_device = {}
+        # Cumulative end of each slot's tokens (int32), as the grouped kernels want them: the
+        # per-run loop reads them on the host, torch._grouped_mm on the device (one pinned,
+        # non-blocking copy per micro-batch).
+        self.host_offsets = torch.tensor(list(itertools.accumulate(host_counts)), dtype=torch.int32)
+        self.device_offsets = to_device(self.host_offsets, device or torch.device("cpu"))
 
-    def offsets(self, device: torch.device) -> torch.Tensor:
-        """Cumulative end of each slot's tokens (int32), as `torch._grouped_mm` wants them."""
+    def offsets(self, grouped_mm: bool, device: torch.device) -> torch.Tensor:
+        """The offsets a grouped op takes: on `device` for torch._grouped_mm, else on the host."""
         if self.num_tokens is None:
             raise RuntimeError("no token counts set; call set_lora_num_tokens(model, counts)")
-        offsets = self._offsets_by_device.get(device)
-        if offsets is None:
-            offsets = torch.cumsum(self.num_tokens, 0).to(device=device, dtype=torch.int32)
-            self._offsets_by_device[device] = offsets
-        return offsets
+        if not grouped_mm:
+            return self.host_offsets
+        if self.device_offsets.device == device:
+            return self.device_offsets
+        return self.host_offsets.to(device)  # counts set without the device: a copy per layer
 
 
 def set_lora_num_tokens(model: nn.Module, lora_num_tokens: torch.Tensor | Sequence[int]) -> None:
@@ -103,7 +126,8 @@ def set_lora_num_tokens(model: nn.Module, lora_num_tokens: torch.Tensor | Sequen
     Keep the counts set until the backward pass has finished: activation checkpointing
     recomputes the forward during backward and reads them again.
     """
-    get_lora_routing(model).set_num_tokens(lora_num_tokens)
+    device = next(model.parameters()).device
+    get_lora_routing(model).set_num_tokens(lora_num_tokens, device)
 
 
 def get_lora_routing(model: nn.Module) -> LoRARouting:
@@ -111,110 +135,6 @@ def get_lora_routing(model: nn.Module) -> LoRARouting:
     if routing is None:
         raise RuntimeError("this model has no multi-LoRA layers; call apply_lora_to_model first")
     return routing
-
-
-# ---------------------------------------------------------------------------- grouped matmul
-
-
-class _GroupedLoRA(torch.autograd.Function):
-    """`x -> (x A_g^T) B_g^T` per token group g, forward and backward as grouped matmuls.
-
-    Written out because torch's autograd formula for `_grouped_mm` fails on CPU (torch 2.13);
-    the four backward products are grouped matmuls too, so nothing loops over runs.
-    """
-
-    @staticmethod
-    def forward(ctx, x, lora_a, scaled_lora_b, offsets):  # type: ignore[override]
-        hidden = torch._grouped_mm(x, lora_a.transpose(1, 2), offsets)
-        out = torch._grouped_mm(hidden, scaled_lora_b.transpose(1, 2), offsets)
-        ctx.save_for_backward(x, lora_a, scaled_lora_b, hidden, offsets)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
-        x, lora_a, scaled_lora_b, hidden, offsets = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_hidden = torch._grouped_mm(grad_out, scaled_lora_b, offsets)
-        grad_x = grad_a = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch._grouped_mm(grad_hidden, lora_a, offsets)
-        if ctx.needs_input_grad[1]:
-            grad_a = torch._grouped_mm(grad_hidden.t(), x, offsets)
-        if ctx.needs_input_grad[2]:
-            grad_b = torch._grouped_mm(grad_out.t(), hidden, offsets)
-        return grad_x, grad_a, grad_b, None
-
-
-def _grouped_lora(x, lora_a, scaled_lora_b, offsets) -> torch.Tensor:
-    if x.dtype != torch.bfloat16 and torch.compiler.is_compiling():
-        # torch.compile's shape propagation for _grouped_mm accepts bfloat16 only (torch
-        # 2.13), while the eager CPU kernel takes float32 too: run this op outside the graph.
-        return _grouped_lora_outside_graph(x, lora_a, scaled_lora_b, offsets)
-    return _GroupedLoRA.apply(x, lora_a, scaled_lora_b, offsets)
-
-
-@torch.compiler.disable
-def _grouped_lora_outside_graph(x, lora_a, scaled_lora_b, offsets) -> torch.Tensor:
-    return _GroupedLoRA.apply(x, lora_a, scaled_lora_b, offsets)
-
-
-def _looped_lora(x, lora_a, scaled_lora_b, counts: list[int]) -> torch.Tensor:
-    """Reference for the probe: the same product, one group at a time."""
-    return torch.cat(
-        [
-            F.linear(F.linear(part, a), b)
-            for part, a, b in zip(x.split(counts), lora_a, scaled_lora_b, strict=True)
-        ]
-    )
-
-
-@functools.cache
-def grouped_mm_supported(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether the grouped path works here: a small forward and backward checked against a loop.
-
-    Probed once per device type and dtype, because which devices and dtypes
-    `torch._grouped_mm` accepts has changed between torch releases.
-    """
-    if not hasattr(torch, "_grouped_mm"):
-        return False
-    device = torch.device(device_type)
-    generator = torch.Generator().manual_seed(0)
-    counts = [3, 0, 5]
-    tensors = [
-        torch.randn(8, 16, generator=generator),
-        torch.randn(3, 8, 16, generator=generator),
-        torch.randn(3, 16, 8, generator=generator),
-    ]
-    offsets = torch.tensor(counts).cumsum(0).to(device=device, dtype=torch.int32)
-    # The probe may first run inside a model's forward: under no_grad (it needs gradients),
-    # or inside an activation-checkpointed layer, whose saved-tensor hooks must not count
-    # the probe's tensors (the recomputation, probe cached, would save fewer and fail).
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
-        return _probe_grouped_mm(device, dtype, counts, tensors, offsets)
-
-
-def _keep(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
-
-
-def _probe_grouped_mm(device, dtype, counts, tensors, offsets) -> bool:
-    try:
-        grouped = [t.to(device, dtype).clone().requires_grad_() for t in tensors]
-        looped = [t.to(device, dtype).clone().requires_grad_() for t in tensors]
-        out_grouped = _grouped_lora(*grouped, offsets)
-        out_looped = _looped_lora(*looped, counts)
-        (out_grouped.float() ** 2).sum().backward()
-        (out_looped.float() ** 2).sum().backward()
-        tolerance = 1e-4 if dtype == torch.float32 else 5e-2
-        pairs = [(out_grouped, out_looped)] + [
-            (g.grad, r.grad) for g, r in zip(grouped, looped, strict=True)
-        ]
-        return all(
-            torch.allclose(a.float(), b.float(), rtol=tolerance, atol=tolerance) for a, b in pairs
-        )
-    except Exception as err:  # any failure means "not here": the plain path always works
-        logger.info("grouped LoRA matmul unavailable on %s/%s: %s", device.type, dtype, err)
-        return False
 
 
 # ---------------------------------------------------------------------------- the layer
@@ -261,8 +181,12 @@ class MultiLoRALinear(nn.Module):
         self.path: LoRAPath = path
         self.routing = routing if routing is not None else LoRARouting(n_adapters)
         self.name = name
+        # Resolved once per (device, dtype) of the activations, by `select_compute`.
+        self.compute: LoRACompute = "plain"
+        self.compute_reason = ""
+        self._compute_for: tuple[torch.device, torch.dtype] | None = None
 
-        factory = {"device": base_layer.weight.device, "dtype": dtype or base_layer.weight.dtype}
+        factory = {"device": base_layer.weight.device, "dtype": dtype or adapter_dtype(base_layer)}
         self.lora_A = nn.ParameterList(
             nn.Parameter(torch.empty(rank, self.in_features, **factory)) for _ in range(n_adapters)
         )
@@ -294,7 +218,8 @@ class MultiLoRALinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"rank={self.rank}, n_adapters={self.n_adapters}, alpha={self.alpha}, path={self.path}"
+            f"rank={self.rank}, n_adapters={self.n_adapters}, alpha={self.alpha}, "
+            f"path={self.path}, compute={self.compute}"
         )
 
     # ------------------------------------------------------------------ per-run settings
@@ -395,41 +320,65 @@ class MultiLoRALinear(nn.Module):
                 f"{self.name or 'MultiLoRALinear'}: no token counts set; call "
                 "set_lora_num_tokens(model, counts) before the forward"
             )
-        if routing.total_tokens != flat.shape[0]:
+        # Checked in eager mode only: a compiled graph comparing its row length with the
+        # counts would be specialised to that length.
+        if not torch.compiler.is_compiling() and routing.total_tokens != flat.shape[0]:
             raise ValueError(
                 f"{self.name or 'MultiLoRALinear'}: lora_num_tokens sums to "
                 f"{routing.total_tokens} but the input has {flat.shape[0]} tokens"
             )
         if flat.shape[0] == 0:
             return result
-        lora_dtype = self.lora_A[0].dtype
-        flat = flat.to(lora_dtype)
-        if self.resolve_path(flat) == "grouped":
-            delta = self._grouped_forward(flat)
-        else:
+        if self._compute_for != (flat.device, flat.dtype):
+            # Normally done once at set-up (`apply_lora_to_model`); again only if the model
+            # moved to another device or dtype since.
+            self.select_compute(flat.device, flat.dtype)
+        if self.compute == "plain":
             delta = self._plain_forward(flat)
+        else:
+            delta = self._grouped_forward(flat, grouped_mm=self.compute == "grouped")
         return result + delta.view(result.shape).to(result.dtype)
 
-    def resolve_path(self, flat: torch.Tensor) -> Literal["grouped", "plain"]:
-        """The path this input takes: the forced one, or for "auto" the grouped one if usable."""
-        if self.path != "auto":
-            return self.path
-        if not grouped_mm_supported(flat.device.type, flat.dtype):
-            return "plain"
-        # grouped_mm wants 16-byte aligned rows for every operand, transposed ones included.
-        itemsize = flat.element_size()
-        aligned = all(
-            (size * itemsize) % 16 == 0 for size in (self.in_features, self.out_features, self.rank)
-        )
-        return "grouped" if aligned else "plain"
+    def select_compute(self, device: torch.device, dtype: torch.dtype) -> LoRACompute:
+        """Decide, once for activations of `device` and `dtype`, how this layer computes.
 
-    def _grouped_forward(self, flat: torch.Tensor) -> torch.Tensor:
-        flat = flat.contiguous()
-        if flat.data_ptr() % 16:
-            flat = flat.clone()
-        lora_a = torch.stack(tuple(self.lora_A))
-        scaled_lora_b = torch.stack(tuple(self.lora_B)) * self.rank_scaling.to(flat.dtype)[:, None]
-        return _grouped_lora(flat, lora_a, scaled_lora_b, self.routing.offsets(flat.device))
+        A path other than "auto" is taken as it is ("grouped" runs torch._grouped_mm
+        wherever it runs at all, host syncs and all); "auto" takes "grouped" where
+        it has a real kernel and this layer's shapes meet its alignment rule, else the
+        per-run loop, and says why at WARNING level (once per reason).
+        """
+        reason = ""
+        if self.path != "auto":
+            compute: LoRACompute = self.path
+        else:
+            reason = grouped_mm_problem(device.type, dtype) or self._alignment_problem(dtype)
+            compute = "per_run_loop" if reason else "grouped"
+            if reason:
+                _warn_once(f"LoRA layers use the per-run loop, not torch._grouped_mm: {reason}")
+        self.compute, self.compute_reason = compute, reason
+        self._compute_for = (torch.device(device), dtype)
+        return compute
+
+    def _alignment_problem(self, dtype: torch.dtype) -> str:
+        # grouped_mm wants 16-byte aligned rows for every operand, transposed ones included.
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        sizes = {"in": self.in_features, "out": self.out_features, "rank": self.rank}
+        unaligned = {name: size for name, size in sizes.items() if (size * itemsize) % 16}
+        if not unaligned:
+            return ""
+        return (
+            f"features or rank {unaligned} are not a multiple of 16 bytes of "
+            f"{str(dtype).removeprefix('torch.')}, as torch._grouped_mm needs"
+        )
+
+    def _grouped_forward(self, flat: torch.Tensor, grouped_mm: bool) -> torch.Tensor:
+        # The weights are float32; the product runs in the activations' dtype.
+        lora_a = torch.stack(tuple(self.lora_A)).to(flat.dtype)
+        scaled_lora_b = torch.stack(tuple(self.lora_B)) * self.rank_scaling[:, None]
+        offsets = self.routing.offsets(grouped_mm, flat.device)
+        return multi_lora(
+            flat.contiguous(), lora_a, scaled_lora_b.to(flat.dtype), offsets, grouped_mm
+        )
 
     def _plain_forward(self, flat: torch.Tensor) -> torch.Tensor:
         parts = []
@@ -437,14 +386,44 @@ class MultiLoRALinear(nn.Module):
             if part.shape[0] == 0:
                 continue
             rank = self._adapter_rank[idx]
-            lora_a = self.lora_A[idx][:rank]
-            lora_b = self.lora_B[idx][:, :rank]
+            lora_a = self.lora_A[idx][:rank].to(part.dtype)
+            lora_b = self.lora_B[idx][:, :rank].to(part.dtype)
             parts.append(F.linear(F.linear(part, lora_a), lora_b) * self.adapter_scaling(idx))
         return torch.cat(parts)
 
     def _check_idx(self, idx: int) -> None:
         if not 0 <= idx < self.n_adapters:
             raise IndexError(f"adapter index {idx} is outside 0..{self.n_adapters - 1}")
+
+
+def adapter_dtype(base_layer: nn.Linear) -> torch.dtype:
+    """float32 for a half-precision base (bf16, fp16), as peft keeps adapters; else the base's."""
+    return torch.promote_types(base_layer.weight.dtype, torch.float32)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logger.warning(message)
+
+
+def lora_compute_summary(model: nn.Module) -> str:
+    """What the model's LoRA layers compute with, for logs and benchmark rows: "grouped
+    matmul", "per-run loop (why)", "plain", or a mix with layer counts."""
+    layers = [m for m in model.modules() if isinstance(m, MultiLoRALinear)]
+    kinds = Counter(
+        COMPUTE_NAMES[m.compute] + (f" ({m.compute_reason})" if m.compute_reason else "")
+        for m in layers
+    )
+    if len(kinds) == 1:
+        return next(iter(kinds))
+    return ", ".join(f"{kind}: {count} layers" for kind, count in kinds.most_common())
+
+
+COMPUTE_NAMES: dict[str, str] = {
+    "grouped": "grouped matmul",
+    "per_run_loop": "per-run loop",
+    "plain": "plain",
+}
 
 
 def _layer_seed(seed: int, layer_name: str) -> int:
@@ -510,11 +489,10 @@ def apply_lora_to_model(
         )
     for module_name, layer in layers.items():
         manager.register_lora_module(module_name, layer)
-    if path != "plain":
-        # Probe the grouped matmul now rather than in the first forward (see the probe).
-        sample = next(iter(layers.values()))
-        grouped_mm_supported(sample.weight.device.type, sample.lora_A[0].dtype)
+        # Decided here, not in the forward: torch.compile then sees a plain attribute.
+        layer.select_compute(layer.weight.device, layer.weight.dtype)
     setattr(model, _ROUTING_ATTRIBUTE, routing)
+    logger.info("LoRA compute: %s", lora_compute_summary(model))
 
     def validate_run_rank(config: OrchestratorConfig) -> tuple[bool, str]:
         problem = lora_rank_problem(config.lora.rank, rank)

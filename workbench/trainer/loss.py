@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench.config import LossConfig
+from workbench.trainer.transfer import to_device
 
 MAX_ABS_LOG_RATIO = 20.0
 
@@ -64,10 +65,13 @@ def compute_rl_loss(
     this micro-batch's counts are used. The per-run statistics cover this micro-batch.
     """
     logprobs = trainer_logprobs.reshape(-1).float()
-    old_logprobs = inference_logprobs.reshape(-1).float().to(logprobs.device)
-    advantages = advantages.reshape(-1).float().to(logprobs.device)
-    loss_mask = loss_mask.reshape(-1).bool().to(logprobs.device)
-    counts = torch.as_tensor(lora_num_tokens, dtype=torch.long, device=logprobs.device)
+    device = logprobs.device
+    old_logprobs = to_device(inference_logprobs.reshape(-1).float(), device)
+    advantages = to_device(advantages.reshape(-1).float(), device)
+    loss_mask = to_device(loss_mask.reshape(-1).bool(), device)
+    # The counts are read on the host (as the packer made them): expanding counts that
+    # live on a GPU would wait for them, a sync per micro-batch.
+    counts = torch.as_tensor(lora_num_tokens, dtype=torch.long).cpu()
     n_runs = counts.numel()
     if not logprobs.numel() == old_logprobs.numel() == advantages.numel() == loss_mask.numel():
         raise ValueError(
@@ -75,12 +79,12 @@ def compute_rl_loss(
             f"token; got {logprobs.numel()}, {old_logprobs.numel()}, {advantages.numel()}, "
             f"{loss_mask.numel()}"
         )
-    run_of_token = torch.repeat_interleave(torch.arange(n_runs, device=logprobs.device), counts)
-    if run_of_token.numel() != logprobs.numel():
-        raise ValueError(
-            f"lora_num_tokens sums to {run_of_token.numel()} but there are "
-            f"{logprobs.numel()} tokens"
-        )
+    total = int(counts.sum())
+    if total != logprobs.numel():
+        raise ValueError(f"lora_num_tokens sums to {total} but there are {logprobs.numel()} tokens")
+    run_of_token = torch.repeat_interleave(
+        torch.arange(n_runs, device=device), to_device(counts, device), output_size=total
+    )
 
     low, high, kl_coef, both_sides = _per_run_settings(loss_config, n_runs, logprobs.device)
     log_ratio = torch.where(loss_mask, logprobs - old_logprobs, 0.0)
@@ -112,7 +116,7 @@ def compute_rl_loss(
     if loss_tokens_per_run is None:
         normaliser = micro_loss_tokens
     else:
-        normaliser = torch.as_tensor(loss_tokens_per_run, device=logprobs.device).float()
+        normaliser = to_device(torch.as_tensor(loss_tokens_per_run).float(), device)
     run_loss = per_run_sum(per_token) / normaliser.clamp_min(1.0)
     with torch.no_grad():
         seen = micro_loss_tokens.clamp_min(1.0)
@@ -137,14 +141,14 @@ def _per_run_settings(
             raise ValueError(f"need one LossConfig per slot ({n_runs}), got {len(loss_config)}")
         configs = [config or LossConfig() for config in loss_config]
 
-    def column(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32, device=device)
+    def column(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return to_device(torch.tensor(values, dtype=dtype), device)
 
     return (
         column([c.mask_ratio_low for c in configs]),
         column([c.mask_ratio_high for c in configs]),
         column([c.kl_coef for c in configs]),
-        torch.tensor([c.mask_both_sides for c in configs], dtype=torch.bool, device=device),
+        column([c.mask_both_sides for c in configs], torch.bool),
     )
 
 

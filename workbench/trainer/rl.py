@@ -33,6 +33,7 @@ from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lo
 from workbench.trainer.loss import compute_rl_loss
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
 from workbench.trainer.packer import MicroBatch, Packer
+from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
 KEEP_BROADCASTS = 3
@@ -136,7 +137,14 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
 
 
 def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
-    """Forward/backward this rank's rows, sum adapter gradients over ranks, step ready runs."""
+    """Forward/backward this rank's rows, sum adapter gradients over ranks, step ready runs.
+
+    Host syncs on CUDA: none in the LoRA layers, whose token counts are read on the host
+    (`set_lora_num_tokens`); the row's tensors go to the GPU pinned and non-blocking (a
+    blocking copy would wait for the previous row's backward). Per row there remain the
+    sample-boundary tensors of `PackedSequences` (attention.py), copied blocking, and per
+    update the loss and gradient-norm reads.
+    """
     manager, model, device = trainer.manager, trainer.model, trainer.device
     ready = manager.ready_to_update_idxs
     loss_configs = [
@@ -145,11 +153,13 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
     temperatures = torch.ones(manager.max_runs)
     for idx in manager.used_idxs:
         temperatures[idx] = manager.config[idx].sampling.temperature  # > 0 (config.py)
-    run_loss = torch.zeros(manager.max_runs, dtype=torch.float64)
+    # Summed on the device and read once per update: a read per row would wait for each
+    # row's backward before the next row could be queued.
+    run_loss = torch.zeros(manager.max_runs, dtype=torch.float64, device=device)
 
     for row in rows:
         set_lora_num_tokens(model, row.lora_num_tokens)
-        input_ids = row.input_ids.to(device)
+        input_ids = to_device(row.input_ids, device)
         # vLLM reports log-probs after temperature scaling; the trainer's are scaled the same
         # way, per run (runs may sample at different temperatures).
         token_temperatures = torch.repeat_interleave(temperatures, row.lora_num_tokens)
@@ -158,16 +168,17 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
         )
         out = compute_rl_loss(
             logprobs,
-            row.inference_logprobs.to(device),
-            row.advantages.to(device),
-            row.loss_mask.to(device),
+            to_device(row.inference_logprobs, device),
+            to_device(row.advantages, device),
+            to_device(row.loss_mask, device),
             row.lora_num_tokens,
             loss_configs,
             loss_tokens_per_run=row.run_loss_tokens,
         )
         out.loss.backward()
-        run_loss += out.run_loss.double().cpu()
+        run_loss += out.run_loss.double()
 
+    run_loss = run_loss.cpu()
     distributed.all_reduce_adapter_grads(manager, ready, device)
     run_loss = distributed.all_reduce_sum(run_loss, device)
     norms = trainer.optimizer.step()

@@ -1,0 +1,54 @@
+"""`workbench bench trainer`'s measuring, not its figures: real worker processes on the
+tiny model with every size turned down."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from workbench.bench.trainer import (
+    WorkerSpec,
+    measure,
+    peak_memory,
+    reset_peak_memory,
+    run_side_by_side,
+)
+
+
+def tiny_spec(**overrides) -> WorkerSpec:
+    settings = {"mode": "shared", "shape": "tiny", "runs": 1, "tokens": 256, "seq_len": 256}
+    settings |= {"sample_len": 64, "rank": 8, "steps": 2}
+    return WorkerSpec(**(settings | overrides))
+
+
+def test_separate_trainers_time_their_steps_side_by_side():
+    results = run_side_by_side(tiny_spec(), 2)
+    assert len(results) == 2
+    for step in range(2):
+        spans = [result["step_spans"][step] for result in results]
+        latest_start = max(start for start, _ in spans)
+        earliest_end = min(end for _, end in spans)
+        assert latest_start < earliest_end, f"step {step}: {spans} do not overlap"
+    assert all(result["lora"] == "grouped matmul" for result in results)
+
+
+def test_a_configuration_that_runs_out_of_memory_is_a_row_saying_oom():
+    # One row of 2^19 tokens through the dense T x T mask: 256 GiB, more than any CPU here.
+    spec = tiny_spec(tokens=2**19, seq_len=2**19, sample_len=2**19, steps=1)
+    spec.compute = {"attention": "dense"}
+    row = measure(spec, "shared")
+    assert row.note.startswith("OOM: ")
+    assert math.isnan(row.tokens_per_s)
+
+
+def test_resetting_the_peak_memory_forgets_a_spike_before_it():
+    # What keeps the warm-up update out of the measured peaks (CPU: the kernel's VmHWM).
+    device = torch.device("cpu")
+    reset_peak_memory(device)
+    start = peak_memory(device)["peak_rss_mb"]
+    spike = torch.ones(128 * 2**20, dtype=torch.uint8)  # 128 MiB, touched, then freed
+    del spike
+    assert peak_memory(device)["peak_rss_mb"] >= start + 100
+    reset_peak_memory(device)
+    assert peak_memory(device)["peak_rss_mb"] < start + 64
