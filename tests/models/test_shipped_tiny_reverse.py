@@ -50,7 +50,7 @@ def test_the_shipped_model_scores_what_its_build_measured():
     measured = evaluate_greedy(
         model, tokenizer, get_environment("reverse_text"), n=spec.eval_prompts, seed=spec.seed
     ).mean_reward
-    assert measured == pytest.approx(info["greedy_reward"]["rl (8-14 letters)"], abs=0.01)
+    assert measured == pytest.approx(info["greedy_reward"]["rl (8-14 letters)"], abs=0.02)
 
 
 def test_first_use_copies_the_shipped_weights_bit_for_bit_without_training(
