@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.trainer.flex_mask import document_causal_block_mask
+from workbench.trainer.transfer import to_device
 
 AttentionChoice = Literal["auto", "per_sample", "varlen", "flash", "flex", "dense"]
 AttentionPath = Literal["per_sample", "varlen", "flash", "flex", "dense"]
@@ -84,7 +85,7 @@ class PackedSequences:
         lengths = tuple(end - start for start, end in itertools.pairwise(starts))
         device = torch.device(device)
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
-        return cls(lengths, _to_device(cu_seqlens, device), max(lengths), device)
+        return cls(lengths, to_device(cu_seqlens, device), max(lengths), device)
 
     @property
     def total_tokens(self) -> int:
@@ -95,7 +96,7 @@ class PackedSequences:
             ids = torch.repeat_interleave(
                 torch.arange(len(self.lengths)), torch.tensor(self.lengths)
             )
-            self._cache["sample_of_token"] = _to_device(ids, self.device)
+            self._cache["sample_of_token"] = to_device(ids, self.device)
         return self._cache["sample_of_token"]
 
     def length_buckets(self) -> list[LengthBucket]:
@@ -128,13 +129,6 @@ class PackedSequences:
                 self.lengths, self.sample_of_token()
             )
         return self._cache["flex_block_mask"]
-
-
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`: to CUDA from pinned memory without blocking the host."""
-    if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 # A right-padded causal batch is exact for the real tokens (a query never sees the padding
@@ -170,9 +164,9 @@ def _length_buckets(lengths: tuple[int, ...], device: torch.device) -> list[Leng
             LengthBucket(
                 count=len(members),
                 longest=longest,
-                gather=_to_device(gather.flatten(), device),
-                real=_to_device(torch.nonzero(valid.flatten()).flatten(), device),
-                positions=_to_device(gather[valid], device),
+                gather=to_device(gather.flatten(), device),
+                real=to_device(torch.nonzero(valid.flatten()).flatten(), device),
+                positions=to_device(gather[valid], device),
             )
         )
     return buckets
