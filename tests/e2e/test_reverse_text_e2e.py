@@ -3,8 +3,8 @@ the supervisor, the built-in tiny model. Minutes each; the slowest tests of the 
 
 Learning margin. On the shipped recipe's task (9-letter texts) the tiny model (its shipped
 weights, the same bits on every machine) starts near 0.65 and, measured over 30 steps at
-lr 3e-3 and 5e-3, reached 0.86-0.87 (three runs: first 5 steps 0.654 and 0.650, last 5
-0.866 and 0.861, the same each time). Once a run
+lr 3e-3 and 5e-3, reached 0.86-0.87 (two runs: first 5 steps 0.654 and 0.650, last 5
+0.866 and 0.861, the same both times). Once a run
 plateaus, the per-step mean reward (16 prompts x 8 completions) varied with a standard
 deviation of 0.006-0.01 between steps (0.02 measured with an earlier build of the model),
 so the mean of 5 steps varies by at most about 0.009 and the difference of two such means
