@@ -402,7 +402,9 @@ class TrainerSection(StrictModel):
     nproc_per_node: int = Field(1, ge=1, description="trainer ranks (data parallel)")
     seq_len: int = Field(512, ge=16, description="tokens per packed micro-batch row")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="the base model's and adapters' precision"
+        "float32",
+        description="the frozen base model's precision; LoRA adapters and their AdamW state "
+        "stay float32 whatever it is (as peft keeps them), and the LoRA matmuls run in it",
     )
     poll_interval_s: float = Field(
         0.2, gt=0, description="how often an idle trainer looks for runs and batches"
@@ -413,7 +415,8 @@ class TrainerSection(StrictModel):
         "`per_sample` runs causal attention per sample; on CUDA `auto` takes `varlen` (torch "
         ">= 2.10, bfloat16 or float16), else `flash` (the flash-attn package, bfloat16 or "
         "float16), else `flex` (heads of at least 16), else `per_sample`; elsewhere "
-        "`per_sample`. `dense` is the quadratic T x T mask, for comparison only",
+        "`per_sample`. A named path that cannot run here is refused with the reason. `dense` "
+        "is the quadratic T x T mask, for comparison only",
     )
     logprob_chunk_tokens: int = Field(
         1024,
