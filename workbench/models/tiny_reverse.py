@@ -55,8 +55,6 @@ from workbench.trainer.sft import (
 #    the same spec holds other bits, so it must not be reused).
 BUILD_FORMAT_VERSION = 3
 SHIPPED_DIR = shipped.shipped_dir("tiny-reverse")
-# What the shipped weights' build.json records as the command that made them.
-SHIP_COMMAND = "workbench model build --from-scratch -o workbench/models/weights/tiny-reverse"
 # One intra-op thread: measured on 2 cores, a step of this model takes the same time on 1
 # thread as on 2 when the cores are idle and a fifth of the time when other processes load
 # them (2 threads spend it synchronising).
