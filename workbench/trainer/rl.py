@@ -141,9 +141,10 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
 
     Host syncs on CUDA: none in the LoRA layers, whose token counts are read on the host
     (`set_lora_num_tokens`); the row's tensors go to the GPU pinned and non-blocking (a
-    blocking copy would wait for the previous row's backward). Per row there remain the
-    sample-boundary tensors of `PackedSequences` (attention.py), copied blocking, and per
-    update the loss and gradient-norm reads.
+    blocking copy would wait for the previous row's backward), as do the sample-boundary
+    tensors of `PackedSequences` (attention.py). Per row there remains its one read of the
+    position ids (already on the host when they come from the packer), and per update the
+    loss and gradient-norm reads.
     """
     manager, model, device = trainer.manager, trainer.model, trainer.device
     ready = manager.ready_to_update_idxs
