@@ -1,7 +1,7 @@
 """An orchestrator whose run cannot work rejects the run at once, before waiting for the
 trainer's adapters or for inference: `control/config_validation_error.txt` says why and
 names the `orch.toml` it read, so the trainer frees the run's slot and looks again only
-once the file changes (tests/runs/test_manager.py)."""
+once the file changes (tests/trainer_runs/test_manager.py)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.runs import MultiRunManager
+from workbench.trainer.runs import MultiRunManager
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import tomlkit
 from workbench import layout, run_control
 from workbench.config import recipe_from_document
 from workbench.experiment import create_experiment
-from workbench.runs import MultiRunManager
+from workbench.trainer.runs import MultiRunManager
 
 RECIPE = """\
 [experiment]

@@ -14,7 +14,6 @@ import transformers
 
 from tests.helpers import make_run
 from workbench import layout
-from workbench.runs import MultiRunManager
 from workbench.trainer.lora import (
     LoRAPath,
     MultiLoRALinear,
@@ -22,6 +21,7 @@ from workbench.trainer.lora import (
     set_lora_num_tokens,
 )
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
+from workbench.trainer.runs import MultiRunManager
 
 # Device-parametrised tests also run on CUDA where a GPU is present, skipped elsewhere.
 NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 from tests.helpers import make_run
 from workbench import layout, run_control
 from workbench.rollouts import InvalidRollouts, RolloutBatch, Sample, read_rollouts, write_rollouts
-from workbench.runs import MultiRunManager
 from workbench.trainer.packer import Packer, distribute, pack_batches
+from workbench.trainer.runs import MultiRunManager
 
 
 def sample(prompt: int, completion: int, advantage: float = 0.5, first_token: int = 3) -> Sample:

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from workbench import layout
-from workbench.runs import MultiRunManager, Progress
+from workbench.trainer.runs import MultiRunManager, Progress
 
 logger = logging.getLogger(__name__)
 PART = "trainer"

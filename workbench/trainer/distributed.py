@@ -15,13 +15,10 @@ master, and every collective here is a no-op.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-
-if TYPE_CHECKING:
-    from workbench.runs import MultiRunManager
 
 T = TypeVar("T")
 
@@ -83,18 +80,13 @@ def all_reduce_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     return totals.to(values.device)
 
 
-def all_reduce_adapter_grads(
-    manager: MultiRunManager, ready: list[int], device: torch.device
-) -> None:
-    """Sum every ready run's adapter gradients over ranks in one flat all-reduce.
+def all_reduce_grads(params: list[torch.nn.Parameter], device: torch.device) -> None:
+    """Sum the gradients of `params` (every ready run's adapters) over ranks in one flat all-reduce.
 
     A rank whose rows held no tokens of a run has no gradient for it; it contributes zeros,
     so every rank reduces the same tensors in the same order.
     """
-    if world_size() == 1:
-        return
-    params = [param for idx in ready for _, param in manager.get_named_parameters_for_run(idx)]
-    if not params:
+    if world_size() == 1 or not params:
         return
     for param in params:
         if param.grad is None:

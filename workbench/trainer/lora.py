@@ -52,7 +52,7 @@ from workbench.trainer.lora_ops import grouped_mm_problem, multi_lora
 from workbench.trainer.transfer import to_device
 
 if TYPE_CHECKING:
-    from workbench.runs import MultiRunManager
+    from workbench.trainer.runs import MultiRunManager
 
 logger = logging.getLogger(__name__)
 

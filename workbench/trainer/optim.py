@@ -21,7 +21,7 @@ from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from workbench.config import SchedulerConfig
-from workbench.runs import MultiRunManager
+from workbench.trainer.runs import MultiRunManager
 
 logger = logging.getLogger(__name__)
 

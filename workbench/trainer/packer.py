@@ -21,7 +21,7 @@ import torch
 
 from workbench import layout
 from workbench.rollouts import InvalidRollouts, TensorBatch, read_rollouts
-from workbench.runs import MultiRunManager
+from workbench.trainer.runs import MultiRunManager
 
 logger = logging.getLogger(__name__)
 

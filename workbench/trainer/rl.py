@@ -24,7 +24,6 @@ from workbench import layout
 from workbench.config import ConfigError, TrainerConfig, load_trainer_config
 from workbench.lifeline import die_with_parent
 from workbench.metrics import append_metrics
-from workbench.runs import MultiRunManager, setup_multi_run_manager
 from workbench.trainer import distributed
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
@@ -33,6 +32,7 @@ from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lo
 from workbench.trainer.loss import compute_rl_loss
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
 from workbench.trainer.packer import MicroBatch, Packer
+from workbench.trainer.runs import MultiRunManager
 from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
@@ -88,7 +88,7 @@ def load_base_model(
 
 def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device) -> Trainer:
     section = config.trainer
-    manager = setup_multi_run_manager(config.output_dir, section.max_concurrent_runs)
+    manager = MultiRunManager(config.output_dir, section.max_concurrent_runs)
     apply_lora_to_model(
         model, manager, section.lora.rank, section.lora.alpha, section.target_modules
     )
@@ -180,7 +180,9 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
         run_loss += out.run_loss.double()
 
     run_loss = run_loss.cpu()
-    distributed.all_reduce_adapter_grads(manager, ready, device)
+    distributed.all_reduce_grads(
+        [param for idx in ready for _, param in manager.get_named_parameters_for_run(idx)], device
+    )
     run_loss = distributed.all_reduce_sum(run_loss, device)
     norms = trainer.optimizer.step()
     trainer.scheduler.step()

@@ -1,7 +1,7 @@
 """Run under `torchrun --nproc_per_node 2`: both ranks follow the master through run changes.
 
 Writes `{out}/rank{N}.json` with every rank's view after each phase, and the order in which
-its creation and deletion hooks ran, for tests/runs/test_two_ranks.py to compare.
+its creation and deletion hooks ran, for tests/trainer_runs/test_two_ranks.py to compare.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from workbench.runs import setup_multi_run_manager
+from workbench.trainer.runs import MultiRunManager
 
 
 def make_run(experiment: Path, run_id: str, orch_toml: str) -> None:
@@ -36,7 +36,7 @@ def snapshot(manager) -> dict:
 def main(experiment: Path, out: Path) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    manager = setup_multi_run_manager(experiment, max_runs=2)
+    manager = MultiRunManager(experiment, max_runs=2)
     hook_calls: list[list] = []
     manager.register_deletion_hook(lambda idx, rid: hook_calls.append(["deletion", idx, rid]))
     manager.register_creation_hook(lambda idx, rid: hook_calls.append(["creation", idx, rid]))

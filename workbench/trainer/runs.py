@@ -1,6 +1,6 @@
 """The multi-run manager: which run holds which adapter slot, on every trainer rank.
 
-Names and behaviour follow prime-rl's `MultiRunManager` (`prime_rl.trainer.runs`):
+Names and behaviour follow the multi-run manager of prime-rl's trainer (`MultiRunManager`):
 
 - the master rank scans the experiment directory (`discover_runs`): deleted, evicted and
   rejected runs are forgotten (a run's orchestrator rejects its config when the
@@ -465,24 +465,6 @@ class MultiRunManager:
     def _check_idx(self, idx: int) -> None:
         if not 0 <= idx < self.max_runs:
             raise IndexError(f"run index {idx} is outside 0..{self.max_runs - 1}")
-
-
-# ---------------------------------------------------------------------- the singleton
-
-_manager: MultiRunManager | None = None
-
-
-def setup_multi_run_manager(output_dir: Path, max_runs: int, **kwargs: Any) -> MultiRunManager:
-    """Create the process-wide manager (once per trainer process; again replaces it)."""
-    global _manager
-    _manager = MultiRunManager(output_dir, max_runs, **kwargs)
-    return _manager
-
-
-def get_multi_run_manager() -> MultiRunManager:
-    if _manager is None:
-        raise RuntimeError("call setup_multi_run_manager(output_dir, max_runs) first")
-    return _manager
 
 
 # ---------------------------------------------------------------------- helpers

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from tests.helpers import free_port, make_run
 from workbench import layout, run_control
-from workbench.runs import MultiRunManager, get_multi_run_manager, setup_multi_run_manager
+from workbench.trainer.runs import MultiRunManager
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -321,9 +321,3 @@ def test_master_publishes_slots_and_progress_for_the_cli(experiment: Path):
     state = json.loads(layout.trainer_state_path(experiment).read_text())
     assert state["slots"] == {"0": "run_a"}
     assert state["progress"]["run_a"] == {"step": 4, "total_tokens": 900, "total_samples": 0}
-
-
-def test_singleton_is_set_up_once_and_found_anywhere(experiment: Path):
-    created = setup_multi_run_manager(output_dir=experiment, max_runs=2)
-    assert get_multi_run_manager() is created
-    assert created.max_runs == 2
