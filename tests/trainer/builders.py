@@ -136,22 +136,29 @@ def packed_logits(
 
 
 def load_state_dict_for_run(
-    manager: MultiRunManager, idx: int, state_dict: dict[str, torch.Tensor]
+    model: torch.nn.Module, idx: int, state_dict: dict[str, torch.Tensor]
 ) -> None:
     """Put a state dict from `manager.get_state_dict_for_run(idx)` (or peft's, without its
-    prefix) back into slot `idx`, layer by layer: how these tests give a slot chosen weights."""
-    modules = manager.lora_modules
-    by_module: dict[str, dict[str, torch.Tensor]] = {name: {} for name in modules}
+    prefix) into slot `idx`, layer by layer: how these tests give a slot chosen weights. The
+    tensors must have the run's rank (the trainer itself restores whole slots from checkpoints)."""
+    by_module: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in state_dict.items():
         module_name, _, param_key = key.rpartition(".lora_")
-        if module_name not in by_module:
-            raise KeyError(f"{key!r} names no registered LoRA module")
-        by_module[module_name]["lora_" + param_key] = tensor
-    missing = [name for name, entries in by_module.items() if len(entries) != 2]
-    if missing:
-        raise KeyError(f"state dict lacks lora_A/lora_B for {missing[:3]} ({len(missing)} modules)")
+        by_module.setdefault(module_name, {})["lora_" + param_key] = tensor
     for name, entries in by_module.items():
-        module = modules[name]
+        module = model.get_submodule(name)
         if not isinstance(module, MultiLoRALinear):
             raise TypeError(f"{name} is a {type(module).__name__}, not a MultiLoRALinear")
-        module.load_state_dict_for_adapter(idx, entries)
+        load_adapter_into_slot(module, idx, entries["lora_A.weight"], entries["lora_B.weight"])
+
+
+def load_adapter_into_slot(
+    layer: MultiLoRALinear, idx: int, lora_a: torch.Tensor, lora_b: torch.Tensor
+) -> None:
+    """A run-rank adapter (A [r, in], B [out, r]) into slot `idx`; the slot's padding is zeroed."""
+    rank = lora_a.shape[0]
+    with torch.no_grad():
+        layer.lora_A[idx].zero_()
+        layer.lora_B[idx].zero_()
+        layer.lora_A[idx][:rank].copy_(lora_a)
+        layer.lora_B[idx][:, :rank].copy_(lora_b)

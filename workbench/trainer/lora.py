@@ -246,12 +246,6 @@ class MultiLoRALinear(nn.Module):
             self.lora_A[idx][rank:].zero_()
             self.lora_B[idx][:, rank:].zero_()
 
-    def adapter_rank(self, idx: int) -> int:
-        return self._adapter_rank[idx]
-
-    def adapter_alpha(self, idx: int) -> float:
-        return self._adapter_alpha[idx]
-
     def adapter_scaling(self, idx: int) -> float:
         return self._adapter_alpha[idx] / self._adapter_rank[idx]
 
@@ -270,25 +264,6 @@ class MultiLoRALinear(nn.Module):
             "lora_A.weight": self.lora_A[idx][:rank].detach().clone().contiguous(),
             "lora_B.weight": self.lora_B[idx][:, :rank].detach().clone().contiguous(),
         }
-
-    def load_state_dict_for_adapter(self, idx: int, state: dict[str, torch.Tensor]) -> None:
-        """Inverse of `state_dict_for_adapter`: a run-rank adapter into slot `idx`; the rank
-        must match the run's. (Resuming loads the whole slot instead: `trainer/checkpoint.py`.)"""
-        self._check_idx(idx)
-        rank = self._adapter_rank[idx]
-        lora_a, lora_b = state["lora_A.weight"], state["lora_B.weight"]
-        expected_a, expected_b = (rank, self.in_features), (self.out_features, rank)
-        if tuple(lora_a.shape) != expected_a or tuple(lora_b.shape) != expected_b:
-            raise ValueError(
-                f"{self.name or 'layer'} slot {idx}: expected lora_A {expected_a} and lora_B "
-                f"{expected_b} (run rank {rank}), got {tuple(lora_a.shape)} and "
-                f"{tuple(lora_b.shape)}"
-            )
-        with torch.no_grad():
-            self.lora_A[idx].zero_()
-            self.lora_B[idx].zero_()
-            self.lora_A[idx][:rank].copy_(lora_a)
-            self.lora_B[idx][:, :rank].copy_(lora_b)
 
     def reset_parameters_for_adapter(self, idx: int) -> None:
         """peft's initialisation: A kaiming-uniform (a = sqrt(5)), B zero; padding rows zero."""

@@ -437,10 +437,6 @@ class MultiRunManager:
             raise ValueError(f"a LoRA module named {name!r} is already registered")
         self._lora_modules[name] = module
 
-    @property
-    def lora_modules(self) -> dict[str, LoRAModule]:
-        return dict(self._lora_modules)
-
     def get_named_parameters_for_run(self, idx: int) -> list[tuple[str, torch.nn.Parameter]]:
         self._check_idx(idx)
         return [
