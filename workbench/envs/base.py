@@ -71,12 +71,16 @@ class Prompt:
     system_prompt: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     """Environment-specific facts the reward needs beyond `answer`."""
+    chat: list[Message] | None = None
+    """The whole conversation when the task comes as one (a data file's messages column);
+    `question` is then its last user message."""
 
     @property
     def messages(self) -> list[Message]:
-        """The chat to send: the system prompt (if any) and the question."""
-        chat = [{"role": "user", "content": self.question}]
-        if self.system_prompt:
+        """The chat to send: the system prompt (if any), then the task's conversation or its
+        question. A conversation that opens with its own system message keeps it."""
+        chat = list(self.chat) if self.chat else [{"role": "user", "content": self.question}]
+        if self.system_prompt and chat[0].get("role") != "system":
             chat.insert(0, {"role": "system", "content": self.system_prompt})
         return chat
 
@@ -95,28 +99,37 @@ class Task:
     question: str
     answer: str
     info: dict[str, Any] = field(default_factory=dict)
+    chat: list[Message] | None = None
 
 
 class Environment(ABC):
     """A task with a seeded prompt stream, an answer parser and a reward in [0, 1].
 
     Subclasses set `name`, `Args` (a pydantic `EnvArgs` subclass) and `default_system_prompt`,
-    and implement `make_task`, `parse_answer` and `score`. Register one with
+    and implement `parse_answer`, `score` and where tasks come from: `make_task` for a
+    generated task space (the stream draws from it and holds part of it out), or `task_at`
+    for a finite one that decides its own order and split (a data file). Register one with
     `workbench.envs.register_environment` or name it as `package.module:ClassName`.
     """
 
     name: ClassVar[str]
     Args: ClassVar[type[EnvArgs]] = EnvArgs
     default_system_prompt: ClassVar[str | None] = None
+    path_args: ClassVar[tuple[str, ...]] = ()
+    """`env_args` keys that name files: a recipe's relative paths are made absolute against
+    the recipe's folder, so every process finds the same file."""
 
     def __init__(self, args: EnvArgs | None = None) -> None:
         self.args = args if args is not None else self.Args()
 
     # ------------------------------------------------------------ what a task is
 
-    @abstractmethod
     def make_task(self, rng: random.Random) -> Task:
         """Draw one task; all randomness must come from `rng` (that is what makes it seeded)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement make_task (a generated task space) or "
+            "task_at (a finite one)"
+        )
 
     @abstractmethod
     def parse_answer(self, completion: str) -> str | None:
@@ -151,7 +164,7 @@ class Environment(ABC):
         if index < 0:
             raise IndexError(f"prompt index must be >= 0, got {index}")
         splits.check_split(split)
-        task = self._draw_task(index, seed=seed, split=split)
+        task = self.task_at(index, seed=seed, split=split)
         return Prompt(
             env=self.name,
             split=split,
@@ -161,10 +174,12 @@ class Environment(ABC):
             answer=task.answer,
             system_prompt=self.system_prompt,
             info=dict(task.info),
+            chat=[dict(message) for message in task.chat] if task.chat else None,
         )
 
-    def _draw_task(self, index: int, *, seed: int, split: str) -> Task:
-        """The first task drawn for this index that belongs to `split`."""
+    def task_at(self, index: int, *, seed: int, split: str) -> Task:
+        """Task number `index` of the `(seed, split)` stream: by default the first task drawn
+        for this index that belongs to `split`."""
         # A string seed goes through SHA-512 in `random.Random`, so it is stable across
         # processes and Python runs (unlike `hash()`), and each index gets its own draws:
         # prompt i never depends on how many prompts were drawn before it.

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from workbench.envs.base import Environment, EnvironmentConfigError
+from workbench.envs.dataset import DatasetEnvironment
 from workbench.envs.letter_count import LetterCount
 from workbench.envs.reverse_text import ReverseText
 
@@ -89,3 +90,4 @@ def _import_environment(path: str) -> type[Environment]:
 
 register_environment(ReverseText)
 register_environment(LetterCount)
+register_environment(DatasetEnvironment)
