@@ -12,6 +12,7 @@ comments of README.md. Everything outside the markers is written by hand.
 from __future__ import annotations
 
 import argparse
+import enum
 import inspect
 import sys
 import types
@@ -29,7 +30,7 @@ from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
 from workbench.config import Recipe, RunSpec  # noqa: E402
-from workbench.envs.registry import environment_names, get_environment  # noqa: E402
+from workbench.envs.registry import environment_class, environment_names  # noqa: E402
 from workbench.sweep.spec import DISTRIBUTIONS  # noqa: E402
 
 README = ROOT / "README.md"
@@ -65,6 +66,8 @@ def type_text(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin is Literal:
         return ", ".join(f"`{tomlkit.item(value).as_string()}`" for value in annotation.__args__)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return ", ".join(f"`{tomlkit.item(item.value).as_string()}`" for item in annotation)
     if origin in (typing.Union, types.UnionType):
         members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
         return ", ".join(type_text(member) for member in members)
@@ -143,7 +146,7 @@ def recipe_tables() -> list[str]:
 def environment_tables() -> list[str]:
     tables = []
     for name in environment_names():
-        env = type(get_environment(name))
+        env = environment_class(name)
         # The module's first line reads "`name`: what the environment asks".
         summary = inspect.getdoc(sys.modules[env.__module__]) or ""
         what = summary.split("\n")[0].split(": ", 1)[-1].rstrip(".")

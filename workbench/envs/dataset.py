@@ -1,5 +1,4 @@
-"""`dataset`: train on a local data file (JSON Lines, CSV or Parquet) with a reward of your
-choice.
+"""`dataset`: the rows of a local data file (JSON Lines, CSV or Parquet), with a reward of your choice.
 
     env = "dataset"
     env_args = { path = "data/reverse_words.jsonl", prompt_column = "text",
@@ -86,7 +85,7 @@ class DatasetArgs(EnvArgs):
     extract: Extraction = Field(
         Extraction.NONE,
         description="how the answer is pulled out of a completion: none (all of it), boxed "
-        "(last \\boxed{}), tag (last <tag>...</tag>), last_number, regex (extract_pattern)",
+        "(last \\boxed{}), tag (inside the last pair of `tag` tags), last_number, regex (extract_pattern)",
     )
     tag: str = Field("answer", min_length=1, description="the tag extract = 'tag' reads")
     extract_pattern: str | None = Field(
