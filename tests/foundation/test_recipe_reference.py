@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from workbench.config import InferenceConfig, Recipe, TrainerConfig
-from workbench.envs.registry import environment_names, get_environment
+from workbench.envs.registry import environment_class, environment_names
 from workbench.sweep.spec import DISTRIBUTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def test_every_field_of_every_config_model_has_a_description():
         "TrainerConfig": TrainerConfig,
         "InferenceConfig": InferenceConfig,
         **{f"sweep.random {name}": model for name, model in DISTRIBUTIONS.items()},
-        **{f"env_args of {name}": type(get_environment(name)).Args for name in environment_names()},
+        **{f"env_args of {name}": environment_class(name).Args for name in environment_names()},
     }
     undescribed = [
         f"{where}: {key}"
