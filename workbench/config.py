@@ -651,11 +651,6 @@ def read_toml(path: Path) -> tuple[tomlkit.TOMLDocument, str]:
     return parse_toml(text, path), text
 
 
-def write_toml(path: Path, document: tomlkit.TOMLDocument | dict[str, Any]) -> None:
-    """Atomically write a tomlkit document (comments kept) or a plain mapping."""
-    layout.atomic_write_text(Path(path), tomlkit.dumps(document))
-
-
 def model_to_toml(model: BaseModel, header: str | None = None) -> str:
     """Render a config model as TOML; None values are left out (TOML has no null)."""
     document = tomlkit.document()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 
+from workbench import layout
 from workbench.config import (
     ConfigError,
     OrchestratorConfig,
@@ -14,7 +15,6 @@ from workbench.config import (
     load_recipe,
     parse_assignment,
     read_toml,
-    write_toml,
 )
 from workbench.experiment import create_experiment
 
@@ -116,7 +116,7 @@ def test_recipe_round_trip_through_tomlkit_keeps_comments(tmp_path: Path):
     document, _ = read_toml(write(tmp_path, GOOD_RECIPE))
     document["defaults"]["max_steps"] = 9
     out = tmp_path / "copy.toml"
-    write_toml(out, document)
+    layout.atomic_write_text(out, tomlkit.dumps(document))  # as create_experiment writes it
     text = out.read_text()
     assert "# my sweep" in text and "# the tiny model" in text
     assert load_recipe(out).defaults.max_steps == 9

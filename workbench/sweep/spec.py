@@ -24,7 +24,6 @@ nothing of workbench so that `workbench.config` can use it.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -101,10 +100,6 @@ def bounds_of(distribution: Distribution) -> list[Any]:
     if isinstance(distribution, Choice):
         return list(distribution.values)
     return [distribution.low, distribution.high]
-
-
-def is_finite_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ---------------------------------------------------------------- early stopping
