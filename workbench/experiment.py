@@ -14,8 +14,8 @@ from pathlib import Path
 import tomlkit
 
 from workbench import layout
-from workbench.config import OrchestratorConfig, Recipe, model_to_toml, normalize_run_id
-from workbench.sweep.expand import planned_runs
+from workbench.config import OrchestratorConfig, model_to_toml, normalize_run_id
+from workbench.recipe import Recipe, planned_runs
 from workbench.sweep.files import write_plan
 from workbench.sweep.values import describe_values
 

@@ -12,11 +12,11 @@ from workbench.config import (
     ConfigError,
     OrchestratorConfig,
     load_orchestrator_config,
-    load_recipe,
     parse_assignment,
     read_toml,
 )
 from workbench.experiment import create_experiment
+from workbench.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,7 +64,7 @@ def test_shipped_recipe_is_valid_and_has_at_least_two_runs():
 
 
 def test_shipped_sweep_recipe_expands_to_a_learning_rate_by_rank_grid_with_early_stopping():
-    from workbench.sweep.expand import planned_runs
+    from workbench.recipe import planned_runs
 
     recipe = load_recipe(REPO / "recipes" / "reverse_text_sweep.toml")
     runs = planned_runs(recipe)

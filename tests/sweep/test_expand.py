@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from workbench.config import ConfigError, OrchestratorConfig, load_recipe
-from workbench.sweep.expand import expand_sweep, planned_runs
+from workbench.config import ConfigError, OrchestratorConfig
+from workbench.recipe import load_recipe, planned_runs
+from workbench.sweep.expand import expand_sweep
 
 HEAD = """\
 [experiment]

@@ -19,9 +19,8 @@ from workbench.commands.common import (
     experiment_or_fail,
     recipe_or_fail,
 )
-from workbench.config import Recipe
+from workbench.recipe import Recipe, planned_runs
 from workbench.sweep import scheduler
-from workbench.sweep.expand import planned_runs
 from workbench.sweep.fit import SigmoidFit
 from workbench.sweep.report import SweepReport, build_report, write_report
 from workbench.sweep.values import describe_values

@@ -1,8 +1,8 @@
 """The `[sweep]` table of a recipe: what to vary, how many runs, and early stopping.
 
-Only the shape lives here (pydantic models); `workbench.sweep.expand` checks the keys
-against the orchestrator's config and expands the table into runs. This module imports
-nothing of workbench so that `workbench.config` can use it.
+Only the shape lives here (pydantic models); `workbench.sweep.checks` checks the keys
+against the orchestrator's config and `workbench.sweep.expand` expands the table into
+runs. This module imports nothing of workbench.
 
     [sweep]
     repeats = 2            # runs of each configuration, with seeds seed, seed + 1, ...
