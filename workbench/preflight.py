@@ -42,7 +42,7 @@ from workbench.config import (
 )
 from workbench.envs import Environment, EnvironmentConfigError, environment_class, get_environment
 from workbench.models.resolve import base_model_problem, prompt_tokenizer
-from workbench.recipe import Recipe, RunSpec, planned_runs
+from workbench.recipe import Recipe, RunSpec
 from workbench.sweep.checks import read_params
 
 # Training prompts measured per run (at least a step's worth): the first ones it will use.
@@ -76,7 +76,7 @@ def recipe_problems(recipe: Recipe, text: str | None) -> list[ConfigProblem]:
     if model is not None:
         problems.append(problem_at(("model", "base"), model, text))
     checker = RunChecker(recipe, tokenizer)
-    where: _KeyLocator | None = None  # made for the first finding: it expands the sweep
+    where: _KeyLocator | None = None  # made for the first finding: it reads the sweep's keys
     configs = recipe.run_configs()
     for position, spec in enumerate(recipe.runs):
         for key, message in checker.findings(configs[spec.run_id]):
@@ -319,10 +319,13 @@ class _KeyLocator:
     2. `[defaults]`, when the defaults alone have the same problem;
     3. else what the run changes made it: its `[[runs]]` table, or the first of its swept
        keys that has the problem when set alone over `[defaults]`, failing that `[sweep]`.
+
+    It reads the runs the recipe's loader planned (`Recipe.planned_runs`): the sweep is not
+    expanded again.
     """
 
     def __init__(self, recipe: Recipe, checker: RunChecker):
-        planned = planned_runs(recipe)
+        planned = recipe.planned_runs
         self.tables = sum(1 for run in planned if run.source == "runs")
         self.values = {run.run_id: run.values for run in planned}
         self.defaults = recipe.defaults

@@ -5,8 +5,10 @@
 `workbench.sweep.expand.plan_sweep` checks and expands; bad input raises `ConfigError`
 listing every problem at once, each with its file, line and key.
 
-`planned_runs` lists every run of a loaded recipe, in the order the trainer admits them,
-with the values it sets over `[defaults]` and where they come from.
+The runs are planned here, once per load: a `Recipe` holds each run's id, the values it
+sets over `[defaults]` and where they come from (`Recipe.planned_runs`), in the order the
+trainer admits them. The experiment's files, the pre-launch checks and `sweep plan` read
+them there rather than expanding the sweep again.
 
 - `Recipe`: experiment, model, inference, trainer, `[defaults]` for every run's
   orchestrator, `[[runs]]` overriding them, a `[sweep]` that expands into more runs
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import tomlkit
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from workbench.config import (
     ConfigError,
@@ -43,7 +45,7 @@ from workbench.config import (
     problems_from_validation,
     read_toml,
 )
-from workbench.sweep.expand import PlannedRun, expand_sweep, plan_sweep
+from workbench.sweep.expand import PlannedRun, plan_sweep
 from workbench.sweep.spec import SweepSection
 from workbench.sweep.values import flatten_values
 
@@ -94,6 +96,15 @@ class Recipe(StrictModel):
         description="every run's metrics forwarded to trackio or wandb by the supervisor",
     )
 
+    # Set by the loader with `runs`: every run's values and where they come from.
+    _planned: list[PlannedRun] = PrivateAttr(default_factory=list)
+
+    @property
+    def planned_runs(self) -> list[PlannedRun]:
+        """Every run in admission order, as the loader planned it: the `[[runs]]` tables in
+        file order, then the sweep's runs in expansion order."""
+        return list(self._planned)
+
     @property
     def output_dir(self) -> Path:
         return self.experiment.output_dir or Path("outputs") / self.experiment.name
@@ -136,7 +147,8 @@ def load_recipe(path: Path) -> Recipe:
 def recipe_from_document(
     document: tomlkit.TOMLDocument, path: Path | str | None, text: str | None = None
 ) -> Recipe:
-    """Validate a parsed recipe; every problem of every run is reported at once."""
+    """Validate a parsed recipe and plan its runs, the sweep's expanded once; every problem
+    of every run is reported at once."""
     text = text if text is not None else tomlkit.dumps(document)
     raw = document.unwrap()
     problems: list[ConfigProblem] = []
@@ -154,6 +166,7 @@ def recipe_from_document(
         recipe = None
 
     specs: list[RunSpec] = []
+    planned: list[PlannedRun] = []
     seen: dict[str, int] = {}
     defaults = raw.get("defaults", {}) if isinstance(raw.get("defaults", {}), dict) else {}
     for i, table in enumerate(runs_raw):
@@ -196,6 +209,7 @@ def recipe_from_document(
                 elif recipe is not None:  # else recipe-level validation reported it
                     problems.append(problem_at(("defaults", *inner), message, text))
         specs.append(RunSpec(id=run_id, overrides=table))
+        planned.append(PlannedRun(full_id, flatten_values(table), "runs"))
 
     sweep = None
     if sweep_raw is not None:
@@ -207,26 +221,12 @@ def recipe_from_document(
         sweep, sweep_runs, sweep_problems = plan_sweep(sweep_raw, valid_defaults, seen, text, rank)
         problems.extend(sweep_problems)
         specs += [RunSpec(id=run.run_id, overrides=run.overrides) for run in sweep_runs]
+        planned += sweep_runs
 
     if problems:
         raise ConfigError(path, problems)
     assert recipe is not None
     recipe.runs = specs
     recipe.sweep = sweep
+    recipe._planned = planned
     return recipe
-
-
-def planned_runs(recipe: Recipe) -> list[PlannedRun]:
-    """Every run of a valid recipe in admission order: `[[runs]]` in file order, then the
-    sweep's runs in expansion order."""
-    sweep_ids: dict[str, PlannedRun] = {}
-    if recipe.sweep is not None:
-        defaults = recipe.defaults.model_dump(mode="json")
-        sweep_ids = {run.run_id: run for run in expand_sweep(recipe.sweep, defaults)}
-    planned = []
-    for spec in recipe.runs:
-        if spec.run_id in sweep_ids:
-            planned.append(sweep_ids[spec.run_id])
-        else:
-            planned.append(PlannedRun(spec.run_id, flatten_values(spec.overrides), "runs"))
-    return planned

@@ -64,10 +64,8 @@ def test_shipped_recipe_is_valid_and_has_at_least_two_runs():
 
 
 def test_shipped_sweep_recipe_expands_to_a_learning_rate_by_rank_grid_with_early_stopping():
-    from workbench.recipe import planned_runs
-
     recipe = load_recipe(REPO / "recipes" / "reverse_text_sweep.toml")
-    runs = planned_runs(recipe)
+    runs = recipe.planned_runs
     assert len(runs) >= 8
     assert {run.values["lora.rank"] for run in runs} == {4, 8}
     rates = sorted({run.values["lr"] for run in runs})

@@ -1,7 +1,7 @@
 """Sweeps: a recipe's `[sweep]` table expanded into runs, early stopping (ASHA), reports.
 
-The recipe loader (`workbench.recipe`) calls `expand.plan_sweep`; nothing in this package
-imports the recipe back.
+The recipe loader (`workbench.recipe`) calls `expand.plan_sweep` once per load and keeps
+the runs; nothing in this package imports the recipe back.
 
 - `spec`: the `[sweep]` table's pydantic models (grid, random distributions, repeats,
   scheduler).

@@ -2,8 +2,9 @@
 
 Pure functions: the recipe loader (`workbench.recipe.recipe_from_document`) calls
 `plan_sweep`, which reports every problem of the table at once (file, line and key, like
-every recipe error) or returns the runs. `expand_sweep` is the expansion alone, of a
-table already accepted (`workbench.recipe.planned_runs`).
+every recipe error) or returns the runs; the loaded recipe keeps them
+(`Recipe.planned_runs`). `expand_sweep` is the expansion alone, of a table already
+accepted.
 
 Expansion order (also the order in which runs get trainer slots):
 
