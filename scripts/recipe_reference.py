@@ -4,9 +4,10 @@
     python scripts/recipe_reference.py --check    # exit 1 when README.md is out of date
 
 Every key of a recipe is described once, where its pydantic field is defined
-(`workbench/config.py`, `workbench/sweep/spec.py`, the environments' `Args`); this script
-renders those descriptions, types, bounds and defaults as tables between the two marker
-comments of README.md. Everything outside the markers is written by hand.
+(`workbench/config.py`, `workbench/recipe.py`, `workbench/sweep/spec.py`, the environments'
+`Args`); this script renders those descriptions, types, bounds and defaults as tables
+between the two marker comments of README.md. Everything outside the markers is written by
+hand.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import tomlkit  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
-from workbench.config import Recipe, RunSpec  # noqa: E402
 from workbench.envs.registry import environment_class, environment_names  # noqa: E402
+from workbench.recipe import Recipe, RunSpec  # noqa: E402
 from workbench.sweep.spec import DISTRIBUTIONS  # noqa: E402
 
 README = ROOT / "README.md"

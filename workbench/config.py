@@ -1,15 +1,16 @@
-"""Pydantic models for the recipe and every process's config; tomlkit reading and writing.
+"""Pydantic models of the recipe's sections and of every process's config; tomlkit I/O.
 
-One loader for every TOML file of the project. Bad input raises `ConfigError`, whose
+Every TOML file of the project is read here (`read_toml`). Bad input raises `ConfigError`, whose
 message names the file, the key and, where the source gives it, the line, and says what to
 do. Nothing here touches a process: the supervisor, trainer and orchestrators import it.
 
-- `Recipe`: what a user writes (`recipes/*.toml`): experiment, model, inference, trainer,
-  `[defaults]` for every run's orchestrator, `[[runs]]` overriding them and a `[sweep]`
-  that expands into more runs (`workbench.sweep`) and `[tracking]` (`workbench.tracking`).
-- `OrchestratorConfig`: one run's `control/orch.toml`. Every field has a default, so an
-  empty file is a valid run that takes all defaults.
+- The sections a recipe is made of (`ExperimentSection`, `ModelSection`,
+  `InferenceSection`, `TrainerSection`, `TrackingSection`); the recipe itself, its
+  `[[runs]]` and its `[sweep]` are assembled in `workbench.recipe`.
+- `OrchestratorConfig`: one run's `control/orch.toml`, and the recipe's `[defaults]`. Every
+  field has a default, so an empty file is a valid run that takes all defaults.
 - `TrainerConfig`, `InferenceConfig`: what the supervisor hands the trainer and vLLM.
+- Run ids, and the error plumbing every loader shares (`problem_at`, `explain_error`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from pydantic import (
 )
 
 from workbench import layout
-from workbench.sweep.spec import SweepSection
 
 # ------------------------------------------------------------------------- errors
 
@@ -484,86 +484,6 @@ class TrackingSection(StrictModel):
         return value
 
 
-class RunSpec(BaseModel):
-    """One `[[runs]]` table: an id and any orchestrator keys that override `[defaults]`."""
-
-    id: str = Field(
-        description="letters, digits, `_` and `-`; `lr1e-3` becomes the directory and id "
-        "`run_lr1e-3` (an id already starting with `run_` is kept)"
-    )
-    overrides: dict[str, Any] = Field(
-        default_factory=dict,
-        description="any other key is a `[defaults]` key this run overrides; nested tables "
-        "merge key by key",
-    )
-
-    @property
-    def run_id(self) -> str:
-        return normalize_run_id(self.id)
-
-
-class Recipe(StrictModel):
-    experiment: ExperimentSection = Field(
-        default_factory=ExperimentSection, description="the experiment's name and directory"
-    )
-    model: ModelSection = Field(description="the frozen base model every run adapts")
-    inference: InferenceSection = Field(
-        default_factory=InferenceSection, description="the vLLM server"
-    )
-    trainer: TrainerSection = Field(
-        default_factory=TrainerSection, description="the one trainer shared by all runs"
-    )
-    defaults: OrchestratorConfig = Field(
-        default_factory=OrchestratorConfig,
-        description="every run's `control/orch.toml` starts from this",
-    )
-    runs: list[RunSpec] = Field(
-        default_factory=list,
-        description="the runs, each an id and the `[defaults]` keys it overrides",
-    )
-    # Once loaded, the sweep's runs are already in `runs`, after the [[runs]].
-    sweep: SweepSection | None = Field(
-        None, description="runs made by varying `[defaults]` keys, after the `[[runs]]`"
-    )
-    tracking: TrackingSection = Field(
-        default_factory=TrackingSection,
-        description="every run's metrics forwarded to trackio or wandb by the supervisor",
-    )
-
-    @property
-    def output_dir(self) -> Path:
-        return self.experiment.output_dir or Path("outputs") / self.experiment.name
-
-    def run_configs(self) -> dict[str, OrchestratorConfig]:
-        """Each run's orchestrator config: `[defaults]` deep-merged with its overrides."""
-        base = self.defaults.model_dump(mode="json")
-        return {
-            spec.run_id: OrchestratorConfig.model_validate(deep_merge(base, spec.overrides))
-            for spec in self.runs
-        }
-
-    def trainer_config(self) -> TrainerConfig:
-        return TrainerConfig(output_dir=self.output_dir, model=self.model, trainer=self.trainer)
-
-    @property
-    def max_loras(self) -> int:
-        """`[inference] max_loras`, or by default enough for every trainer slot."""
-        return self.inference.max_loras or default_max_loras(self.trainer.max_concurrent_runs)
-
-    def inference_config(self) -> InferenceConfig:
-        # vLLM's "auto" would downcast a float32 model to bfloat16 on CPU; sampling in the
-        # trainer's precision keeps the importance ratio near 1 for unchanged weights.
-        inference = self.inference.model_copy(update={"max_loras": self.max_loras})
-        if inference.dtype == "auto":
-            inference = inference.model_copy(update={"dtype": self.trainer.dtype})
-        return InferenceConfig(
-            output_dir=self.output_dir,
-            model=self.model,
-            inference=inference,
-            max_lora_rank=self.inference.max_lora_rank or self.trainer.lora.rank,
-        )
-
-
 class TrainerConfig(StrictModel):
     """What `torchrun -m workbench.trainer.rl --config` reads (written by the supervisor)."""
 
@@ -651,11 +571,6 @@ def read_toml(path: Path) -> tuple[tomlkit.TOMLDocument, str]:
     return parse_toml(text, path), text
 
 
-def write_toml(path: Path, document: tomlkit.TOMLDocument | dict[str, Any]) -> None:
-    """Atomically write a tomlkit document (comments kept) or a plain mapping."""
-    layout.atomic_write_text(Path(path), tomlkit.dumps(document))
-
-
 def model_to_toml(model: BaseModel, header: str | None = None) -> str:
     """Render a config model as TOML; None values are left out (TOML has no null)."""
     document = tomlkit.document()
@@ -683,18 +598,13 @@ def load_partial(model_cls: type[BaseModel], path: Path) -> dict[str, Any]:
         model_cls.model_validate(data)
     except ValidationError as err:
         problems = [
-            _problem(tuple(item["loc"]), _explain(item, model_cls, tuple(item["loc"])), text)
+            problem_at(tuple(item["loc"]), explain_error(item, model_cls, tuple(item["loc"])), text)
             for item in err.errors()
             if item["loc"] and item["type"] != "missing"
         ]
         if problems:
             raise ConfigError(path, problems) from None
     return data
-
-
-def load_recipe(path: Path) -> Recipe:
-    document, text = read_toml(path)
-    return recipe_from_document(document, path, text)
 
 
 def load_trainer_config(path: Path) -> TrainerConfig:
@@ -707,99 +617,13 @@ def load_inference_config(path: Path) -> InferenceConfig:
     return validate_model(InferenceConfig, document.unwrap(), path, text)
 
 
-def recipe_from_document(
-    document: tomlkit.TOMLDocument, path: Path | str | None, text: str | None = None
-) -> Recipe:
-    """Validate a parsed recipe; every problem of every run is reported at once."""
-    text = text if text is not None else tomlkit.dumps(document)
-    raw = document.unwrap()
-    problems: list[ConfigProblem] = []
-    runs_raw = raw.pop("runs", [])
-    if not isinstance(runs_raw, list) or not all(isinstance(r, dict) for r in runs_raw):
-        problems.append(
-            _problem(("runs",), "must be an array of tables: write each run as [[runs]]", text)
-        )
-        runs_raw = []
-    sweep_raw = raw.pop("sweep", None)
-    try:
-        recipe = Recipe.model_validate(raw)
-    except ValidationError as err:
-        problems.extend(_problems_from_validation(err, Recipe, text))
-        recipe = None
-
-    specs: list[RunSpec] = []
-    seen: dict[str, int] = {}
-    defaults = raw.get("defaults", {}) if isinstance(raw.get("defaults", {}), dict) else {}
-    for i, table in enumerate(runs_raw):
-        table = dict(table)
-        run_id = table.pop("id", None)
-        if not isinstance(run_id, str):
-            message = (
-                'missing: every [[runs]] needs id = "..."'
-                if run_id is None
-                else (f"must be a string, got {type(run_id).__name__}")
-            )
-            problems.append(_problem(("runs", i, "id"), message, text))
-            continue
-        bad_id = check_run_id(run_id)
-        if bad_id:
-            problems.append(_problem(("runs", i, "id"), bad_id, text))
-            continue
-        full_id = normalize_run_id(run_id)
-        if full_id in seen:
-            problems.append(
-                _problem(
-                    ("runs", i, "id"),
-                    f"duplicate run id {full_id!r} (also used by run number {seen[full_id] + 1}); "
-                    "give every run its own id",
-                    text,
-                )
-            )
-            continue
-        seen[full_id] = i
-        try:
-            OrchestratorConfig.model_validate(deep_merge(defaults, table))
-        except ValidationError as err:
-            for item in err.errors():
-                inner = tuple(item["loc"])
-                message = _explain(item, OrchestratorConfig, inner)
-                # A key the run sets is the run's fault, and so is a rule across keys
-                # (empty loc) once the run overrides anything; otherwise [defaults] is.
-                if (inner and inner[0] in table) or (not inner and table):
-                    problems.append(_problem(("runs", i, *inner), message, text))
-                elif recipe is not None:  # else recipe-level validation reported it
-                    problems.append(_problem(("defaults", *inner), message, text))
-        specs.append(RunSpec(id=run_id, overrides=table))
-
-    sweep = None
-    if sweep_raw is not None:
-        # workbench.sweep builds on this module's models, hence the late import.
-        from workbench.sweep.expand import plan_sweep
-
-        try:
-            valid_defaults = OrchestratorConfig.model_validate(defaults).model_dump(mode="json")
-        except ValidationError:
-            valid_defaults = None  # already reported; checking swept values would repeat it
-        rank = recipe.trainer.lora.rank if recipe is not None else None
-        sweep, sweep_runs, sweep_problems = plan_sweep(sweep_raw, valid_defaults, seen, text, rank)
-        problems.extend(sweep_problems)
-        specs += [RunSpec(id=run.run_id, overrides=run.overrides) for run in sweep_runs]
-
-    if problems:
-        raise ConfigError(path, problems)
-    assert recipe is not None
-    recipe.runs = specs
-    recipe.sweep = sweep
-    return recipe
-
-
 def validate_model(
     model_cls: type[BaseModel], data: dict[str, Any], path: Path | str | None, text: str
 ) -> Any:
     try:
         return model_cls.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(path, _problems_from_validation(err, model_cls, text)) from None
+        raise ConfigError(path, problems_from_validation(err, model_cls, text)) from None
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -844,17 +668,19 @@ def nest_dotted(key: str, value: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------- error plumbing
 
 
-def _problems_from_validation(
+def problems_from_validation(
     err: ValidationError, model_cls: type[BaseModel], text: str, prefix: tuple = ()
 ) -> list[ConfigProblem]:
+    """Every error of a failed validation as a problem at its key and line."""
     problems = []
     for item in err.errors():
         loc = tuple(prefix) + tuple(item["loc"])
-        problems.append(_problem(loc, _explain(item, model_cls, loc), text))
+        problems.append(problem_at(loc, explain_error(item, model_cls, loc), text))
     return problems
 
 
-def _explain(item: dict[str, Any], model_cls: type[BaseModel], loc: tuple) -> str:
+def explain_error(item: dict[str, Any], model_cls: type[BaseModel], loc: tuple) -> str:
+    """What one pydantic error means, in the words of every config error."""
     kind = item["type"]
     if kind == "extra_forbidden":
         allowed = _allowed_keys(model_cls, loc[:-1])
@@ -900,16 +726,7 @@ def _optional_inner(annotation: Any) -> Any:
 
 
 def problem_at(loc: tuple, message: str, text: str | None) -> ConfigProblem:
-    """A problem at a key of a TOML text (its line found in `text`); for workbench.sweep."""
-    return _problem(loc, message, text)
-
-
-def explain_error(item: dict[str, Any], model_cls: type[BaseModel], loc: tuple) -> str:
-    """What one pydantic error means, in the words of every config error; for workbench.sweep."""
-    return _explain(item, model_cls, loc)
-
-
-def _problem(loc: tuple, message: str, text: str | None) -> ConfigProblem:
+    """A problem at a key of a TOML text (its line found in `text`)."""
     return ConfigProblem(key=_render_loc(loc), message=message, line=_line_of(loc, text))
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import tomlkit
 
 from workbench import layout
-from workbench.config import OrchestratorConfig, Recipe, model_to_toml, normalize_run_id
-from workbench.sweep.expand import planned_runs
+from workbench.config import OrchestratorConfig, model_to_toml, normalize_run_id
+from workbench.recipe import Recipe
 from workbench.sweep.files import write_plan
 from workbench.sweep.values import describe_values
 
@@ -59,7 +59,7 @@ def create_experiment(recipe: Recipe, document: tomlkit.TOMLDocument) -> Path:
     experiment = recipe.output_dir
     experiment.mkdir(parents=True, exist_ok=True)
     layout.atomic_write_text(layout.recipe_path(experiment), tomlkit.dumps(document))
-    planned = {run.run_id: run for run in planned_runs(recipe)}
+    planned = {run.run_id: run for run in recipe.planned_runs}
     written = []
     for run_id, config in recipe.run_configs().items():
         run_plan = planned[run_id]

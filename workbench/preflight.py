@@ -1,8 +1,8 @@
 """What can be found wrong with a recipe, or a run to add, before anything starts.
 
-`config.py` checks a file on its own terms: keys, types, values, rules across the keys of
-one table. This module checks what takes more than the file, the way the processes will
-meet it:
+`config.py` and `recipe.py` check a file on its own terms: keys, types, values, rules
+across the keys of one table. This module checks what takes more than the file, the way
+the processes will meet it:
 
 - the recipe has runs (else the supervisor would start with nothing to do);
 - `[model] base` can be loaded here: a known builtin, a model directory, a hub id that is
@@ -34,8 +34,6 @@ from workbench.config import (
     ConfigError,
     ConfigProblem,
     OrchestratorConfig,
-    Recipe,
-    RunSpec,
     deep_merge,
     load_orchestrator_config,
     lora_rank_problem,
@@ -44,6 +42,8 @@ from workbench.config import (
 )
 from workbench.envs import Environment, EnvironmentConfigError, environment_class, get_environment
 from workbench.models.resolve import base_model_problem, prompt_tokenizer
+from workbench.recipe import Recipe, RunSpec
+from workbench.sweep.checks import read_params
 
 # Training prompts measured per run (at least a step's worth): the first ones it will use.
 TRAINING_PROMPTS_MEASURED = 256
@@ -76,7 +76,7 @@ def recipe_problems(recipe: Recipe, text: str | None) -> list[ConfigProblem]:
     if model is not None:
         problems.append(problem_at(("model", "base"), model, text))
     checker = RunChecker(recipe, tokenizer)
-    where: _KeyLocator | None = None  # made for the first finding: it expands the sweep
+    where: _KeyLocator | None = None  # made for the first finding: it reads the sweep's keys
     configs = recipe.run_configs()
     for position, spec in enumerate(recipe.runs):
         for key, message in checker.findings(configs[spec.run_id]):
@@ -318,16 +318,14 @@ class _KeyLocator:
     1. the run's `[[runs]]` table or the `[sweep]` key that sets the key itself;
     2. `[defaults]`, when the defaults alone have the same problem;
     3. else what the run changes made it: its `[[runs]]` table, or the first of its swept
-       keys that has the problem when set alone over `[defaults]`.
+       keys that has the problem when set alone over `[defaults]`, failing that `[sweep]`.
+
+    It reads the runs the recipe's loader planned (`Recipe.planned_runs`): the sweep is not
+    expanded again.
     """
 
     def __init__(self, recipe: Recipe, checker: RunChecker):
-        # The sweep builds on config.py, as this module does; imported here to keep the
-        # module's import light for the orchestrator.
-        from workbench.sweep.checks import read_params
-        from workbench.sweep.expand import planned_runs
-
-        planned = planned_runs(recipe)
+        planned = recipe.planned_runs
         self.tables = sum(1 for run in planned if run.source == "runs")
         self.values = {run.run_id: run.values for run in planned}
         self.defaults = recipe.defaults

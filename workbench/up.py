@@ -28,9 +28,10 @@ import tomlkit
 from tomlkit import TOMLDocument
 
 from workbench import layout
-from workbench.config import ConfigError, Recipe, parse_toml, recipe_from_document
+from workbench.config import ConfigError, parse_toml
 from workbench.experiment import create_experiment
 from workbench.preflight import check_recipe
+from workbench.recipe import Recipe, recipe_from_document
 from workbench.status import run_statuses
 from workbench.supervisor.client import (
     SupervisorClient,

@@ -15,8 +15,8 @@ from workbench.bench.load import checks
 from workbench.bench.load.churn import SLOTS, choose_eviction, load_recipe
 from workbench.bench.load.keys import TUI_SIZE, FrameTimedApp, press_keys, wait_for_runs
 from workbench.bench.load.runner import run_load_benchmark
-from workbench.config import load_recipe as parse_recipe
 from workbench.metrics import append_metrics
+from workbench.recipe import load_recipe as parse_recipe
 from workbench.status import RunStatus
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from workbench.bench.sweep import (
     render_comparison,
     trained_steps,
 )
-from workbench.config import load_recipe
+from workbench.recipe import load_recipe
 from workbench.status import run_statuses
 from workbench.sweep.report import build_report
 

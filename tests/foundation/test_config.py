@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 import tomlkit
 
+from workbench import layout
 from workbench.config import (
     ConfigError,
     OrchestratorConfig,
     load_orchestrator_config,
-    load_recipe,
     parse_assignment,
     read_toml,
-    write_toml,
 )
 from workbench.experiment import create_experiment
+from workbench.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,10 +64,8 @@ def test_shipped_recipe_is_valid_and_has_at_least_two_runs():
 
 
 def test_shipped_sweep_recipe_expands_to_a_learning_rate_by_rank_grid_with_early_stopping():
-    from workbench.sweep.expand import planned_runs
-
     recipe = load_recipe(REPO / "recipes" / "reverse_text_sweep.toml")
-    runs = planned_runs(recipe)
+    runs = recipe.planned_runs
     assert len(runs) >= 8
     assert {run.values["lora.rank"] for run in runs} == {4, 8}
     rates = sorted({run.values["lr"] for run in runs})
@@ -116,7 +114,7 @@ def test_recipe_round_trip_through_tomlkit_keeps_comments(tmp_path: Path):
     document, _ = read_toml(write(tmp_path, GOOD_RECIPE))
     document["defaults"]["max_steps"] = 9
     out = tmp_path / "copy.toml"
-    write_toml(out, document)
+    layout.atomic_write_text(out, tomlkit.dumps(document))  # as create_experiment writes it
     text = out.read_text()
     assert "# my sweep" in text and "# the tiny model" in text
     assert load_recipe(out).defaults.max_steps == 9

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from workbench import layout
 from workbench.cli import app
-from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_config, load_recipe
+from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_config
+from workbench.recipe import load_recipe
 
 RECIPE = """\
 [model]

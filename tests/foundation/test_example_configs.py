@@ -13,11 +13,11 @@ from workbench.config import (
     deep_merge,
     load_inference_config,
     load_orchestrator_config,
-    load_recipe,
     load_trainer_config,
     read_toml,
 )
 from workbench.experiment import create_experiment
+from workbench.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from workbench.config import InferenceConfig, Recipe, TrainerConfig
+from workbench.config import InferenceConfig, TrainerConfig
 from workbench.envs.registry import environment_class, environment_names
+from workbench.recipe import Recipe
 from workbench.sweep.spec import DISTRIBUTIONS
 
 ROOT = Path(__file__).resolve().parents[2]

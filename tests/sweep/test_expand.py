@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from workbench.config import ConfigError, OrchestratorConfig, load_recipe
-from workbench.sweep.expand import expand_sweep, planned_runs
+from workbench.config import ConfigError, OrchestratorConfig
+from workbench.recipe import load_recipe
+from workbench.sweep.expand import expand_sweep
 
 HEAD = """\
 [experiment]
@@ -52,7 +53,7 @@ def line_of(path_text: str, needle: str) -> int:
 
 def test_grid_makes_every_combination_last_key_fastest_with_readable_ids(tmp_path: Path):
     recipe = load(tmp_path, "[sweep.grid]\nlr = [1e-3, 3e-3]\nlora.rank = [4, 8]\n")
-    runs = planned_runs(recipe)
+    runs = recipe.planned_runs
     assert [run.run_id for run in runs] == [
         "run_lr1e-3_rank4",
         "run_lr1e-3_rank8",
@@ -73,7 +74,7 @@ def test_nested_keys_may_be_dotted_quoted_or_tables_alike(tmp_path: Path):
         "[sweep.grid.loss]\nkl_coef = [0.0, 0.01]\n",
         "[sweep]\ngrid = { loss = { kl_coef = [0.0, 0.01] } }\n",
     ]
-    expanded = [[run.values for run in planned_runs(load(tmp_path, form))] for form in forms]
+    expanded = [[run.values for run in load(tmp_path, form).planned_runs] for form in forms]
     assert all(values == expanded[0] for values in expanded)
     assert expanded[0] == [{"loss.kl_coef": 0.0}, {"loss.kl_coef": 0.01}]
 
@@ -97,7 +98,7 @@ def test_repeats_vary_the_seed_and_run_every_configuration_once_before_any_twice
     tmp_path: Path,
 ):
     recipe = load(tmp_path, "[sweep]\nrepeats = 2\n\n[sweep.grid]\nlr = [1e-3, 3e-3]\n")
-    runs = planned_runs(recipe)
+    runs = recipe.planned_runs
     assert [run.run_id for run in runs] == [
         "run_lr1e-3_seed7",
         "run_lr3e-3_seed7",
@@ -108,7 +109,7 @@ def test_repeats_vary_the_seed_and_run_every_configuration_once_before_any_twice
 
 
 def test_repeats_alone_are_seeds_of_the_defaults(tmp_path: Path):
-    runs = planned_runs(load(tmp_path, "[sweep]\nrepeats = 3\n"))
+    runs = load(tmp_path, "[sweep]\nrepeats = 3\n").planned_runs
     assert [(run.run_id, run.values) for run in runs] == [
         ("run_seed7", {"seed": 7}),
         ("run_seed8", {"seed": 8}),
@@ -132,7 +133,7 @@ max_steps = {{ distribution = "int", low = 5, high = 40 }}
 
 def test_random_draws_stay_within_their_distributions(tmp_path: Path):
     recipe = load(tmp_path, RANDOM.format(seed=0))
-    runs = planned_runs(recipe)
+    runs = recipe.planned_runs
     assert len(runs) == 6
     for run in runs:
         assert 1e-5 <= run.values["lr"] <= 1e-2
@@ -143,9 +144,9 @@ def test_random_draws_stay_within_their_distributions(tmp_path: Path):
 
 
 def test_random_draws_are_reproducible_and_follow_the_seed(tmp_path: Path):
-    first = [r.values for r in planned_runs(load(tmp_path, RANDOM.format(seed=0)))]
-    again = [r.values for r in planned_runs(load(tmp_path, RANDOM.format(seed=0)))]
-    other = [r.values for r in planned_runs(load(tmp_path, RANDOM.format(seed=1)))]
+    first = [r.values for r in load(tmp_path, RANDOM.format(seed=0)).planned_runs]
+    again = [r.values for r in load(tmp_path, RANDOM.format(seed=0)).planned_runs]
+    other = [r.values for r in load(tmp_path, RANDOM.format(seed=1)).planned_runs]
     assert first == again
     assert first != other
 
@@ -154,8 +155,8 @@ def test_adding_a_random_key_leaves_the_other_keys_draws_alone(tmp_path: Path):
     one = "[sweep]\nnum_samples = 4\n\n[sweep.random]\n"
     lr = 'lr = { distribution = "log_uniform", low = 1e-5, high = 1e-2 }\n'
     top_p = '"sampling.top_p" = { distribution = "uniform", low = 0.5, high = 1.0 }\n'
-    alone = [r.values["lr"] for r in planned_runs(load(tmp_path, one + lr))]
-    both = [r.values["lr"] for r in planned_runs(load(tmp_path, one + lr + top_p))]
+    alone = [r.values["lr"] for r in load(tmp_path, one + lr).planned_runs]
+    both = [r.values["lr"] for r in load(tmp_path, one + lr + top_p).planned_runs]
     assert alone == both
 
 
@@ -164,7 +165,7 @@ def test_random_samples_combine_with_every_grid_point(tmp_path: Path):
         "[sweep]\nnum_samples = 2\n\n[sweep.grid]\nlr = [1e-3, 3e-3]\n\n[sweep.random]\n"
         '"sampling.temperature" = { distribution = "uniform", low = 0.5, high = 1.5 }\n'
     )
-    runs = planned_runs(load(tmp_path, body))
+    runs = load(tmp_path, body).planned_runs
     assert [r.values["lr"] for r in runs] == [1e-3, 3e-3, 1e-3, 3e-3]
     temperatures = [r.values["sampling.temperature"] for r in runs]
     assert temperatures[0] == temperatures[1] != temperatures[2] == temperatures[3]
@@ -176,7 +177,7 @@ def test_sweep_runs_queue_after_the_explicit_runs(tmp_path: Path):
         "[sweep.grid]\nlr = [1e-3, 3e-3]\n"
     )
     recipe = load(tmp_path, body)
-    runs = planned_runs(recipe)
+    runs = recipe.planned_runs
     assert [(r.run_id, r.source) for r in runs] == [
         ("run_baseline", "runs"),
         ("run_hot", "runs"),
@@ -189,10 +190,10 @@ def test_sweep_runs_queue_after_the_explicit_runs(tmp_path: Path):
 
 def test_ids_are_stable_across_loads_and_independent_of_explicit_runs(tmp_path: Path):
     grid = "[sweep.grid]\nlr = [1e-4, 0.05, 2.5]\n"
-    alone = [r.run_id for r in planned_runs(load(tmp_path, grid))]
+    alone = [r.run_id for r in load(tmp_path, grid).planned_runs]
     with_runs = [
         r.run_id
-        for r in planned_runs(load(tmp_path, '[[runs]]\nid = "x"\n\n' + grid))
+        for r in load(tmp_path, '[[runs]]\nid = "x"\n\n' + grid).planned_runs
         if r.source == "sweep"
     ]
     assert alone == with_runs == ["run_lr1e-4", "run_lr0p05", "run_lr2p5"]
@@ -200,14 +201,14 @@ def test_ids_are_stable_across_loads_and_independent_of_explicit_runs(tmp_path: 
 
 def test_values_that_do_not_fit_an_id_fall_back_to_a_short_index(tmp_path: Path):
     body = "[sweep.grid]\nenv_args = [{ max_length = 6 }, { max_length = 9, min_length = 3 }]\n"
-    runs = planned_runs(load(tmp_path, body))
+    runs = load(tmp_path, body).planned_runs
     assert [r.run_id for r in runs] == ["run_sweep00", "run_sweep01"]
     assert runs[1].values == {"env_args": {"max_length": 9, "min_length": 3}}
 
 
 def test_index_ids_on_request(tmp_path: Path):
     body = '[sweep]\nids = "index"\n\n[sweep.grid]\nlr = [1e-3, 3e-3]\n'
-    assert [r.run_id for r in planned_runs(load(tmp_path, body))] == [
+    assert [r.run_id for r in load(tmp_path, body).planned_runs] == [
         "run_sweep00",
         "run_sweep01",
     ]
@@ -215,7 +216,7 @@ def test_index_ids_on_request(tmp_path: Path):
 
 def test_a_sweep_with_only_a_scheduler_adds_no_runs(tmp_path: Path):
     recipe = load(tmp_path, '[[runs]]\nid = "a"\n\n[sweep.scheduler]\nkind = "asha"\n')
-    assert [r.run_id for r in planned_runs(recipe)] == ["run_a"]
+    assert [r.run_id for r in recipe.planned_runs] == ["run_a"]
     assert recipe.sweep is not None and recipe.sweep.scheduler is not None
 
 
@@ -294,7 +295,7 @@ def test_a_swept_rank_above_the_trainers_slots_is_an_error(tmp_path: Path):
         problem.message
     )
     body = "[trainer.lora]\nrank = 16\n\n[sweep.grid]\nlora.rank = [4, 16]\n"
-    assert len(planned_runs(load(tmp_path, body))) == 2
+    assert len(load(tmp_path, body).planned_runs) == 2
 
 
 def test_too_many_runs_is_an_error_that_shows_the_arithmetic(tmp_path: Path):

@@ -12,9 +12,12 @@ from typer.testing import CliRunner
 
 from workbench import layout
 from workbench.cli import app
-from workbench.config import load_orchestrator_config, recipe_from_document
+from workbench.config import load_orchestrator_config
 from workbench.experiment import create_experiment
+from workbench.recipe import recipe_from_document
 from workbench.status import run_statuses
+from workbench.sweep import expand
+from workbench.up import read_recipe
 
 RECIPE = """\
 [experiment]
@@ -108,6 +111,28 @@ def test_a_bad_sweep_exits_2_naming_file_line_and_key_and_writes_nothing(cli, tm
         assert result.exit_code == 2
         assert "recipe.toml, line 17: sweep.grid.lr: value 2 of 2 (-3)" in result.output
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_command_expands_the_sweep_once(cli, tmp_path: Path, monkeypatch):
+    """The loader plans the runs; the plan printed, the pre-launch checks that locate a
+    problem and the experiment's files read them from the recipe."""
+    expansions = []
+    original = expand._expand
+    monkeypatch.setattr(expand, "_expand", lambda *args: expansions.append(args) or original(*args))
+    for command in (["up", "recipe.toml", "--dry-run"], ["sweep", "plan", "recipe.toml"]):
+        expansions.clear()
+        assert cli(*command).exit_code == 0
+        assert len(expansions) == 1, command
+    expansions.clear()
+    document, recipe = read_recipe(tmp_path / "recipe.toml")
+    create_experiment(recipe, document)
+    assert len(expansions) == 1, "up"
+    too_long = RECIPE.replace("lora.rank = [4, 8]", "sampling.max_tokens = [64, 4000]")
+    (tmp_path / "recipe.toml").write_text(too_long)
+    expansions.clear()
+    result = cli("up", "recipe.toml", "--dry-run")
+    assert result.exit_code == 2 and "sweep.grid.sampling.max_tokens" in result.output
+    assert len(expansions) == 1, "a problem located"
 
 
 def test_an_experiment_keeps_each_runs_values_for_status(tmp_path: Path, monkeypatch):

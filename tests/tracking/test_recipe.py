@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from workbench.cli import app
-from workbench.config import ConfigError, load_recipe
+from workbench.config import ConfigError
+from workbench.recipe import load_recipe
 from workbench.tracking import TrackingTarget
 
 RECIPE = """\

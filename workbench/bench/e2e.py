@@ -255,7 +255,7 @@ def run_e2e_benchmark(
     cleanly, unless `keep_outputs`, and kept (its path is in the report) otherwise, for its
     logs.
     """
-    from workbench.config import load_recipe
+    from workbench.recipe import load_recipe
 
     if quick and max_steps is None:
         max_steps = QUICK_MAX_STEPS

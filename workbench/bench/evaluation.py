@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.config import LORA_TARGET_MODULES, OrchestratorConfig, load_recipe
+from workbench.config import LORA_TARGET_MODULES, OrchestratorConfig
+from workbench.recipe import load_recipe
 
 DEFAULT_RECIPE = Path("recipes/reverse_text.toml")
 REPETITIONS = 8

@@ -223,7 +223,7 @@ def trained_steps(experiment: Path) -> int:
 def run_mode(
     mode: str, recipe: Path, scratch: Path, max_steps: int | None, timeout_s: float
 ) -> ModeOutcome:
-    from workbench.config import load_recipe
+    from workbench.recipe import load_recipe
 
     output_dir = load_recipe(recipe).output_dir
     experiment = output_dir if output_dir.is_absolute() else scratch / output_dir
@@ -251,7 +251,7 @@ def run_sweep_benchmark(
     """Run RECIPE with its early stopping, then without; write the JSON and the plot, print
     a table, return the report (with `summary` rows and `exit_code` for `bench all`)."""
     from workbench.bench.results import RESULTS_DIR, write_result
-    from workbench.config import load_recipe
+    from workbench.recipe import load_recipe
 
     if quick and max_steps is None:
         max_steps = QUICK_MAX_STEPS

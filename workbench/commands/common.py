@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from tomlkit import TOMLDocument
 
-from workbench.config import Recipe
 from workbench.experiment import RunLookupError, resolve_experiment
+from workbench.recipe import Recipe
 from workbench.up import RecipeError, read_recipe
 
 console = Console()

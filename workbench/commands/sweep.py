@@ -19,9 +19,8 @@ from workbench.commands.common import (
     experiment_or_fail,
     recipe_or_fail,
 )
-from workbench.config import Recipe
+from workbench.recipe import Recipe
 from workbench.sweep import scheduler
-from workbench.sweep.expand import planned_runs
 from workbench.sweep.fit import SigmoidFit
 from workbench.sweep.report import SweepReport, build_report, write_report
 from workbench.sweep.values import describe_values
@@ -108,7 +107,7 @@ def sweep_report(
 
 
 def print_run_plan(path: Path, recipe: Recipe, *, as_json: bool) -> None:
-    runs = planned_runs(recipe)
+    runs = recipe.planned_runs
     slots = recipe.trainer.max_concurrent_runs
     spec = recipe.sweep.scheduler if recipe.sweep is not None else None
     if as_json:

@@ -30,12 +30,12 @@ from workbench.config import (
     OrchestratorConfig,
     check_run_id,
     deep_merge,
-    load_recipe,
     nest_dotted,
     normalize_run_id,
     validate_model,
 )
 from workbench.preflight import check_new_run
+from workbench.recipe import load_recipe
 from workbench.supervisor.paths import unix_socket_address
 
 log = logging.getLogger(__name__)

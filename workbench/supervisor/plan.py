@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench import layout
-from workbench.config import ConfigError, load_recipe, model_to_toml
+from workbench.config import ConfigError, model_to_toml
 from workbench.inference import endpoint
 from workbench.lifeline import PARENT_PID_ENV
 from workbench.ports import free_port
+from workbench.recipe import load_recipe
 from workbench.supervisor import paths
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
-from workbench.config import ConfigError, load_recipe
+from workbench.config import ConfigError
+from workbench.recipe import load_recipe
 from workbench.supervisor.plan import Plan, module_problem
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import FileReady, ProcessSpec

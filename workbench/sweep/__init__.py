@@ -1,8 +1,15 @@
-"""Sweeps: a recipe's `[sweep]` table expanded into runs, and early stopping (ASHA).
+"""Sweeps: a recipe's `[sweep]` table expanded into runs, early stopping (ASHA), reports.
+
+The recipe loader (`workbench.recipe`) calls `expand.plan_sweep` once per load and keeps
+the runs; nothing in this package imports the recipe back.
 
 - `spec`: the `[sweep]` table's pydantic models (grid, random distributions, repeats,
   scheduler).
-- `expand`: the pure expansion into runs with readable ids, and its checks.
+- `checks`: the table's keys, values and rules checked against the orchestrator's config.
+- `expand`: the pure expansion into runs (`PlannedRun`), in admission order.
+- `ids`, `values`: run ids made of swept values; dotted keys and how values read.
+- `files`: `sweep/plan.json` and `sweep/asha.json` in the experiment directory.
 - `asha`: the pure early-stopping decision at each rung.
 - `scheduler`: the supervisor's component that follows each run's metrics and evicts.
+- `fit`, `report`: a sigmoid fit of each run's eval curve; the runs ranked once they ran.
 """

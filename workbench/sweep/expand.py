@@ -1,10 +1,10 @@
 """Expanding a recipe's `[sweep]` table into runs, and checking it first.
 
-Pure functions: the recipe loader (`workbench.config.recipe_from_document`) calls
+Pure functions: the recipe loader (`workbench.recipe.recipe_from_document`) calls
 `plan_sweep`, which reports every problem of the table at once (file, line and key, like
-every recipe error) or returns the runs. `expand_sweep` is the expansion alone, for
-whoever holds a valid `Recipe`; `planned_runs` lists every run of a recipe in the order
-the trainer admits them.
+every recipe error) or returns the runs; the loaded recipe keeps them
+(`Recipe.planned_runs`). `expand_sweep` is the expansion alone, of a table already
+accepted.
 
 Expansion order (also the order in which runs get trainer slots):
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from workbench.config import ConfigProblem, Recipe, explain_error, problem_at
+from workbench.config import ConfigProblem, explain_error, problem_at
 from workbench.sweep.checks import (
     Param,
     config_problems,
@@ -45,7 +45,7 @@ from workbench.sweep.checks import (
 )
 from workbench.sweep.ids import SIGNIFICANT_DIGITS, index_ids, value_ids
 from workbench.sweep.spec import IntRange, LogUniform, SweepSection, Uniform
-from workbench.sweep.values import flatten_values, nested
+from workbench.sweep.values import nested
 
 
 @dataclass(frozen=True)
@@ -120,22 +120,6 @@ def expand_sweep(section: SweepSection, defaults: dict[str, Any]) -> list[Planne
     if problems:
         raise ValueError("; ".join(p.render(None) for p in problems))
     return runs
-
-
-def planned_runs(recipe: Recipe) -> list[PlannedRun]:
-    """Every run of a valid recipe in admission order: `[[runs]]` in file order, then the
-    sweep's runs in expansion order."""
-    sweep_ids: dict[str, PlannedRun] = {}
-    if recipe.sweep is not None:
-        defaults = recipe.defaults.model_dump(mode="json")
-        sweep_ids = {run.run_id: run for run in expand_sweep(recipe.sweep, defaults)}
-    planned = []
-    for spec in recipe.runs:
-        if spec.run_id in sweep_ids:
-            planned.append(sweep_ids[spec.run_id])
-        else:
-            planned.append(PlannedRun(spec.run_id, flatten_values(spec.overrides), "runs"))
-    return planned
 
 
 # ---------------------------------------------------------------- expansion

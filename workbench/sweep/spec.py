@@ -1,8 +1,8 @@
 """The `[sweep]` table of a recipe: what to vary, how many runs, and early stopping.
 
-Only the shape lives here (pydantic models); `workbench.sweep.expand` checks the keys
-against the orchestrator's config and expands the table into runs. This module imports
-nothing of workbench so that `workbench.config` can use it.
+Only the shape lives here (pydantic models); `workbench.sweep.checks` checks the keys
+against the orchestrator's config and `workbench.sweep.expand` expands the table into
+runs. This module imports nothing of workbench.
 
     [sweep]
     repeats = 2            # runs of each configuration, with seeds seed, seed + 1, ...
@@ -24,7 +24,6 @@ nothing of workbench so that `workbench.config` can use it.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -101,10 +100,6 @@ def bounds_of(distribution: Distribution) -> list[Any]:
     if isinstance(distribution, Choice):
         return list(distribution.values)
     return [distribution.low, distribution.high]
-
-
-def is_finite_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ---------------------------------------------------------------- early stopping

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.config import Recipe
+from workbench.recipe import Recipe
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,232 @@
+"""A recipe (`recipes/*.toml`) loaded into its runs: the sections, `[[runs]]` and `[sweep]`.
+
+`load_recipe` and `recipe_from_document` validate every section (the models of
+`workbench.config`), every `[[runs]]` table over `[defaults]` and the `[sweep]`, which
+`workbench.sweep.expand.plan_sweep` checks and expands; bad input raises `ConfigError`
+listing every problem at once, each with its file, line and key.
+
+The runs are planned here, once per load: a `Recipe` holds each run's id, the values it
+sets over `[defaults]` and where they come from (`Recipe.planned_runs`), in the order the
+trainer admits them. The experiment's files, the pre-launch checks and `sweep plan` read
+them there rather than expanding the sweep again.
+
+- `Recipe`: experiment, model, inference, trainer, `[defaults]` for every run's
+  orchestrator, `[[runs]]` overriding them, a `[sweep]` that expands into more runs
+  (`workbench.sweep`) and `[tracking]` (`workbench.tracking`).
+- `RunSpec`: one run's id and the `[defaults]` keys it overrides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError
+
+from workbench.config import (
+    ConfigError,
+    ConfigProblem,
+    ExperimentSection,
+    InferenceConfig,
+    InferenceSection,
+    ModelSection,
+    OrchestratorConfig,
+    StrictModel,
+    TrackingSection,
+    TrainerConfig,
+    TrainerSection,
+    check_run_id,
+    deep_merge,
+    default_max_loras,
+    explain_error,
+    normalize_run_id,
+    problem_at,
+    problems_from_validation,
+    read_toml,
+)
+from workbench.sweep.expand import PlannedRun, plan_sweep
+from workbench.sweep.spec import SweepSection
+from workbench.sweep.values import flatten_values
+
+
+class RunSpec(BaseModel):
+    """One `[[runs]]` table: an id and any orchestrator keys that override `[defaults]`."""
+
+    id: str = Field(
+        description="letters, digits, `_` and `-`; `lr1e-3` becomes the directory and id "
+        "`run_lr1e-3` (an id already starting with `run_` is kept)"
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="any other key is a `[defaults]` key this run overrides; nested tables "
+        "merge key by key",
+    )
+
+    @property
+    def run_id(self) -> str:
+        return normalize_run_id(self.id)
+
+
+class Recipe(StrictModel):
+    experiment: ExperimentSection = Field(
+        default_factory=ExperimentSection, description="the experiment's name and directory"
+    )
+    model: ModelSection = Field(description="the frozen base model every run adapts")
+    inference: InferenceSection = Field(
+        default_factory=InferenceSection, description="the vLLM server"
+    )
+    trainer: TrainerSection = Field(
+        default_factory=TrainerSection, description="the one trainer shared by all runs"
+    )
+    defaults: OrchestratorConfig = Field(
+        default_factory=OrchestratorConfig,
+        description="every run's `control/orch.toml` starts from this",
+    )
+    runs: list[RunSpec] = Field(
+        default_factory=list,
+        description="the runs, each an id and the `[defaults]` keys it overrides",
+    )
+    # Once loaded, the sweep's runs are already in `runs`, after the [[runs]].
+    sweep: SweepSection | None = Field(
+        None, description="runs made by varying `[defaults]` keys, after the `[[runs]]`"
+    )
+    tracking: TrackingSection = Field(
+        default_factory=TrackingSection,
+        description="every run's metrics forwarded to trackio or wandb by the supervisor",
+    )
+
+    # Set by the loader with `runs`: every run's values and where they come from.
+    _planned: list[PlannedRun] = PrivateAttr(default_factory=list)
+
+    @property
+    def planned_runs(self) -> list[PlannedRun]:
+        """Every run in admission order, as the loader planned it: the `[[runs]]` tables in
+        file order, then the sweep's runs in expansion order."""
+        return list(self._planned)
+
+    @property
+    def output_dir(self) -> Path:
+        return self.experiment.output_dir or Path("outputs") / self.experiment.name
+
+    def run_configs(self) -> dict[str, OrchestratorConfig]:
+        """Each run's orchestrator config: `[defaults]` deep-merged with its overrides."""
+        base = self.defaults.model_dump(mode="json")
+        return {
+            spec.run_id: OrchestratorConfig.model_validate(deep_merge(base, spec.overrides))
+            for spec in self.runs
+        }
+
+    def trainer_config(self) -> TrainerConfig:
+        return TrainerConfig(output_dir=self.output_dir, model=self.model, trainer=self.trainer)
+
+    @property
+    def max_loras(self) -> int:
+        """`[inference] max_loras`, or by default enough for every trainer slot."""
+        return self.inference.max_loras or default_max_loras(self.trainer.max_concurrent_runs)
+
+    def inference_config(self) -> InferenceConfig:
+        # vLLM's "auto" would downcast a float32 model to bfloat16 on CPU; sampling in the
+        # trainer's precision keeps the importance ratio near 1 for unchanged weights.
+        inference = self.inference.model_copy(update={"max_loras": self.max_loras})
+        if inference.dtype == "auto":
+            inference = inference.model_copy(update={"dtype": self.trainer.dtype})
+        return InferenceConfig(
+            output_dir=self.output_dir,
+            model=self.model,
+            inference=inference,
+            max_lora_rank=self.inference.max_lora_rank or self.trainer.lora.rank,
+        )
+
+
+def load_recipe(path: Path) -> Recipe:
+    document, text = read_toml(path)
+    return recipe_from_document(document, path, text)
+
+
+def recipe_from_document(
+    document: tomlkit.TOMLDocument, path: Path | str | None, text: str | None = None
+) -> Recipe:
+    """Validate a parsed recipe and plan its runs, the sweep's expanded once; every problem
+    of every run is reported at once."""
+    text = text if text is not None else tomlkit.dumps(document)
+    raw = document.unwrap()
+    problems: list[ConfigProblem] = []
+    runs_raw = raw.pop("runs", [])
+    if not isinstance(runs_raw, list) or not all(isinstance(r, dict) for r in runs_raw):
+        problems.append(
+            problem_at(("runs",), "must be an array of tables: write each run as [[runs]]", text)
+        )
+        runs_raw = []
+    sweep_raw = raw.pop("sweep", None)
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as err:
+        problems.extend(problems_from_validation(err, Recipe, text))
+        recipe = None
+
+    specs: list[RunSpec] = []
+    planned: list[PlannedRun] = []
+    seen: dict[str, int] = {}
+    defaults = raw.get("defaults", {}) if isinstance(raw.get("defaults", {}), dict) else {}
+    for i, table in enumerate(runs_raw):
+        table = dict(table)
+        run_id = table.pop("id", None)
+        if not isinstance(run_id, str):
+            message = (
+                'missing: every [[runs]] needs id = "..."'
+                if run_id is None
+                else (f"must be a string, got {type(run_id).__name__}")
+            )
+            problems.append(problem_at(("runs", i, "id"), message, text))
+            continue
+        bad_id = check_run_id(run_id)
+        if bad_id:
+            problems.append(problem_at(("runs", i, "id"), bad_id, text))
+            continue
+        full_id = normalize_run_id(run_id)
+        if full_id in seen:
+            problems.append(
+                problem_at(
+                    ("runs", i, "id"),
+                    f"duplicate run id {full_id!r} (also used by run number {seen[full_id] + 1}); "
+                    "give every run its own id",
+                    text,
+                )
+            )
+            continue
+        seen[full_id] = i
+        try:
+            OrchestratorConfig.model_validate(deep_merge(defaults, table))
+        except ValidationError as err:
+            for item in err.errors():
+                inner = tuple(item["loc"])
+                message = explain_error(item, OrchestratorConfig, inner)
+                # A key the run sets is the run's fault, and so is a rule across keys
+                # (empty loc) once the run overrides anything; otherwise [defaults] is.
+                if (inner and inner[0] in table) or (not inner and table):
+                    problems.append(problem_at(("runs", i, *inner), message, text))
+                elif recipe is not None:  # else recipe-level validation reported it
+                    problems.append(problem_at(("defaults", *inner), message, text))
+        specs.append(RunSpec(id=run_id, overrides=table))
+        planned.append(PlannedRun(full_id, flatten_values(table), "runs"))
+
+    sweep = None
+    if sweep_raw is not None:
+        try:
+            valid_defaults = OrchestratorConfig.model_validate(defaults).model_dump(mode="json")
+        except ValidationError:
+            valid_defaults = None  # already reported; checking swept values would repeat it
+        rank = recipe.trainer.lora.rank if recipe is not None else None
+        sweep, sweep_runs, sweep_problems = plan_sweep(sweep_raw, valid_defaults, seen, text, rank)
+        problems.extend(sweep_problems)
+        specs += [RunSpec(id=run.run_id, overrides=run.overrides) for run in sweep_runs]
+        planned += sweep_runs
+
+    if problems:
+        raise ConfigError(path, problems)
+    assert recipe is not None
+    recipe.runs = specs
+    recipe.sweep = sweep
+    recipe._planned = planned
+    return recipe
