@@ -234,7 +234,7 @@ class OrchestratorConfig(StrictModel):
 
     env: str = Field(
         "reverse_text",
-        description="environment: a built-in name (`reverse_text`, `letter_count`) or "
+        description="environment: a built-in name (`reverse_text`, `letter_count`, `dataset` for a data file) or "
         "`package.module:ClassName`",
     )
     env_args: dict[str, Any] = Field(

@@ -45,6 +45,7 @@ from workbench.config import (
     problems_from_validation,
     read_toml,
 )
+from workbench.envs import EnvironmentConfigError, environment_class
 from workbench.sweep.expand import PlannedRun, plan_sweep
 from workbench.sweep.spec import SweepSection
 from workbench.sweep.values import flatten_values
@@ -144,11 +145,43 @@ def load_recipe(path: Path) -> Recipe:
     return recipe_from_document(document, path, text)
 
 
+def anchor_env_paths(document: tomlkit.TOMLDocument, folder: Path) -> None:
+    """Make the files a recipe's environments read (their `path_args`, e.g. the dataset's
+    `path`) absolute against `folder`, the recipe's own, in `[defaults]` and every
+    `[[runs]]`: each process, whatever its working directory, and the experiment's copy of
+    the recipe then name the same file. An unknown environment is left to the checks."""
+    defaults = document.get("defaults")
+    defaults = defaults if isinstance(defaults, dict) else {}
+    runs = document.get("runs")
+    tables = (
+        [defaults, *(run for run in runs if isinstance(run, dict))]
+        if isinstance(runs, list)
+        else [defaults]
+    )
+    for table in tables:
+        env_args = table.get("env_args")
+        env = table.get("env", defaults.get("env", OrchestratorConfig.model_fields["env"].default))
+        if not isinstance(env_args, dict) or not isinstance(env, str):
+            continue
+        try:
+            path_args = environment_class(env).path_args
+        except EnvironmentConfigError:
+            continue
+        for key in path_args:
+            value = env_args.get(key)
+            if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+                env_args[key] = str((folder / value).resolve())
+            elif isinstance(value, str) and value.startswith("~"):
+                env_args[key] = str(Path(value).expanduser())
+
+
 def recipe_from_document(
     document: tomlkit.TOMLDocument, path: Path | str | None, text: str | None = None
 ) -> Recipe:
     """Validate a parsed recipe and plan its runs, the sweep's expanded once; every problem
     of every run is reported at once."""
+    if path is not None:
+        anchor_env_paths(document, Path(path).resolve().parent)
     text = text if text is not None else tomlkit.dumps(document)
     raw = document.unwrap()
     problems: list[ConfigProblem] = []

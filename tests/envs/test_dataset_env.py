@@ -12,6 +12,7 @@ import pytest
 
 from workbench.envs import EnvironmentConfigError, get_environment
 from workbench.envs.answers import Comparison, Extraction, compare, extract_answer
+from workbench.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "recipes" / "data" / "reverse_words.jsonl"
@@ -251,3 +252,27 @@ def test_the_shipped_reversal_file_scores_its_own_answers_fully():
         assert prompt.answer == prompt.question[::-1]
         assert env.reward(prompt, prompt.answer) == 1.0
         assert env.reward(prompt, prompt.question) < 1.0 or prompt.question == prompt.answer
+
+
+# ---------------------------------------------------------------- in a recipe
+
+
+def test_a_recipes_data_path_is_read_from_the_recipes_folder_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    folder = tmp_path / "project"
+    (folder / "data").mkdir(parents=True)
+    write_jsonl(folder / "data" / "train.jsonl", numbered_rows(40))
+    recipe = folder / "recipe.toml"
+    recipe.write_text(
+        '[model]\nbase = "builtin:tiny-reverse"\n\n[defaults]\nenv = "dataset"\n'
+        'env_args = { path = "data/train.jsonl", prompt_column = "question" }\n\n'
+        '[[runs]]\nid = "a"\n\n[[runs]]\nid = "b"\nenv_args = { path = "data/train.jsonl", '
+        'prompt_column = "question", reward = "numeric" }\n'
+    )
+    monkeypatch.chdir(tmp_path)  # not the recipe's folder
+    configs = load_recipe(recipe).run_configs()
+    expected = str((folder / "data" / "train.jsonl").resolve())
+    assert [c.env_args["path"] for c in configs.values()] == [expected, expected]
+    env = get_environment(configs["run_b"].env, **configs["run_b"].env_args)
+    assert env.reward(env.prompt(0), env.prompt(0).answer + ".0") == 1.0
