@@ -47,8 +47,8 @@ from workbench.supervisor.discovery import (
     RUN_DELETED,
     OrchConfigValidator,
     OrchestratorView,
-    RunCondition,
     RunDirectoryWatcher,
+    RunScan,
     StartOrchestrator,
     StopOrchestrator,
     reconcile,
@@ -152,7 +152,7 @@ class Supervisor:
         self._discovery_due = True
         self._next_rescan = 0.0
         self._validator = OrchConfigValidator()
-        self._conditions: dict[str, RunCondition] = {}
+        self._scans: dict[str, RunScan] = {}
         self._stop_reason: str | None = None
         self._shutdown_stages: list[list[str]] = []
         self._last_state: str | None = None
@@ -278,15 +278,15 @@ class Supervisor:
         self, proc: SupervisedProcess, record: ExitRecord, *, shutting_down: bool
     ) -> ExitFacts:
         # A shutdown decides the exit alone; the run directory need not be read.
-        condition = None if shutting_down else self._run_condition(proc)
+        scan = None if shutting_down else self._run_scan(proc)
         return ExitFacts(
             description=record.describe(),
             clean=record.ok,
             code=record.code,
             uptime_s=_seconds_between(proc.started_at, record.time),
             shutting_down=shutting_down,
-            run_hold=condition.hold_reason if condition else None,
-            run_finished=condition.finished if condition else False,
+            run_hold=scan.hold_reason if scan else None,
+            run_finished=scan.finished if scan else False,
         )
 
     def _start_due(self, now: float) -> None:
@@ -317,13 +317,13 @@ class Supervisor:
         assert proc.spec.run_id is not None
         return layout.run_dir(self.experiment, proc.spec.run_id)
 
-    def _run_condition(self, proc: SupervisedProcess) -> RunCondition | None:
+    def _run_scan(self, proc: SupervisedProcess) -> RunScan | None:
         """What the run directory of an orchestrator says; None for other processes."""
         if proc.spec.run_id is None:
             return None
         run = self._run_path(proc)
         if not run.is_dir():
-            return RunCondition(proc.spec.run_id, run, hold_reason=RUN_DELETED)
+            return RunScan(proc.spec.run_id, run, hold_reason=RUN_DELETED)
         return scan_run(run, self._validator)
 
     def _discover(self, now: float) -> None:
@@ -331,13 +331,13 @@ class Supervisor:
         self._next_rescan = now + self.rescan_s
         if self.watcher is not None:
             self.watcher.sync()
-        self._conditions = scan_runs(self.experiment, self._validator)
+        self._scans = scan_runs(self.experiment, self._validator)
         views = {
             proc.spec.run_id: OrchestratorView(proc.state, proc.held, proc.reason)
             for proc in self.processes.values()
             if proc.spec.run_id is not None
         }
-        for action in reconcile(self._conditions, views):
+        for action in reconcile(self._scans, views):
             if isinstance(action, StartOrchestrator):
                 self._start_orchestrator(action.run_id, action.path, now)
             elif isinstance(action, StopOrchestrator):
@@ -387,10 +387,10 @@ class Supervisor:
         if fixed_failed:
             self.request_stop(f"giving up: {', '.join(fixed_failed)} failed")
             return
-        for run_id, condition in self._conditions.items():
+        for run_id, scan in self._scans.items():
             proc = self.processes.get(run_id)
             if proc is None:
-                if condition.runnable:
+                if scan.runnable:
                     return  # discovered, not started yet
                 continue
             if proc.state not in TERMINAL_STATES:
@@ -470,10 +470,10 @@ class Supervisor:
     def _restart_run(self, raw_id: str, now: float) -> dict[str, Any]:
         run_id, run = self._existing_run(raw_id)
         cleared = run_control.clear_eviction(run)
-        condition = scan_run(run, self._validator)
-        if condition.hold_reason is not None:
+        scan = scan_run(run, self._validator)
+        if scan.hold_reason is not None:
             raise ControlError(
-                f"{run_id} cannot run: {condition.hold_reason}; fix {layout.orch_config_path(run)}"
+                f"{run_id} cannot run: {scan.hold_reason}; fix {layout.orch_config_path(run)}"
             )
         proc = self.processes.get(run_id)
         if proc is None:
@@ -488,10 +488,10 @@ class Supervisor:
         if proc is None:
             known = ", ".join(self.processes) or "none"
             raise ControlError(f"no process {name!r} (processes: {known})")
-        condition = self._run_condition(proc)
-        if condition is not None and condition.hold_reason is not None:
+        scan = self._run_scan(proc)
+        if scan is not None and scan.hold_reason is not None:
             raise ControlError(
-                f"{proc.name} cannot run: {condition.hold_reason}; to clear an eviction use "
+                f"{proc.name} cannot run: {scan.hold_reason}; to clear an eviction use "
                 f"`workbench restart {proc.name}` (restart_run)"
             )
         self._restart(proc, now, "requested")
