@@ -454,8 +454,10 @@ class Supervisor:
         return {"ok": True, "run_id": run_id, "already_evicted": already, "stopped": stopping}
 
     def evict_run(self, run_id: str, reason: str, *, by: str, now: float) -> tuple[bool, bool]:
-        """The one eviction path: write `evicted.txt` (unless there is one) and stop the
-        run's orchestrator; the trainer frees its slot at its next discovery. Returns
+        """How the supervisor evicts, for early stopping and for the `evict` request (which
+        the CLI and the TUI send through `client.evict_and_tell` once they have written
+        the file): write `evicted.txt` (`run_control.evict`, unless there is one) and stop
+        the run's orchestrator; the trainer frees its slot at its next discovery. Returns
         (already evicted, an orchestrator was stopping)."""
         eviction, already = run_control.evict(layout.run_dir(self.experiment, run_id), reason, by)
         if not already:
