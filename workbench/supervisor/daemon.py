@@ -61,7 +61,16 @@ from workbench.supervisor.launch import (
     already_running_message,
     kill_leftovers,
 )
-from workbench.supervisor.lifecycle import TERMINAL_STATES, UP_STATES, Event, ExitFacts
+from workbench.supervisor.lifecycle import (
+    COMING_UP_STATES,
+    SHUTDOWN_STATUSES,
+    TERMINAL_STATES,
+    UP_STATES,
+    Event,
+    ExitFacts,
+    ProcessState,
+    SupervisorStatus,
+)
 from workbench.supervisor.plan import DEFAULT_PLAN, Plan, PlanError, load_plan_factory
 from workbench.supervisor.process import (
     ExitRecord,
@@ -139,7 +148,7 @@ class Supervisor:
         self.exit_when_done = exit_when_done
         self.tick_s = tick_s
         self.rescan_s = rescan_s
-        self.status = "starting"
+        self.status = SupervisorStatus.STARTING
         self.started_at = now_iso()
         self.processes: dict[str, SupervisedProcess] = {}
         for spec in plan.processes:
@@ -179,14 +188,14 @@ class Supervisor:
         self.tracking = start_forwarding(self.experiment, self.plan.tracking)
         log.info("supervising %s (pid %d)", self.experiment, os.getpid())
         try:
-            while self.status != "stopped":
+            while self.status != SupervisorStatus.STOPPED:
                 try:
                     self.tick()
                 except Exception as err:
                     # A fault here (disk full, a bug) must not take training down with it:
                     # the children keep running and the next tick tries again.
                     self._log_fault(err)
-                if self.status == "stopped":
+                if self.status == SupervisorStatus.STOPPED:
                     break
                 self._wake.wait(self.tick_s)
                 self._wake.clear()
@@ -207,21 +216,21 @@ class Supervisor:
     def tick(self) -> None:
         now = time.monotonic()
         self._serve_requests(now)
-        if self._stop_reason is not None and self.status not in ("stopping", "stopped"):
+        if self._stop_reason is not None and self.status not in SHUTDOWN_STATUSES:
             self._begin_shutdown()
         for proc in list(self.processes.values()):
             self._poll(proc, now)
-        if self.status == "stopping":
+        if self.status == SupervisorStatus.STOPPING:
             self._advance_shutdown(now)
         else:
             if self._discovery_due or now >= self._next_rescan:
                 self._discover(now)
             self._stop_early(now)
             self._start_due(now)
-            if self.status == "starting" and all(
-                self.processes[name].state not in ("waiting", "starting") for name in self._fixed
+            if self.status == SupervisorStatus.STARTING and all(
+                self.processes[name].state not in COMING_UP_STATES for name in self._fixed
             ):
-                self.status = "running"
+                self.status = SupervisorStatus.RUNNING
             if self.exit_when_done:
                 self._stop_when_done()
         self._publish_state()
@@ -264,7 +273,9 @@ class Supervisor:
             proc.handle(Event.READY_TIMEOUT, now, f"not ready after {timeout:g}s")
 
     def _on_exit(self, proc: SupervisedProcess, record: ExitRecord, now: float) -> None:
-        facts = self._exit_facts(proc, record, shutting_down=self.status == "stopping")
+        facts = self._exit_facts(
+            proc, record, shutting_down=self.status == SupervisorStatus.STOPPING
+        )
         log.info("%s: %s after %.1fs", proc.name, record.describe(), facts.uptime_s)
         if proc.spec.run_id is not None:
             self._discovery_due = True  # a run ended: its directory may say why
@@ -383,7 +394,9 @@ class Supervisor:
             self._log_fault(err)
 
     def _stop_when_done(self) -> None:
-        fixed_failed = [name for name in self._fixed if self.processes[name].state == "failed"]
+        fixed_failed = [
+            name for name in self._fixed if self.processes[name].state == ProcessState.FAILED
+        ]
         if fixed_failed:
             self.request_stop(f"giving up: {', '.join(fixed_failed)} failed")
             return
@@ -426,7 +439,7 @@ class Supervisor:
         if command == "stop_all":
             self.request_stop("stop_all requested")
             return {"ok": True, "pid": os.getpid()}
-        if self.status in ("stopping", "stopped"):
+        if self.status in SHUTDOWN_STATUSES:
             raise ControlError("the supervisor is stopping; start it again with `workbench up`")
         log.info("control: %s", json.dumps(request))
         if command == "evict":
@@ -513,7 +526,7 @@ class Supervisor:
 
     def _begin_shutdown(self) -> None:
         log.info("stopping: %s", self._stop_reason)
-        self.status = "stopping"
+        self.status = SupervisorStatus.STOPPING
         orchestrators = [n for n, p in self.processes.items() if p.spec.run_id is not None]
         others = [n for n, p in self.processes.items() if p.spec.run_id is None]
         self._shutdown_stages = [orchestrators, *([name] for name in reversed(others))]
@@ -528,7 +541,7 @@ class Supervisor:
             if any(self.processes[name].has_os_process for name in stage):
                 return
             self._shutdown_stages.pop(0)
-        self.status = "stopped"
+        self.status = SupervisorStatus.STOPPED
 
     def _emergency_stop(self) -> None:
         for proc in self.processes.values():
@@ -543,7 +556,7 @@ class Supervisor:
                 if record is not None:
                     proc.exited(self._exit_facts(proc, record, shutting_down=True), now)
             time.sleep(0.05)
-        self.status = "stopped"
+        self.status = SupervisorStatus.STOPPED
 
     # -------------------------------------------------------------- state.json
 
@@ -563,7 +576,7 @@ class Supervisor:
 
     def _startup_phase(self) -> dict[str, Any] | None:
         """What startup is doing (`workbench.supervisor.startup`); None once stopping."""
-        if self.status not in ("starting", "running"):
+        if self.status in SHUTDOWN_STATUSES:
             return None
         facts = [
             ProcessFacts(
@@ -639,12 +652,16 @@ def run_daemon(experiment: Path, *, plan: str = DEFAULT_PLAN, exit_when_done: bo
             )
         except (PlanError, ConfigError) as err:
             log.error("cannot start: %s", err)
-            write_state(experiment, {**base_state, "status": "stopped", "error": str(err)})
+            write_state(
+                experiment, {**base_state, "status": SupervisorStatus.STOPPED, "error": str(err)}
+            )
             return EXIT_PLAN_FAILED
         except Exception as err:
             log.exception("cannot start: the plan %s failed", plan)
             message = f"the plan {plan} failed: {type(err).__name__}: {err}"
-            write_state(experiment, {**base_state, "status": "stopped", "error": message})
+            write_state(
+                experiment, {**base_state, "status": SupervisorStatus.STOPPED, "error": message}
+            )
             return EXIT_PLAN_FAILED
         _install_signal_handlers(supervisor)
         return supervisor.run()

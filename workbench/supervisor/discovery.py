@@ -45,7 +45,7 @@ from watchdog.observers.api import ObservedWatch
 from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.run_control import Condition
-from workbench.supervisor.lifecycle import TERMINAL_STATES
+from workbench.supervisor.lifecycle import TERMINAL_STATES, ProcessState
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def scan_runs(experiment: Path, validator: OrchConfigValidator | None = None) ->
 class OrchestratorView:
     """What `reconcile` needs to know about an orchestrator the supervisor already has."""
 
-    state: str
+    state: ProcessState
     held: bool = False
     reason: str | None = None
 
@@ -175,7 +175,7 @@ def reconcile(
         assert scan is not None
         if scan.finished:
             continue
-        if view is None or (view.state == "stopped" and view.held):
+        if view is None or (view.state == ProcessState.STOPPED and view.held):
             actions.append(StartOrchestrator(run_id, scan.path))
     return actions
 
