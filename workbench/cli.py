@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from workbench import layout, run_control
+from workbench import layout
 from workbench.bench.cli import bench_app
 from workbench.commands.common import (
     EXIT_BAD_INPUT,
@@ -43,6 +43,7 @@ from workbench.supervisor import launch
 from workbench.supervisor.client import (
     SupervisorClient,
     SupervisorError,
+    evict_and_tell,
     running_supervisor_pid,
 )
 from workbench.up import (
@@ -163,12 +164,19 @@ def evict(
         ref = resolve_run(run_id, experiment)
     except RunLookupError as err:
         raise fail(str(err)) from None
-    eviction, already = run_control.evict(ref.path, reason, by="user")
-    if already:
+    evicted = evict_and_tell(ref.experiment, ref.run_id, reason, by="user")
+    eviction = evicted.eviction
+    if evicted.already:
         say(f"{ref.run_id} is already evicted ({eviction.evicted_at}): {eviction.reason}")
     else:
         say(f"evicted {ref.run_id} ({ref.path}): {reason}")
-    _tell_supervisor_about_eviction(ref.experiment, ref.run_id, reason)
+    if evicted.not_taken is not None:
+        warn(
+            f"warning: the supervisor did not take the eviction ({evicted.not_taken}); it "
+            "stops the orchestrator when it next scans the run directories"
+        )
+    elif evicted.stopping:
+        say(f"the supervisor is stopping {ref.run_id}'s orchestrator")
 
 
 @app.command()
@@ -363,22 +371,6 @@ def _load_tui() -> Callable[[Path], None] | None:
         )
         return None
     return run_tui
-
-
-def _tell_supervisor_about_eviction(experiment: Path, run_id: str, reason: str) -> None:
-    client = SupervisorClient(experiment)
-    if not client.is_running():
-        return
-    try:
-        reply = client.evict(run_id, reason)
-    except SupervisorError as err:
-        warn(
-            f"warning: the supervisor did not take the eviction ({err}); it stops the "
-            "orchestrator when it next scans the run directories"
-        )
-        return
-    if reply.get("stopped"):
-        say(f"the supervisor is stopping {run_id}'s orchestrator")
 
 
 def main() -> None:  # pragma: no cover - console script entry

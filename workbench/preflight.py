@@ -297,11 +297,7 @@ def _build_environment(config: OrchestratorConfig) -> _Built:
 def _runs_that_may_train(experiment: Path) -> Iterable[OrchestratorConfig]:
     """The configs of the experiment's runs that may still take a trainer slot."""
     for run in layout.list_run_dirs(experiment):
-        if (
-            run_control.read_eviction(run) is not None
-            or run_control.read_validation_error(run) is not None
-            or run_control.is_finished(run)
-        ):
+        if run_control.run_condition(run).kind is not run_control.Condition.OPEN:
             continue
         try:
             yield load_orchestrator_config(layout.orch_config_path(run))

@@ -1,8 +1,15 @@
-"""Reading and writing a run's control files: eviction, rejection, finish.
+"""Reading and writing a run's control files: eviction, rejection, finish; and what
+they add up to, the run's condition (`run_condition`).
 
 These small files are how every process tells the others what happened to a run
 (docs/contracts.md). They are plain text a user can `cat`; each is written atomically.
 The module has no heavy imports so the CLI and TUI stay quick to start.
+
+A run's condition is decided here alone, so that `workbench status`, the TUI, the
+supervisor and the trainer never disagree about a run: evicted, else rejected, else
+finished, else open (nothing in `control/` holds it back). A rejection of an
+`orch.toml` that has changed since is still a rejection to everyone but the trainer,
+which looks at the run again and clears it if the new file is valid (`reconsidered`).
 
 `evicted.txt` holds the reason first (possibly several lines), then two metadata lines:
 
@@ -23,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from workbench import layout
@@ -126,10 +134,13 @@ def rejection_stands(run: Path) -> bool:
     an earlier file (edited since) is for the trainer to look at again, and to clear if
     the new one is valid; one that names no file stands until the file is newer than it."""
     rejection = _read_rejection(run)
-    if rejection is None:
-        return False
-    if rejection[1] is not None:
-        return rejection[1] == current_config_signature(run)
+    return rejection is not None and _rejection_stands(run, rejection[1])
+
+
+def _rejection_stands(run: Path, config: str | None) -> bool:
+    """Whether a rejection of the orch.toml `config` names (None: it names none) stands."""
+    if config is not None:
+        return config == current_config_signature(run)
     try:
         config_mtime = layout.orch_config_path(run).stat().st_mtime_ns
         return layout.validation_error_path(run).stat().st_mtime_ns >= config_mtime
@@ -163,3 +174,58 @@ def mark_finished(run: Path, step: int) -> None:
 
 def is_finished(run: Path) -> bool:
     return layout.finished_path(run).is_file()
+
+
+# ---------------------------------------------------------------- the run's condition
+
+
+class Condition(StrEnum):
+    """What a run's control files say of it, most telling first. The values are the
+    statuses `workbench status` shows for them."""
+
+    EVICTED = "evicted"  # control/evicted.txt
+    REJECTED = "rejected"  # control/config_validation_error.txt
+    FINISHED = "finished"  # control/finished.txt
+    OPEN = "open"  # none of them: it trains once its orch.toml is valid and a slot is free
+
+
+@dataclass(frozen=True)
+class RunCondition:
+    """A run's condition (`run_condition`), with what goes with it.
+
+    reason: why it is evicted or rejected (the file's text); None otherwise.
+    evicted_by: who evicted it (user, tui, trainer, orchestrator, asha).
+    reconsidered: rejected for a `control/orch.toml` that has changed since (or is gone),
+        and not finished: the trainer looks at the run again and clears the rejection if
+        the new file is valid. Until then it is rejected to every other reader.
+    """
+
+    kind: Condition
+    reason: str | None = None
+    evicted_by: str | None = None
+    reconsidered: bool = False
+
+    @property
+    def open_to_trainer(self) -> bool:
+        """Whether the trainer may give the run a slot (or keep the one it has), its
+        orch.toml permitting: open, or rejected for an earlier orch.toml."""
+        return self.kind is Condition.OPEN or self.reconsidered
+
+
+def run_condition(run: Path) -> RunCondition:
+    """The condition of a run: evicted, else rejected, else finished, else open."""
+    eviction = read_eviction(run)
+    if eviction is not None:
+        return RunCondition(
+            Condition.EVICTED, reason=eviction.reason, evicted_by=eviction.evicted_by
+        )
+    rejection = _read_rejection(run)
+    if rejection is not None:
+        why, config = rejection
+        stands = _rejection_stands(run, config)
+        return RunCondition(
+            Condition.REJECTED, reason=why, reconsidered=not stands and not is_finished(run)
+        )
+    if is_finished(run):
+        return RunCondition(Condition.FINISHED)
+    return RunCondition(Condition.OPEN)

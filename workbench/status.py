@@ -1,10 +1,12 @@
 """What state each run of an experiment is in, read from the experiment directory alone.
 
 The CLI's `status` and the TUI's runs table both come from here, so they always agree.
-Precedence: evicted > rejected > finished > active > waiting.
+Evicted, rejected and finished are the run's condition (`run_control.run_condition`, which
+the supervisor and the trainer read too); an open run is active or waiting:
 
 - evicted:  `control/evicted.txt` exists (reason from it)
-- rejected: `control/config_validation_error.txt` exists (reason from it)
+- rejected: `control/config_validation_error.txt` exists (reason from it), even for an
+            `orch.toml` edited since: the trainer has yet to look at it again
 - finished: `control/finished.txt` exists
 - active:   the trainer (alive) holds a slot for it (`trainer/runs.json`)
 - waiting:  anything else: no trainer yet, all slots used, or no `orch.toml` yet
@@ -31,6 +33,7 @@ import tomlkit
 from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.file_change import OnFileChange
+from workbench.run_control import Condition
 from workbench.supervisor.process import process_is_alive
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import read_asha, read_plan_values
@@ -122,15 +125,12 @@ def _run_status(
         total_tokens=int(trained.get("total_tokens", 0)),
         total_samples=int(trained.get("total_samples", 0)),
     )
-    eviction = run_control.read_eviction(run)
-    rejection = run_control.read_validation_error(run)
-    if eviction is not None:
-        status.status, status.reason, status.slot = "evicted", eviction.reason, None
-        status.evicted_by = eviction.evicted_by
-    elif rejection is not None:
-        status.status, status.reason, status.slot = "rejected", rejection, None
-    elif run_control.is_finished(run):
-        status.status = "finished"
+    condition = run_control.run_condition(run)
+    if condition.kind in (Condition.EVICTED, Condition.REJECTED):
+        status.status, status.reason, status.slot = condition.kind.value, condition.reason, None
+        status.evicted_by = condition.evicted_by
+    elif condition.kind is Condition.FINISHED:
+        status.status = condition.kind.value
     elif run_id in slots:
         status.status = "active"
     elif not layout.orch_config_path(run).is_file():

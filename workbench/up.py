@@ -32,6 +32,7 @@ from workbench.config import ConfigError, parse_toml
 from workbench.experiment import create_experiment
 from workbench.preflight import check_recipe
 from workbench.recipe import Recipe, recipe_from_document
+from workbench.run_control import Condition
 from workbench.status import run_statuses
 from workbench.supervisor.client import (
     SupervisorClient,
@@ -45,6 +46,7 @@ from workbench.supervisor.launch import (
     start_daemon,
     stop_experiment,
 )
+from workbench.supervisor.lifecycle import UP_STATES, ProcessState
 from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.scheduler import EVICTED_BY
 
@@ -194,8 +196,10 @@ def follow_experiment(
 def _report_outcome(experiment: Path, report: Report) -> int:
     runs = run_statuses(experiment)
     # A run early stopping gave up on is an outcome of the sweep, not a failure.
-    stopped_early = [r for r in runs if r.status == "evicted" and r.evicted_by == EVICTED_BY]
-    unfinished = [r for r in runs if r.status != "finished" and r not in stopped_early]
+    stopped_early = [
+        r for r in runs if r.status == Condition.EVICTED and r.evicted_by == EVICTED_BY
+    ]
+    unfinished = [r for r in runs if r.status != Condition.FINISHED and r not in stopped_early]
     if not unfinished:
         finished = len(runs) - len(stopped_early)
         early = f", {len(stopped_early)} stopped early by {EVICTED_BY}" if stopped_early else ""
@@ -205,7 +209,7 @@ def _report_outcome(experiment: Path, report: Report) -> int:
         reason = f": {run.reason.splitlines()[0]}" if run.reason else ""
         report.warn(f"{run.id} did not finish ({run.status}{reason})")
     for row in process_summaries(read_state(experiment) or {}, live=False):
-        if row["state"] == "failed":
+        if row["state"] == ProcessState.FAILED:
             report.warn(f"{row['name']} failed: {row['reason'] or row['last_exit']}")
     return 1
 
@@ -263,7 +267,7 @@ def describe_changes(before: Snapshot | None, after: Snapshot) -> list[str]:
         if old is not None and old[0] == state:
             continue
         arrow = f"{old[0]} -> {state}" if old is not None else state
-        note = f" ({reason})" if reason and state not in ("ready", "running") else ""
+        note = f" ({reason})" if reason and state not in UP_STATES else ""
         lines.append(f"{name}: {arrow}{note}")
     for run_id, (status, step, max_steps, reason) in after.runs.items():
         old_run = before.runs.get(run_id)

@@ -14,8 +14,8 @@ from workbench import layout, run_control
 from workbench.supervisor.discovery import (
     RUN_DELETED,
     OrchestratorView,
-    RunCondition,
     RunDirectoryWatcher,
+    RunScan,
     StartOrchestrator,
     StopOrchestrator,
     reconcile,
@@ -56,8 +56,8 @@ def test_scan_reads_eviction_rejection_invalid_config_and_finish(experiment: Pat
     assert scan_run(ok) == conditions["run_ok"]
 
 
-def _runnable(run_id: str) -> RunCondition:
-    return RunCondition(run_id, Path(run_id))
+def _runnable(run_id: str) -> RunScan:
+    return RunScan(run_id, Path(run_id))
 
 
 def test_a_new_runnable_run_gets_an_orchestrator():
@@ -68,7 +68,7 @@ def test_a_new_runnable_run_gets_an_orchestrator():
 
 def test_a_deleted_evicted_or_rejected_run_has_its_orchestrator_stopped():
     orchestrators = {name: OrchestratorView("running") for name in ("run_a", "run_b")}
-    conditions = {"run_b": RunCondition("run_b", Path("run_b"), hold_reason="evicted: why")}
+    conditions = {"run_b": RunScan("run_b", Path("run_b"), hold_reason="evicted: why")}
     assert reconcile(conditions, orchestrators) == [
         StopOrchestrator("run_a", RUN_DELETED),
         StopOrchestrator("run_b", "evicted: why"),
@@ -91,14 +91,14 @@ def test_exited_failed_and_finished_runs_are_left_alone():
     conditions = {
         "run_failed": _runnable("run_failed"),
         "run_exited": _runnable("run_exited"),
-        "run_finishing": RunCondition("run_finishing", Path("x"), finished=True),
+        "run_finishing": RunScan("run_finishing", Path("x"), finished=True),
     }
     assert reconcile(conditions, orchestrators) == []
 
 
 def test_an_already_stopped_orchestrator_only_gets_a_new_reason_when_it_changes():
     evicted = {"run_a": OrchestratorView("stopped", held=True, reason="evicted: x")}
-    same = {"run_a": RunCondition("run_a", Path("run_a"), hold_reason="evicted: x")}
+    same = {"run_a": RunScan("run_a", Path("run_a"), hold_reason="evicted: x")}
     assert reconcile(same, evicted) == []
     assert reconcile({}, evicted) == [StopOrchestrator("run_a", RUN_DELETED)]
 

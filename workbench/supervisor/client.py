@@ -6,17 +6,21 @@ which the supervisor rewrites atomically after every change, so reading it never
 
     client = SupervisorClient(Path("outputs/reverse_text"))
     if client.is_running():
-        client.evict("run_lr1e-3", reason="diverged")
+        client.restart_run("run_lr1e-3")
     state = client.read_state()          # dict as in docs/contracts.md, or None
+
+`evict_and_tell` is how the CLI and the TUI evict a run: the file, then the supervisor.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from workbench import layout, run_control
 from workbench.clock import unix_time
 from workbench.supervisor import paths
 from workbench.supervisor.lifecycle import LIVE_STATES
@@ -191,8 +195,12 @@ class SupervisorClient:
     def ping(self) -> dict[str, Any]:
         return self._checked("ping")
 
-    def evict(self, run_id: str, reason: str = "evicted by the user") -> dict[str, Any]:
-        return self._checked("evict", run_id=run_id, reason=reason)
+    def evict(
+        self, run_id: str, reason: str = "evicted by the user", by: str = "user"
+    ) -> dict[str, Any]:
+        """Have the supervisor evict the run (writing `evicted.txt` unless it is there)
+        and stop its orchestrator; `evict_and_tell` writes the file first."""
+        return self._checked("evict", run_id=run_id, reason=reason, by=by)
 
     def restart_run(self, run_id: str) -> dict[str, Any]:
         """Clear the run's eviction and start its orchestrator again (it resumes)."""
@@ -209,3 +217,56 @@ class SupervisorClient:
     def stop_all(self) -> dict[str, Any]:
         """Stop every process and the supervisor (returns at once; see wait_until_stopped)."""
         return self._checked("stop_all")
+
+
+# ---------------------------------------------------------------- evicting a run
+
+
+class EvictionListener(Protocol):
+    """Whom `evict_and_tell` tells: a `SupervisorClient`, or what the TUI sends through."""
+
+    def is_running(self) -> bool: ...
+
+    def evict(self, run_id: str, reason: str, by: str) -> dict[str, Any]:
+        """The supervisor's reply; raises SupervisorError when it did not take it."""
+        ...
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """What `evict_and_tell` did: the eviction in force (an earlier one keeps its reason),
+    whether there was one already, whether the supervisor is stopping the run's
+    orchestrator, and why a running supervisor did not take the eviction (if it did not)."""
+
+    eviction: run_control.Eviction
+    already: bool
+    stopping: bool = False
+    not_taken: str | None = None
+
+
+def evict_and_tell(
+    experiment: Path,
+    run_id: str,
+    reason: str,
+    *,
+    by: str,
+    supervisor: EvictionListener | None = None,
+) -> Evicted:
+    """Evict a run from outside the supervisor (the CLI, the TUI): write
+    `control/evicted.txt` (`run_control.evict`; a run evicted already keeps its first
+    eviction), then tell the experiment's supervisor if one runs, which stops the run's
+    orchestrator at once (`Supervisor.evict_run`). The file is the eviction: without a
+    supervisor, or when it does not answer, the trainer still frees the run's slot at its
+    next discovery, the orchestrator exits at its next step, and a supervisor stops it at
+    its next scan of the run directories. Raises FileNotFoundError when the run directory
+    is gone (writing would bring a deleted run back), OSError when the file cannot be
+    written."""
+    eviction, already = run_control.evict(layout.run_dir(experiment, run_id), reason, by)
+    supervisor = supervisor if supervisor is not None else SupervisorClient(experiment)
+    if not supervisor.is_running():
+        return Evicted(eviction, already)
+    try:
+        reply = supervisor.evict(run_id, reason, by)
+    except SupervisorError as err:
+        return Evicted(eviction, already, not_taken=str(err))
+    return Evicted(eviction, already, stopping=bool(reply.get("stopped")))

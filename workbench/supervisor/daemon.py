@@ -47,8 +47,8 @@ from workbench.supervisor.discovery import (
     RUN_DELETED,
     OrchConfigValidator,
     OrchestratorView,
-    RunCondition,
     RunDirectoryWatcher,
+    RunScan,
     StartOrchestrator,
     StopOrchestrator,
     reconcile,
@@ -61,7 +61,16 @@ from workbench.supervisor.launch import (
     already_running_message,
     kill_leftovers,
 )
-from workbench.supervisor.lifecycle import TERMINAL_STATES, UP_STATES, Event, ExitFacts
+from workbench.supervisor.lifecycle import (
+    COMING_UP_STATES,
+    SHUTDOWN_STATUSES,
+    TERMINAL_STATES,
+    UP_STATES,
+    Event,
+    ExitFacts,
+    ProcessState,
+    SupervisorStatus,
+)
 from workbench.supervisor.plan import DEFAULT_PLAN, Plan, PlanError, load_plan_factory
 from workbench.supervisor.process import (
     ExitRecord,
@@ -139,7 +148,7 @@ class Supervisor:
         self.exit_when_done = exit_when_done
         self.tick_s = tick_s
         self.rescan_s = rescan_s
-        self.status = "starting"
+        self.status = SupervisorStatus.STARTING
         self.started_at = now_iso()
         self.processes: dict[str, SupervisedProcess] = {}
         for spec in plan.processes:
@@ -152,7 +161,7 @@ class Supervisor:
         self._discovery_due = True
         self._next_rescan = 0.0
         self._validator = OrchConfigValidator()
-        self._conditions: dict[str, RunCondition] = {}
+        self._scans: dict[str, RunScan] = {}
         self._stop_reason: str | None = None
         self._shutdown_stages: list[list[str]] = []
         self._last_state: str | None = None
@@ -179,14 +188,14 @@ class Supervisor:
         self.tracking = start_forwarding(self.experiment, self.plan.tracking)
         log.info("supervising %s (pid %d)", self.experiment, os.getpid())
         try:
-            while self.status != "stopped":
+            while self.status != SupervisorStatus.STOPPED:
                 try:
                     self.tick()
                 except Exception as err:
                     # A fault here (disk full, a bug) must not take training down with it:
                     # the children keep running and the next tick tries again.
                     self._log_fault(err)
-                if self.status == "stopped":
+                if self.status == SupervisorStatus.STOPPED:
                     break
                 self._wake.wait(self.tick_s)
                 self._wake.clear()
@@ -207,21 +216,21 @@ class Supervisor:
     def tick(self) -> None:
         now = time.monotonic()
         self._serve_requests(now)
-        if self._stop_reason is not None and self.status not in ("stopping", "stopped"):
+        if self._stop_reason is not None and self.status not in SHUTDOWN_STATUSES:
             self._begin_shutdown()
         for proc in list(self.processes.values()):
             self._poll(proc, now)
-        if self.status == "stopping":
+        if self.status == SupervisorStatus.STOPPING:
             self._advance_shutdown(now)
         else:
             if self._discovery_due or now >= self._next_rescan:
                 self._discover(now)
             self._stop_early(now)
             self._start_due(now)
-            if self.status == "starting" and all(
-                self.processes[name].state not in ("waiting", "starting") for name in self._fixed
+            if self.status == SupervisorStatus.STARTING and all(
+                self.processes[name].state not in COMING_UP_STATES for name in self._fixed
             ):
-                self.status = "running"
+                self.status = SupervisorStatus.RUNNING
             if self.exit_when_done:
                 self._stop_when_done()
         self._publish_state()
@@ -264,7 +273,9 @@ class Supervisor:
             proc.handle(Event.READY_TIMEOUT, now, f"not ready after {timeout:g}s")
 
     def _on_exit(self, proc: SupervisedProcess, record: ExitRecord, now: float) -> None:
-        facts = self._exit_facts(proc, record, shutting_down=self.status == "stopping")
+        facts = self._exit_facts(
+            proc, record, shutting_down=self.status == SupervisorStatus.STOPPING
+        )
         log.info("%s: %s after %.1fs", proc.name, record.describe(), facts.uptime_s)
         if proc.spec.run_id is not None:
             self._discovery_due = True  # a run ended: its directory may say why
@@ -278,15 +289,15 @@ class Supervisor:
         self, proc: SupervisedProcess, record: ExitRecord, *, shutting_down: bool
     ) -> ExitFacts:
         # A shutdown decides the exit alone; the run directory need not be read.
-        condition = None if shutting_down else self._run_condition(proc)
+        scan = None if shutting_down else self._run_scan(proc)
         return ExitFacts(
             description=record.describe(),
             clean=record.ok,
             code=record.code,
             uptime_s=_seconds_between(proc.started_at, record.time),
             shutting_down=shutting_down,
-            run_hold=condition.hold_reason if condition else None,
-            run_finished=condition.finished if condition else False,
+            run_hold=scan.hold_reason if scan else None,
+            run_finished=scan.finished if scan else False,
         )
 
     def _start_due(self, now: float) -> None:
@@ -317,13 +328,13 @@ class Supervisor:
         assert proc.spec.run_id is not None
         return layout.run_dir(self.experiment, proc.spec.run_id)
 
-    def _run_condition(self, proc: SupervisedProcess) -> RunCondition | None:
+    def _run_scan(self, proc: SupervisedProcess) -> RunScan | None:
         """What the run directory of an orchestrator says; None for other processes."""
         if proc.spec.run_id is None:
             return None
         run = self._run_path(proc)
         if not run.is_dir():
-            return RunCondition(proc.spec.run_id, run, hold_reason=RUN_DELETED)
+            return RunScan(proc.spec.run_id, run, hold_reason=RUN_DELETED)
         return scan_run(run, self._validator)
 
     def _discover(self, now: float) -> None:
@@ -331,13 +342,13 @@ class Supervisor:
         self._next_rescan = now + self.rescan_s
         if self.watcher is not None:
             self.watcher.sync()
-        self._conditions = scan_runs(self.experiment, self._validator)
+        self._scans = scan_runs(self.experiment, self._validator)
         views = {
             proc.spec.run_id: OrchestratorView(proc.state, proc.held, proc.reason)
             for proc in self.processes.values()
             if proc.spec.run_id is not None
         }
-        for action in reconcile(self._conditions, views):
+        for action in reconcile(self._scans, views):
             if isinstance(action, StartOrchestrator):
                 self._start_orchestrator(action.run_id, action.path, now)
             elif isinstance(action, StopOrchestrator):
@@ -383,14 +394,16 @@ class Supervisor:
             self._log_fault(err)
 
     def _stop_when_done(self) -> None:
-        fixed_failed = [name for name in self._fixed if self.processes[name].state == "failed"]
+        fixed_failed = [
+            name for name in self._fixed if self.processes[name].state == ProcessState.FAILED
+        ]
         if fixed_failed:
             self.request_stop(f"giving up: {', '.join(fixed_failed)} failed")
             return
-        for run_id, condition in self._conditions.items():
+        for run_id, scan in self._scans.items():
             proc = self.processes.get(run_id)
             if proc is None:
-                if condition.runnable:
+                if scan.runnable:
                     return  # discovered, not started yet
                 continue
             if proc.state not in TERMINAL_STATES:
@@ -426,7 +439,7 @@ class Supervisor:
         if command == "stop_all":
             self.request_stop("stop_all requested")
             return {"ok": True, "pid": os.getpid()}
-        if self.status in ("stopping", "stopped"):
+        if self.status in SHUTDOWN_STATUSES:
             raise ControlError("the supervisor is stopping; start it again with `workbench up`")
         log.info("control: %s", json.dumps(request))
         if command == "evict":
@@ -454,8 +467,10 @@ class Supervisor:
         return {"ok": True, "run_id": run_id, "already_evicted": already, "stopped": stopping}
 
     def evict_run(self, run_id: str, reason: str, *, by: str, now: float) -> tuple[bool, bool]:
-        """The one eviction path: write `evicted.txt` (unless there is one) and stop the
-        run's orchestrator; the trainer frees its slot at its next discovery. Returns
+        """How the supervisor evicts, for early stopping and for the `evict` request (which
+        the CLI and the TUI send through `client.evict_and_tell` once they have written
+        the file): write `evicted.txt` (`run_control.evict`, unless there is one) and stop
+        the run's orchestrator; the trainer frees its slot at its next discovery. Returns
         (already evicted, an orchestrator was stopping)."""
         eviction, already = run_control.evict(layout.run_dir(self.experiment, run_id), reason, by)
         if not already:
@@ -470,10 +485,10 @@ class Supervisor:
     def _restart_run(self, raw_id: str, now: float) -> dict[str, Any]:
         run_id, run = self._existing_run(raw_id)
         cleared = run_control.clear_eviction(run)
-        condition = scan_run(run, self._validator)
-        if condition.hold_reason is not None:
+        scan = scan_run(run, self._validator)
+        if scan.hold_reason is not None:
             raise ControlError(
-                f"{run_id} cannot run: {condition.hold_reason}; fix {layout.orch_config_path(run)}"
+                f"{run_id} cannot run: {scan.hold_reason}; fix {layout.orch_config_path(run)}"
             )
         proc = self.processes.get(run_id)
         if proc is None:
@@ -488,10 +503,10 @@ class Supervisor:
         if proc is None:
             known = ", ".join(self.processes) or "none"
             raise ControlError(f"no process {name!r} (processes: {known})")
-        condition = self._run_condition(proc)
-        if condition is not None and condition.hold_reason is not None:
+        scan = self._run_scan(proc)
+        if scan is not None and scan.hold_reason is not None:
             raise ControlError(
-                f"{proc.name} cannot run: {condition.hold_reason}; to clear an eviction use "
+                f"{proc.name} cannot run: {scan.hold_reason}; to clear an eviction use "
                 f"`workbench restart {proc.name}` (restart_run)"
             )
         self._restart(proc, now, "requested")
@@ -511,7 +526,7 @@ class Supervisor:
 
     def _begin_shutdown(self) -> None:
         log.info("stopping: %s", self._stop_reason)
-        self.status = "stopping"
+        self.status = SupervisorStatus.STOPPING
         orchestrators = [n for n, p in self.processes.items() if p.spec.run_id is not None]
         others = [n for n, p in self.processes.items() if p.spec.run_id is None]
         self._shutdown_stages = [orchestrators, *([name] for name in reversed(others))]
@@ -526,7 +541,7 @@ class Supervisor:
             if any(self.processes[name].has_os_process for name in stage):
                 return
             self._shutdown_stages.pop(0)
-        self.status = "stopped"
+        self.status = SupervisorStatus.STOPPED
 
     def _emergency_stop(self) -> None:
         for proc in self.processes.values():
@@ -541,7 +556,7 @@ class Supervisor:
                 if record is not None:
                     proc.exited(self._exit_facts(proc, record, shutting_down=True), now)
             time.sleep(0.05)
-        self.status = "stopped"
+        self.status = SupervisorStatus.STOPPED
 
     # -------------------------------------------------------------- state.json
 
@@ -561,7 +576,7 @@ class Supervisor:
 
     def _startup_phase(self) -> dict[str, Any] | None:
         """What startup is doing (`workbench.supervisor.startup`); None once stopping."""
-        if self.status not in ("starting", "running"):
+        if self.status in SHUTDOWN_STATUSES:
             return None
         facts = [
             ProcessFacts(
@@ -637,12 +652,16 @@ def run_daemon(experiment: Path, *, plan: str = DEFAULT_PLAN, exit_when_done: bo
             )
         except (PlanError, ConfigError) as err:
             log.error("cannot start: %s", err)
-            write_state(experiment, {**base_state, "status": "stopped", "error": str(err)})
+            write_state(
+                experiment, {**base_state, "status": SupervisorStatus.STOPPED, "error": str(err)}
+            )
             return EXIT_PLAN_FAILED
         except Exception as err:
             log.exception("cannot start: the plan %s failed", plan)
             message = f"the plan {plan} failed: {type(err).__name__}: {err}"
-            write_state(experiment, {**base_state, "status": "stopped", "error": message})
+            write_state(
+                experiment, {**base_state, "status": SupervisorStatus.STOPPED, "error": message}
+            )
             return EXIT_PLAN_FAILED
         _install_signal_handlers(supervisor)
         return supervisor.run()

@@ -2,10 +2,12 @@
 
 Three layers, so the decisions are tested without processes:
 
-- `scan_runs(experiment)`: what each `run_*` directory says about itself (`RunCondition`):
-  runnable, finished, or held back with a reason (evicted, rejected by the trainer, an
-  invalid or missing `control/orch.toml`).
-- `reconcile(conditions, orchestrators)`: the actions (start, stop) that bring the running
+- `scan_runs(experiment)`: what each `run_*` directory says about its orchestrator
+  (`RunScan`): runnable, finished, or held back with a reason. Evicted, rejected and
+  finished are the run's condition (`run_control.run_condition`, which the trainer and
+  `workbench status` read too); an open run is held back while its `control/orch.toml` is
+  invalid or missing.
+- `reconcile(scans, orchestrators)`: the actions (start, stop) that bring the running
   orchestrators in line with the directories. A run that is deleted, evicted or rejected
   has its orchestrator stopped; once the condition clears (the directory comes back, the
   eviction is lifted) it is started again and resumes from its checkpoint.
@@ -42,7 +44,8 @@ from watchdog.observers.api import ObservedWatch
 
 from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
-from workbench.supervisor.lifecycle import TERMINAL_STATES
+from workbench.run_control import Condition
+from workbench.supervisor.lifecycle import TERMINAL_STATES, ProcessState
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ RUN_DELETED = "run directory deleted"
 
 
 @dataclass(frozen=True)
-class RunCondition:
+class RunScan:
     """What one run directory says about whether its orchestrator may run."""
 
     run_id: str
@@ -102,24 +105,20 @@ class OrchConfigValidator:
         return problem
 
 
-def scan_run(run: Path, validator: OrchConfigValidator | None = None) -> RunCondition:
-    """The condition of one run directory; eviction wins over rejection over the rest."""
-    validator = validator or OrchConfigValidator()
-    eviction = run_control.read_eviction(run)
-    if eviction is not None:
-        return RunCondition(run.name, run, hold_reason=f"evicted: {eviction.reason}")
-    rejection = run_control.read_validation_error(run)
-    if rejection is not None:
-        return RunCondition(run.name, run, hold_reason=f"rejected: {rejection}")
-    problem = validator.problem(layout.orch_config_path(run))
-    if problem is not None:
-        return RunCondition(run.name, run, hold_reason=problem)
-    return RunCondition(run.name, run, finished=run_control.is_finished(run))
+def scan_run(run: Path, validator: OrchConfigValidator | None = None) -> RunScan:
+    """One run directory, by its condition: evicted or rejected holds it (a rejection until
+    the trainer clears it, even for an orch.toml edited since); finished is left to end;
+    an open run is held while its orch.toml is invalid or missing, else runnable."""
+    condition = run_control.run_condition(run)
+    if condition.kind in (Condition.EVICTED, Condition.REJECTED):
+        return RunScan(run.name, run, hold_reason=f"{condition.kind}: {condition.reason}")
+    if condition.kind is Condition.FINISHED:
+        return RunScan(run.name, run, finished=True)
+    problem = (validator or OrchConfigValidator()).problem(layout.orch_config_path(run))
+    return RunScan(run.name, run, hold_reason=problem)
 
 
-def scan_runs(
-    experiment: Path, validator: OrchConfigValidator | None = None
-) -> dict[str, RunCondition]:
+def scan_runs(experiment: Path, validator: OrchConfigValidator | None = None) -> dict[str, RunScan]:
     validator = validator or OrchConfigValidator()
     return {run.name: scan_run(run, validator) for run in layout.list_run_dirs(experiment)}
 
@@ -131,7 +130,7 @@ def scan_runs(
 class OrchestratorView:
     """What `reconcile` needs to know about an orchestrator the supervisor already has."""
 
-    state: str
+    state: ProcessState
     held: bool = False
     reason: str | None = None
 
@@ -154,7 +153,7 @@ ReconcileAction = StartOrchestrator | StopOrchestrator
 
 
 def reconcile(
-    conditions: dict[str, RunCondition], orchestrators: dict[str, OrchestratorView]
+    scans: dict[str, RunScan], orchestrators: dict[str, OrchestratorView]
 ) -> list[ReconcileAction]:
     """The starts and stops that make the orchestrators match the run directories.
 
@@ -163,21 +162,21 @@ def reconcile(
     exit by itself.
     """
     actions: list[ReconcileAction] = []
-    for run_id in sorted(set(conditions) | set(orchestrators)):
-        condition = conditions.get(run_id)
+    for run_id in sorted(set(scans) | set(orchestrators)):
+        scan = scans.get(run_id)
         view = orchestrators.get(run_id)
-        hold = RUN_DELETED if condition is None else condition.hold_reason
+        hold = RUN_DELETED if scan is None else scan.hold_reason
         if hold is not None:
             if view is not None and (
                 view.state not in TERMINAL_STATES or (view.held and view.reason != hold)
             ):
                 actions.append(StopOrchestrator(run_id, hold))
             continue
-        assert condition is not None
-        if condition.finished:
+        assert scan is not None
+        if scan.finished:
             continue
-        if view is None or (view.state == "stopped" and view.held):
-            actions.append(StartOrchestrator(run_id, condition.path))
+        if view is None or (view.state == ProcessState.STOPPED and view.held):
+            actions.append(StartOrchestrator(run_id, scan.path))
     return actions
 
 

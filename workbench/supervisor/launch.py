@@ -30,6 +30,7 @@ from workbench.supervisor.client import (
     read_state,
     running_supervisor_pid,
 )
+from workbench.supervisor.lifecycle import SupervisorStatus
 from workbench.supervisor.process import (
     family_members,
     process_cmdline,
@@ -107,7 +108,7 @@ def start_daemon(
             raise SupervisorStartError(
                 _start_failure(experiment, code, state if ours else None, log_path)
             )
-        if ours and state is not None and state.get("status") != "stopped":
+        if ours and state is not None and state.get("status") != SupervisorStatus.STOPPED:
             return StartedSupervisor(process.pid, process)
         if time.monotonic() >= deadline:
             process.terminate()

@@ -5,6 +5,9 @@ row of `TRANSITIONS` for (state, event), moves to the row's state, does the row'
 bookkeeping and returns the actions its owner carries out on the OS process. Every state
 has a row for every event, a move or a refusal; a refused pair raises `Refused`.
 
+The states are named here (`ProcessState`), and so is the supervisor's own status
+(`SupervisorStatus`); their values are the words state.json holds.
+
 An exit is one of six events, which `Lifecycle.exited(facts, now)` picks in this order:
 the stop was asked for a restart (exit_restart); the supervisor is shutting down or asked
 for the stop (exit_stopped); the run holds its orchestrator: evicted, deleted, rejected
@@ -70,27 +73,49 @@ from pathlib import Path
 
 from workbench.supervisor.policy import RestartPolicy
 
-PROCESS_STATES = (
-    "waiting",  # not started yet: waiting for a process it needs to be ready
-    "starting",  # spawned; its readiness check has not passed yet
-    "ready",  # spawned and its readiness check passed
-    "running",  # spawned; it has no readiness check
-    "backoff",  # exited with a failure; restarts when its backoff delay ends
-    "stopping",  # SIGTERM sent to its group; SIGKILL follows after the stop timeout
-    "exited",  # exited by itself and will not be restarted (a clean exit: done)
-    "failed",  # gave up: restarts exhausted, or it could not be started at all
-    "stopped",  # stopped by the supervisor (down, eviction, deleted run, ...)
-)
+
+class ProcessState(StrEnum):
+    """The state of one supervised process; its value is what state.json says."""
+
+    WAITING = "waiting"  # not started yet: waiting for a process it needs to be ready
+    STARTING = "starting"  # spawned; its readiness check has not passed yet
+    READY = "ready"  # spawned and its readiness check passed
+    RUNNING = "running"  # spawned; it has no readiness check
+    BACKOFF = "backoff"  # exited with a failure; restarts when its backoff delay ends
+    STOPPING = "stopping"  # SIGTERM sent to its group; SIGKILL follows after the stop timeout
+    EXITED = "exited"  # exited by itself and will not be restarted (a clean exit: done)
+    FAILED = "failed"  # gave up: restarts exhausted, or it could not be started at all
+    STOPPED = "stopped"  # stopped by the supervisor (down, eviction, deleted run, ...)
+
+
+PROCESS_STATES = tuple(ProcessState)
 # Spawned and not asked to stop.
-STARTED_STATES = frozenset({"starting", "ready", "running"})
+STARTED_STATES = frozenset({ProcessState.STARTING, ProcessState.READY, ProcessState.RUNNING})
 # An OS process exists: it has a pid and an uptime.
-LIVE_STATES = STARTED_STATES | {"stopping"}
+LIVE_STATES = STARTED_STATES | {ProcessState.STOPPING}
 # Usable by the processes that wait for it.
-UP_STATES = frozenset({"ready", "running"})
+UP_STATES = frozenset({ProcessState.READY, ProcessState.RUNNING})
 # Down, and nothing starts it again but a new start (discovery, `workbench restart`).
-TERMINAL_STATES = frozenset({"exited", "failed", "stopped"})
+TERMINAL_STATES = frozenset({ProcessState.EXITED, ProcessState.FAILED, ProcessState.STOPPED})
 # Down, and started again once due.
-WAITING_STATES = ("waiting", "backoff")
+WAITING_STATES = (ProcessState.WAITING, ProcessState.BACKOFF)
+# Not up yet, on its way to be: what the supervisor waits out before it is running.
+COMING_UP_STATES = frozenset({ProcessState.WAITING, ProcessState.STARTING})
+
+
+class SupervisorStatus(StrEnum):
+    """The supervisor's own status (state.json's `status`): starting until every process
+    of the plan has come up or given up, running, then stopping (orchestrators first, then
+    the plan's processes in reverse) and stopped."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+# The supervisor stops, or is stopping: it takes no more requests.
+SHUTDOWN_STATUSES = frozenset({SupervisorStatus.STOPPING, SupervisorStatus.STOPPED})
 
 
 class Event(StrEnum):
@@ -131,8 +156,8 @@ class Move:
     """In `states`, `event` leads to `target` (SAME: stays) and the row's `actions`."""
 
     event: Event
-    states: tuple[str, ...]
-    target: str | None
+    states: tuple[ProcessState, ...]
+    target: ProcessState | None
     actions: tuple[str, ...] = ()
 
 
@@ -141,7 +166,7 @@ class Refusal:
     """In `states`, `event` cannot happen; `why` says what can."""
 
     event: Event
-    states: tuple[str, ...]
+    states: tuple[ProcessState, ...]
     why: str
 
 
@@ -149,12 +174,14 @@ class Refused(Exception):
     """An event the table refuses in the process's current state."""
 
 
-_STARTED = ("starting", "ready", "running")
-_LIVE = (*_STARTED, "stopping")
-_ENDED = ("exited", "failed", "stopped")
+_STARTED = (ProcessState.STARTING, ProcessState.READY, ProcessState.RUNNING)
+_LIVE = (*_STARTED, ProcessState.STOPPING)
+_ENDED = (ProcessState.EXITED, ProcessState.FAILED, ProcessState.STOPPED)
+_STARTING = (ProcessState.STARTING,)
+_STOPPING = (ProcessState.STOPPING,)
 
 
-def _rest(*taken: tuple[str, ...]) -> tuple[str, ...]:
+def _rest(*taken: tuple[ProcessState, ...]) -> tuple[ProcessState, ...]:
     used = {state for states in taken for state in states}
     return tuple(state for state in PROCESS_STATES if state not in used)
 
@@ -164,54 +191,52 @@ _ONLY_STARTING = "only a starting process awaits its readiness check"
 _NO_PROCESS = "no OS process runs to exit"
 
 TRANSITIONS: tuple[Move | Refusal, ...] = (
-    Move(Event.START, WAITING_STATES, "waiting", (RELEASE, FRESH_BUDGET)),
-    Move(Event.START, _ENDED, "waiting", (RELEASE, FRESH_BUDGET)),
-    Move(Event.START, _STARTED, "stopping", (RELEASE, TERMINATE, THEN_START)),
-    Move(Event.START, ("stopping",), "stopping", (RELEASE, THEN_START)),
-    Move(Event.SPAWNED, WAITING_STATES, "starting"),
+    Move(Event.START, WAITING_STATES, ProcessState.WAITING, (RELEASE, FRESH_BUDGET)),
+    Move(Event.START, _ENDED, ProcessState.WAITING, (RELEASE, FRESH_BUDGET)),
+    Move(Event.START, _STARTED, ProcessState.STOPPING, (RELEASE, TERMINATE, THEN_START)),
+    Move(Event.START, _STOPPING, ProcessState.STOPPING, (RELEASE, THEN_START)),
+    Move(Event.SPAWNED, WAITING_STATES, ProcessState.STARTING),
     Refusal(Event.SPAWNED, _rest(WAITING_STATES), _ONLY_WAITING),
-    Move(Event.SPAWNED_UNCHECKED, WAITING_STATES, "running"),
+    Move(Event.SPAWNED_UNCHECKED, WAITING_STATES, ProcessState.RUNNING),
     Refusal(Event.SPAWNED_UNCHECKED, _rest(WAITING_STATES), _ONLY_WAITING),
-    Move(Event.SPAWN_FAILED, WAITING_STATES, "failed"),
+    Move(Event.SPAWN_FAILED, WAITING_STATES, ProcessState.FAILED),
     Refusal(Event.SPAWN_FAILED, _rest(WAITING_STATES), _ONLY_WAITING),
-    Move(Event.BLOCKED, ("waiting",), "waiting"),
+    Move(Event.BLOCKED, (ProcessState.WAITING,), ProcessState.WAITING),
     # A process in backoff keeps saying why it failed and when it restarts.
-    Move(Event.BLOCKED, ("backoff",), "backoff", (KEEP_REASON,)),
+    Move(Event.BLOCKED, (ProcessState.BACKOFF,), ProcessState.BACKOFF, (KEEP_REASON,)),
     Refusal(
         Event.BLOCKED, _rest(WAITING_STATES), "only a process waiting to start waits for others"
     ),
-    Move(Event.READY, ("starting",), "ready", (KEEP_REASON,)),
-    Refusal(Event.READY, _rest(("starting",)), _ONLY_STARTING),
-    Move(Event.READY_TIMEOUT, ("starting",), "stopping", (RELEASE, TERMINATE, THEN_FAIL)),
-    Refusal(Event.READY_TIMEOUT, _rest(("starting",)), _ONLY_STARTING),
-    Move(Event.STOP, _STARTED, "stopping", (RELEASE, TERMINATE, THEN_STOP)),
+    Move(Event.READY, _STARTING, ProcessState.READY, (KEEP_REASON,)),
+    Refusal(Event.READY, _rest(_STARTING), _ONLY_STARTING),
+    Move(Event.READY_TIMEOUT, _STARTING, ProcessState.STOPPING, (RELEASE, TERMINATE, THEN_FAIL)),
+    Refusal(Event.READY_TIMEOUT, _rest(_STARTING), _ONLY_STARTING),
+    Move(Event.STOP, _STARTED, ProcessState.STOPPING, (RELEASE, TERMINATE, THEN_STOP)),
     # Already on its way down: a stop for a restart still restarts (and is stopped then).
-    Move(Event.STOP, ("stopping",), "stopping", (KEEP_REASON,)),
-    Move(Event.STOP, WAITING_STATES, "stopped", (RELEASE,)),
+    Move(Event.STOP, _STOPPING, ProcessState.STOPPING, (KEEP_REASON,)),
+    Move(Event.STOP, WAITING_STATES, ProcessState.STOPPED, (RELEASE,)),
     Move(Event.STOP, _ENDED, SAME, (KEEP_REASON,)),
-    Move(Event.HOLD, _STARTED, "stopping", (HOLD, TERMINATE, THEN_STOP)),
-    Move(Event.HOLD, ("stopping",), "stopping", (HOLD, THEN_STOP)),
-    Move(Event.HOLD, WAITING_STATES, "stopped", (HOLD,)),
+    Move(Event.HOLD, _STARTED, ProcessState.STOPPING, (HOLD, TERMINATE, THEN_STOP)),
+    Move(Event.HOLD, _STOPPING, ProcessState.STOPPING, (HOLD, THEN_STOP)),
+    Move(Event.HOLD, WAITING_STATES, ProcessState.STOPPED, (HOLD,)),
     # It stays as it ended; only a held `stopped` process is started again by discovery.
     Move(Event.HOLD, _ENDED, SAME, (HOLD,)),
-    Move(Event.EXIT_RESTART, ("stopping",), "waiting", (FRESH_BUDGET,)),
-    Refusal(
-        Event.EXIT_RESTART, _rest(("stopping",)), "only a stop asked for a restart ends in one"
-    ),
-    Move(Event.EXIT_STOPPED, _LIVE, "stopped", (KEEP_REASON,)),
+    Move(Event.EXIT_RESTART, _STOPPING, ProcessState.WAITING, (FRESH_BUDGET,)),
+    Refusal(Event.EXIT_RESTART, _rest(_STOPPING), "only a stop asked for a restart ends in one"),
+    Move(Event.EXIT_STOPPED, _LIVE, ProcessState.STOPPED, (KEEP_REASON,)),
     Refusal(Event.EXIT_STOPPED, _rest(_LIVE), _NO_PROCESS),
-    Move(Event.EXIT_HELD, _LIVE, "stopped", (HOLD,)),
+    Move(Event.EXIT_HELD, _LIVE, ProcessState.STOPPED, (HOLD,)),
     Refusal(Event.EXIT_HELD, _rest(_LIVE), _NO_PROCESS),
-    Move(Event.EXIT_DONE, _LIVE, "exited"),
+    Move(Event.EXIT_DONE, _LIVE, ProcessState.EXITED),
     Refusal(Event.EXIT_DONE, _rest(_LIVE), _NO_PROCESS),
-    Move(Event.EXIT_FAILED, _LIVE, "failed"),
+    Move(Event.EXIT_FAILED, _LIVE, ProcessState.FAILED),
     Refusal(Event.EXIT_FAILED, _rest(_LIVE), _NO_PROCESS),
-    Move(Event.EXIT_BACKOFF, _LIVE, "backoff", (BACKOFF,)),
+    Move(Event.EXIT_BACKOFF, _LIVE, ProcessState.BACKOFF, (BACKOFF,)),
     Refusal(Event.EXIT_BACKOFF, _rest(_LIVE), _NO_PROCESS),
 )
 
 
-def reaction(state: str, event: Event) -> Move | Refusal:
+def reaction(state: ProcessState, event: Event) -> Move | Refusal:
     """The row of `TRANSITIONS` for `event` in `state`."""
     for row in TRANSITIONS:
         if row.event == event and state in row.states:
@@ -262,7 +287,7 @@ class Lifecycle:
     def __init__(self, policy: RestartPolicy, log_path: Path):
         self.policy = policy
         self.log_path = log_path
-        self.state = "waiting"
+        self.state = ProcessState.WAITING
         self.reason: str | None = None
         self.held = False
         self.consecutive_failures = 0

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from workbench.clock import now_iso
 from workbench.file_tail import last_lines
-from workbench.supervisor.lifecycle import TERMINATE, Event, ExitFacts, Lifecycle
+from workbench.supervisor.lifecycle import TERMINATE, Event, ExitFacts, Lifecycle, ProcessState
 from workbench.supervisor.policy import RestartPolicy
 
 LAST_LINES = 20
@@ -199,7 +199,7 @@ class SupervisedProcess:
         return self.spec.name
 
     @property
-    def state(self) -> str:
+    def state(self) -> ProcessState:
         return self.lifecycle.state
 
     @property
@@ -276,7 +276,7 @@ class SupervisedProcess:
 
     def check_ready(self, now: float) -> bool:
         """True when this call saw the readiness check pass (the `ready` event)."""
-        if self.state != "starting" or self.spec.readiness is None:
+        if self.state != ProcessState.STARTING or self.spec.readiness is None:
             return False
         if now < self._next_ready_check:
             return False
@@ -288,7 +288,8 @@ class SupervisedProcess:
 
     def ready_overdue(self, now: float) -> bool:
         return (
-            self.state == "starting" and now - self._started_monotonic > self.spec.ready_timeout_s
+            self.state == ProcessState.STARTING
+            and now - self._started_monotonic > self.spec.ready_timeout_s
         )
 
     # -------------------------------------------------------------- exit and stop

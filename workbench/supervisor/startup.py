@@ -29,7 +29,7 @@ from typing import Any
 from workbench.clock import format_elapsed, now_iso, unix_time
 from workbench.file_tail import last_lines
 from workbench.models.build_progress import BuildProgress, read_build_progress
-from workbench.supervisor.lifecycle import UP_STATES
+from workbench.supervisor.lifecycle import UP_STATES, ProcessState
 from workbench.supervisor.process import process_is_alive
 
 BUILDING = "building model"
@@ -128,7 +128,7 @@ class ProcessFacts:
     """What the phase needs to know of one fixed process."""
 
     name: str
-    state: str
+    state: ProcessState
     started_at: str | None
     reason: str | None
     log_path: Path
@@ -158,9 +158,9 @@ def phase_of(
     for proc in processes:
         if proc.state in UP_STATES:
             continue
-        if proc.state == "failed":
+        if proc.state == ProcessState.FAILED:
             return StartupPhase(FAILED, process=proc.name, detail=proc.reason)
-        spawned = proc.state == "starting"
+        spawned = proc.state == ProcessState.STARTING
         return StartupPhase(
             STARTING,
             since=proc.started_at if spawned else proc.ended_at,

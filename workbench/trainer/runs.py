@@ -2,12 +2,14 @@
 
 Names and behaviour follow the multi-run manager of prime-rl's trainer (`MultiRunManager`):
 
-- the master rank scans the experiment directory (`discover_runs`): deleted, evicted and
-  rejected runs are forgotten (a run's orchestrator rejects its config when the
-  environment cannot be built), new `run_*` directories with a valid `control/orch.toml`
-  get a free slot, invalid ones get `control/config_validation_error.txt`; a rejected run
-  is looked at again once its `orch.toml` changes; when every slot is used new runs wait,
-  without error, until one frees;
+- the master rank scans the experiment directory (`discover_runs`): deleted, evicted,
+  finished and rejected runs are forgotten (a run's orchestrator rejects its config when
+  the environment cannot be built), new `run_*` directories with a valid
+  `control/orch.toml` get a free slot, invalid ones get
+  `control/config_validation_error.txt`; a rejected run is looked at again once its
+  `orch.toml` changes (the run's condition, `run_control.run_condition`, says which runs
+  are open to the trainer); when every slot is used new runs wait, without error, until
+  one frees;
 - every rank then calls `synchronize_state`, which copies the master's view through the
   torch distributed store and runs deletion hooks before creation hooks, in registration
   order, on all ranks together;
@@ -167,25 +169,23 @@ class MultiRunManager:
     # ------------------------------------------------------------------ discovery (master)
 
     def discover_runs(self) -> None:
-        """Master only: forget deleted, evicted or rejected runs, admit new valid ones into
-        free slots."""
+        """Master only: forget deleted, evicted, finished or rejected runs, admit new valid
+        ones into free slots."""
         if not self.is_master:
             raise RuntimeError(
                 "discover_runs() runs on the master rank only; other ranks call synchronize_state()"
             )
-        # Evicted runs leave; so do finished ones (their orchestrator writes finished.txt
-        # after the trainer's last adapter), freeing the slot for a waiting run.
+        # Evicted and rejected runs leave; so do finished ones (their orchestrator writes
+        # finished.txt after the trainer's last adapter), freeing the slot for a waiting
+        # run. A rejection of an orch.toml edited since keeps a run that has a slot, and
+        # has one that waits looked at again.
         present = {
             path.name: path
             for path in layout.list_run_dirs(self.output_dir)
-            if not layout.evicted_path(path).exists() and not layout.finished_path(path).exists()
+            if run_control.run_condition(path).open_to_trainer
         }
         for idx, run_id in sorted(self.idx_2_id.items()):
-            if (
-                run_id not in present
-                or idx in self._failed_creation
-                or run_control.rejection_stands(present[run_id])
-            ):
+            if run_id not in present or idx in self._failed_creation:
                 self._forget(idx, run_id)
 
         waiting = []
@@ -219,7 +219,7 @@ class MultiRunManager:
         except FileNotFoundError:
             return None
         signature = (stat.st_mtime_ns, stat.st_size)
-        if self._rejected_signature.get(run_id) == signature or run_control.rejection_stands(path):
+        if self._rejected_signature.get(run_id) == signature:
             return None
         error = None
         bad_id = check_run_id(run_id)

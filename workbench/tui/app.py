@@ -6,8 +6,9 @@ Data flow:
   to the app, which sets its reactive `snapshot`; the screens watch it and update only the
   cells that changed. At most one poll runs at a time, so a slow disk delays, never piles up.
 - the log pane tails its file in its own worker (`widgets.log_pane`).
-- screens post requests (`messages`); the app runs the dialog, writes `evicted.txt`, and
-  sends commands to the supervisor in thread workers, reporting outcomes as notifications.
+- screens post requests (`messages`); the app runs the dialog, evicts as the CLI does
+  (`supervisor.client.evict_and_tell`: `evicted.txt`, then the supervisor) and sends
+  commands to the supervisor in thread workers, reporting outcomes as notifications.
 
 Quitting exits the TUI only: the supervisor and its children live in their own session
 and are never signalled from here.
@@ -18,14 +19,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual import on, work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.reactive import var
 
-from workbench import layout, run_control
+from workbench import layout
+from workbench.supervisor.client import SupervisorError, evict_and_tell
 from workbench.tui.commands import CommandOutcome, CommandSender, SupervisorCommands
 from workbench.tui.data import SUPERVISOR_PROCESS, ExperimentReader, ExperimentSnapshot
 from workbench.tui.messages import (
@@ -183,8 +185,8 @@ class WorkbenchApp(App[None]):
     @work(thread=True, group="commands")
     def _evict(self, run_id: str, reason: str) -> None:
         try:
-            eviction, already = run_control.evict(
-                layout.run_dir(self.experiment, run_id), reason, by="tui"
+            evicted = evict_and_tell(
+                self.experiment, run_id, reason, by="tui", supervisor=_Evictions(self.commands)
             )
         except FileNotFoundError:
             self.call_from_thread(self._report, CommandOutcome(False, f"{run_id} is gone"))
@@ -193,11 +195,9 @@ class WorkbenchApp(App[None]):
             outcome = CommandOutcome(False, f"could not evict {run_id}: {err}")
             self.call_from_thread(self._report, outcome)
             return
-        # The file is the eviction; telling a running supervisor only makes it act sooner.
-        if self.commands.is_running():
-            self.commands.send("evict", run_id=run_id, reason=reason, by="tui")
-        said = f"{run_id} was already evicted" if already else f"evicted {run_id}"
-        self.call_from_thread(self._report, CommandOutcome(True, f"{said}: {eviction.reason}"))
+        said = f"{run_id} was already evicted" if evicted.already else f"evicted {run_id}"
+        outcome = CommandOutcome(True, f"{said}: {evicted.eviction.reason}")
+        self.call_from_thread(self._report, outcome)
         self.call_from_thread(self.action_poll_now)
 
     # ------------------------------------------------------------ restart, add, stop
@@ -269,6 +269,22 @@ class WorkbenchApp(App[None]):
 
     def _report(self, outcome: CommandOutcome) -> None:
         self.notify(outcome.message, severity="information" if outcome.ok else "error")
+
+
+class _Evictions:
+    """The TUI's commands as the supervisor `evict_and_tell` tells of an eviction."""
+
+    def __init__(self, commands: CommandSender) -> None:
+        self._commands = commands
+
+    def is_running(self) -> bool:
+        return self._commands.is_running()
+
+    def evict(self, run_id: str, reason: str, by: str) -> dict[str, Any]:
+        outcome = self._commands.send("evict", run_id=run_id, reason=reason, by=by)
+        if not outcome.ok:
+            raise SupervisorError(outcome.message)
+        return {}
 
 
 def run_tui(experiment: Path) -> None:
