@@ -22,15 +22,11 @@ import pytest
 
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
+from workbench.procfs import process_cmdline, process_is_alive
 from workbench.supervisor import standins
 from workbench.supervisor.client import SupervisorClient, read_state
 from workbench.supervisor.launch import StartedSupervisor, start_daemon, stop_experiment
-from workbench.supervisor.process import (
-    family_members,
-    process_cmdline,
-    process_is_alive,
-    signal_family,
-)
+from workbench.supervisor.process import family_members, signal_family
 
 RECIPE = """\
 [experiment]
