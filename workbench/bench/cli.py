@@ -164,9 +164,8 @@ def supervisor(
     """Discovery latency of a new run directory, TUI idle CPU with 8 runs, log throughput.
 
     A real supervisor runs the stand-in plan of the supervisor tests (tiny processes instead
-    of vLLM, trainer and orchestrators), so what is timed is the supervisor and the TUI
-    themselves. Needs a source checkout (the plan lives under tests/). About two minutes;
-    --quick about half a minute.
+    of vLLM, trainer and orchestrators; `workbench/bench/standins.py`), so what is timed is
+    the supervisor and the TUI themselves. About two minutes; --quick about half a minute.
     """
     from workbench.bench.supervisor import SupervisorBenchSettings
 

@@ -3,7 +3,7 @@
 Three measurements, each against the real thing on this machine:
 
 - discovery latency: a real supervisor (daemon, watchdog, state.json) runs the stand-in plan
-  of the supervisor tests (`workbench/supervisor/standins.py`: small Python processes instead of
+  of the supervisor tests (`workbench/bench/standins.py`: small Python processes instead of
   vLLM, torchrun and orchestrators, so the supervisor's own latency is what is timed). A new
   `run_*` directory with a valid `control/orch.toml` appears, either the way `workbench runs
   add` writes it (`write_run`: the directory, then orch.toml atomically) or moved into place
@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
+from workbench.bench import standins
 from workbench.clock import now_iso
 from workbench.procfs import cpu_seconds
-from workbench.supervisor import standins
 from workbench.supervisor.lifecycle import STARTED_STATES
 
 RECIPE = """\

@@ -1,6 +1,6 @@
 """Start one vLLM server for an experiment directory outside the supervisor, and stop it.
 
-For the inference tests and benchmark: the same `python -m workbench.inference` entry and
+For the inference tests and the inference and eval benchmarks: the same `python -m workbench.inference` entry and
 files (`supervisor/inference.toml`, `supervisor/endpoint.json`) the supervisor uses, so what
 they measure is what runs serve.
 """
