@@ -87,23 +87,6 @@ class FileReady:
         return f"{self.path} exists"
 
 
-@dataclass(frozen=True)
-class CallableReady:
-    """Ready when `check()` returns true; an exception counts as not ready yet."""
-
-    check: Callable[[], bool]
-    description: str = "custom readiness check"
-
-    def is_ready(self) -> bool:
-        try:
-            return bool(self.check())
-        except Exception:
-            return False
-
-    def describe(self) -> str:
-        return self.description
-
-
 # ---------------------------------------------------------------- spec and exit record
 
 
