@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_run(experiment: Path, run_id: str, orch_toml: str = "") -> Path:

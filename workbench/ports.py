@@ -1,7 +1,9 @@
-"""Picking TCP ports that stay free until their owner binds them.
+"""Picking TCP ports that stay free until their owner binds them, and checking a chosen one.
 
-Shared by the supervisor's plan (the trainer's rendezvous port, the first inference port)
-and the inference process (a new port when the planned one was taken meanwhile).
+The one port picker of workbench: the supervisor's plan picks the inference port (or checks
+the recipe's), the inference process picks a new one when the planned port was taken
+meanwhile, and the local servers of the benchmarks and tests pick theirs here. The
+trainer's rendezvous store needs none: it binds port 0 itself (`workbench.trainer.launch`).
 """
 
 from __future__ import annotations
@@ -39,10 +41,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(probe.getsockname()[1])
 
 
-def port_is_free(host: str, port: int) -> bool:
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why a server could not bind `host:port` now, or None when it could.
+
+    Probed as vLLM's server binds (SO_REUSEADDR): a port whose last connections linger in
+    TIME_WAIT, as after a restart, counts as free; one something listens on does not.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
-        except OSError:
-            return False
-        return True
+        except OSError as err:
+            return err
+        return None
+
+
+def port_is_free(host: str, port: int) -> bool:
+    return bind_error(host, port) is None

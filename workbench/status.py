@@ -33,8 +33,8 @@ import tomlkit
 from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.file_change import OnFileChange
+from workbench.procfs import process_is_alive
 from workbench.run_control import Condition
-from workbench.supervisor.process import process_is_alive
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import read_asha, read_plan_values
 

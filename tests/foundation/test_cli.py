@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from tests.helpers import make_run
 from workbench import layout, run_control
+from workbench.bench import standins
 from workbench.cli import app
-from workbench.supervisor import standins
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -180,7 +180,7 @@ def test_up_with_an_invalid_recipe_exits_2_naming_file_line_and_key(cli, tmp_pat
 def test_up_creates_the_experiment_with_resolved_recipe_and_run_configs(
     cli, tmp_path: Path, monkeypatch
 ):
-    # Stand-in children (workbench/supervisor/standins.py): this test is about the directory.
+    # Stand-in children (workbench/bench/standins.py): this test is about the directory.
     monkeypatch.setenv("WORKBENCH_SUPERVISOR_PLAN", standins.PLAN_REFERENCE)
     recipe = tmp_path / "r.toml"
     recipe.write_text((REPO / "recipes" / "reverse_text.toml").read_text())

@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.helpers import free_port, make_run
+from tests.helpers import make_run
 from workbench import run_control
+from workbench.bench import standins
 from workbench.cli import app
 from workbench.config import ConfigError
 from workbench.experiment import create_experiment
 from workbench.models.char_tokenizer import build_char_tokenizer, save_char_tokenizer
-from workbench.supervisor import standins
+from workbench.ports import free_port
 from workbench.supervisor.client import running_supervisor_pid
 from workbench.supervisor.control_socket import ControlError, new_run_config
 from workbench.supervisor.launch import PLAN_ENV, stop_experiment

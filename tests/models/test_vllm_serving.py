@@ -23,9 +23,9 @@ import pytest
 import torch
 from peft import PeftModel
 
-from tests.helpers import free_port
 from workbench.envs import get_environment
 from workbench.models import resolve_model
+from workbench.ports import free_port
 from workbench.trainer.sft import SFTConfig, SFTLoraConfig, load_model, train_sft
 
 pytestmark = [

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from tests.helpers import make_run
 from workbench import layout
-from workbench.supervisor.process import process_is_alive
-from workbench.trainer.launch import child_pids
+from workbench.procfs import child_pids, process_is_alive
 
 PARENT = textwrap.dedent(
     """

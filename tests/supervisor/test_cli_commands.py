@@ -21,12 +21,12 @@ from typer.testing import CliRunner
 from tests.helpers import make_run
 from tests.supervisor.conftest import StandinExperiment, wait_for
 from workbench import layout, run_control
+from workbench.bench import standins
 from workbench.cli import app
 from workbench.config import load_orchestrator_config
-from workbench.supervisor import standins
+from workbench.procfs import process_is_alive
 from workbench.supervisor.client import SupervisorError
 from workbench.supervisor.launch import PLAN_ENV
-from workbench.supervisor.process import process_is_alive
 
 
 @pytest.fixture

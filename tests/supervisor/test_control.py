@@ -12,10 +12,10 @@ import pytest
 from tests.supervisor.conftest import StandinExperiment, wait_for
 from workbench import layout, run_control
 from workbench.config import load_orchestrator_config
+from workbench.procfs import process_is_alive
 from workbench.supervisor import paths
 from workbench.supervisor.client import SupervisorClient, SupervisorError, SupervisorUnavailable
 from workbench.supervisor.control_socket import ControlServer
-from workbench.supervisor.process import process_is_alive
 
 
 @pytest.fixture

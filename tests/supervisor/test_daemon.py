@@ -21,10 +21,10 @@ import pytest
 from tests.helpers import make_run
 from tests.supervisor.conftest import FAST_RESTART, StandinExperiment, wait_for
 from workbench import run_control
+from workbench.procfs import process_is_alive
 from workbench.status import run_statuses
 from workbench.supervisor import paths
 from workbench.supervisor.launch import SupervisorStartError, start_daemon
-from workbench.supervisor.process import process_is_alive
 
 
 def test_processes_start_in_order_inference_then_trainer_then_orchestrators(

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from tests.supervisor.conftest import StandinExperiment, wait_for
 from workbench import layout, run_control
+from workbench.bench import standins
 from workbench.cli import app
-from workbench.supervisor import standins
 from workbench.supervisor.launch import PLAN_ENV
 from workbench.sweep.files import read_asha
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from workbench.procfs import process_is_alive
 from workbench.supervisor.client import describe_last_exit
 from workbench.supervisor.lifecycle import Event
 from workbench.supervisor.process import (
@@ -21,7 +22,6 @@ from workbench.supervisor.process import (
     ProcessSpec,
     SupervisedProcess,
     family_members,
-    process_is_alive,
     signal_family,
 )
 

@@ -20,9 +20,9 @@ from tests.trainer_rl.test_multi_process import (
     write_trainer_config,
 )
 from workbench import layout
-from workbench.supervisor.process import process_is_alive
+from workbench.procfs import child_pids, process_is_alive
 from workbench.trainer.checkpoint import remove_killed_writes
-from workbench.trainer.launch import RENDEZVOUS_ARGS, child_pids
+from workbench.trainer.launch import RENDEZVOUS_ARGS
 
 RUNS = ("run_a", "run_b")
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import free_port, make_run, random_batch
+from tests.helpers import make_run, random_batch
 from workbench import layout
 from workbench.config import ModelSection, TrainerConfig, TrainerSection, model_to_toml
+from workbench.ports import free_port
 from workbench.rollouts import write_rollouts
 from workbench.trainer.rl import build_trainer, iterate, load_base_model
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers import free_port, make_run
+from tests.helpers import make_run
 from workbench import layout, run_control
+from workbench.ports import free_port
 from workbench.trainer.runs import MultiRunManager
 
 

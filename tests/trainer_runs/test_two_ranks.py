@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import free_port
+from workbench.ports import free_port
 
 WORKER = Path(__file__).with_name("two_rank_worker.py")
 

@@ -7,8 +7,6 @@ and prints one summary table; each benchmark also writes its own JSON under
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import time
 from collections.abc import Callable
@@ -164,9 +162,8 @@ def supervisor(
     """Discovery latency of a new run directory, TUI idle CPU with 8 runs, log throughput.
 
     A real supervisor runs the stand-in plan of the supervisor tests (tiny processes instead
-    of vLLM, trainer and orchestrators), so what is timed is the supervisor and the TUI
-    themselves. Needs a source checkout (the plan lives under tests/). About two minutes;
-    --quick about half a minute.
+    of vLLM, trainer and orchestrators; `workbench/bench/standins.py`), so what is timed is
+    the supervisor and the TUI themselves. About two minutes; --quick about half a minute.
     """
     from workbench.bench.supervisor import SupervisorBenchSettings
 
@@ -230,31 +227,42 @@ def _supervisor_summary(quick: bool) -> list[SummaryRow]:
     return _rows_of("supervisor", _run_supervisor_benchmark(settings))
 
 
-def _external_summary(name: str, module_name: str, function_name: str) -> Callable:
-    """A benchmark written elsewhere as `function(...) -> {"summary": [...]}`: run it."""
-
-    def run(quick: bool) -> list[SummaryRow]:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise  # the module is there but something it needs is not: a failure
-            raise BenchmarkMissing(f"{module_name} does not exist yet") from err
-        function = getattr(module, function_name, None)
-        if function is None:
-            raise BenchmarkMissing(f"{module_name} has no {function_name}() yet")
-        accepts_quick = "quick" in inspect.signature(function).parameters
-        result = function(quick=quick) if accepts_quick else function()
-        rows = _rows_of(name, result)
-        if result.get("exit_code") not in (None, 0):  # e2e: the experiment itself failed
-            raise BenchmarkFailed(f"exit code {result['exit_code']}", rows)
-        return rows
-
-    return run
+def _checked_rows(name: str, result: dict[str, Any]) -> list[SummaryRow]:
+    """A benchmark's summary rows; a failure if its experiment itself failed (e2e, sweep)."""
+    rows = _rows_of(name, result)
+    if result.get("exit_code") not in (None, 0):
+        raise BenchmarkFailed(f"exit code {result['exit_code']}", rows)
+    return rows
 
 
-class BenchmarkMissing(Exception):
-    """A benchmark that is not written yet: skipped, not failed."""
+def _inference_summary(quick: bool) -> list[SummaryRow]:
+    from workbench.bench.inference import run_inference_benchmark
+
+    return _checked_rows("inference", run_inference_benchmark(quick=quick))
+
+
+def _e2e_summary(quick: bool) -> list[SummaryRow]:
+    from workbench.bench.e2e import run_e2e_benchmark
+
+    return _checked_rows("e2e", run_e2e_benchmark(quick=quick))
+
+
+def _eval_summary(quick: bool) -> list[SummaryRow]:
+    from workbench.bench.evaluation import run_eval_benchmark
+
+    return _checked_rows("eval", run_eval_benchmark(quick=quick))
+
+
+def _sweep_summary(quick: bool) -> list[SummaryRow]:
+    from workbench.bench.sweep import run_sweep_benchmark
+
+    return _checked_rows("sweep", run_sweep_benchmark(quick=quick))
+
+
+def _load_summary(quick: bool) -> list[SummaryRow]:
+    from workbench.bench.load.runner import run_load_benchmark
+
+    return _checked_rows("load", run_load_benchmark(quick=quick))
 
 
 class BenchmarkFailed(Exception):
@@ -292,14 +300,12 @@ def _summary_row(benchmark: str, metric: str, value: str) -> SummaryRow:
 # In the order `just bench` runs them; each takes `quick` and returns summary rows.
 BENCHMARKS: dict[str, Callable[[bool], list[SummaryRow]]] = {
     "trainer": _trainer_summary,
-    "inference": _external_summary(
-        "inference", "workbench.bench.inference", "run_inference_benchmark"
-    ),
-    "e2e": _external_summary("e2e", "workbench.bench.e2e", "run_e2e_benchmark"),
-    "eval": _external_summary("eval", "workbench.bench.evaluation", "run_eval_benchmark"),
-    "sweep": _external_summary("sweep", "workbench.bench.sweep", "run_sweep_benchmark"),
+    "inference": _inference_summary,
+    "e2e": _e2e_summary,
+    "eval": _eval_summary,
+    "sweep": _sweep_summary,
     "supervisor": _supervisor_summary,
-    "load": _external_summary("load", "workbench.bench.load.runner", "run_load_benchmark"),
+    "load": _load_summary,
 }
 
 
@@ -321,8 +327,7 @@ def all_benchmarks(
     Runs trainer, inference, e2e, eval, sweep, supervisor and load in turn; each writes its
     own JSON under benchmarks/results/, and the summary goes to
     benchmarks/results/summary-latest.json.
-    A benchmark not written yet is skipped; one that fails is reported and the others
-    still run; the exit code is 1 if any failed.
+    One that fails is reported and the others still run; the exit code is 1 if any failed.
     """
     from rich.console import Console
     from rich.table import Table
@@ -345,9 +350,6 @@ def all_benchmarks(
         try:
             rows += BENCHMARKS[name](quick)
             outcome = {"status": "ok"}
-        except BenchmarkMissing as missing:
-            rows.append(_summary_row(name, "skipped", str(missing)))
-            outcome = {"status": "skipped", "message": str(missing)}
         except BenchmarkFailed as failed:
             rows += [*failed.rows, _summary_row(name, "FAILED", str(failed))]
             outcome = {"status": "failed", "message": str(failed)}

@@ -18,7 +18,6 @@ down (a wall time measured beside someone else's test suite is not the experimen
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import resource
@@ -28,6 +27,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from workbench.procfs import child_pids
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 ORPHAN_REAP_S = 10.0  # how long orphans may take to exit after `up` did
@@ -144,16 +145,5 @@ def _reap_orphans() -> int:
         if pid:
             continue
         if time.monotonic() >= deadline:
-            return _count_children()
+            return len(child_pids(os.getpid()))
         time.sleep(0.1)
-
-
-def _count_children() -> int:
-    me = str(os.getpid())
-    count = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError):
-            # The 4th field after the parenthesised command name is the parent pid.
-            if stat.read_text().rsplit(")", 1)[1].split()[1] == me:
-                count += 1
-    return count

@@ -3,7 +3,7 @@
 Three measurements, each against the real thing on this machine:
 
 - discovery latency: a real supervisor (daemon, watchdog, state.json) runs the stand-in plan
-  of the supervisor tests (`workbench/supervisor/standins.py`: small Python processes instead of
+  of the supervisor tests (`workbench/bench/standins.py`: small Python processes instead of
   vLLM, torchrun and orchestrators, so the supervisor's own latency is what is timed). A new
   `run_*` directory with a valid `control/orch.toml` appears, either the way `workbench runs
   add` writes it (`write_run`: the directory, then orch.toml atomically) or moved into place
@@ -45,8 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
+from workbench.bench import standins
 from workbench.clock import now_iso
-from workbench.supervisor import standins
+from workbench.procfs import cpu_seconds
 from workbench.supervisor.lifecycle import STARTED_STATES
 
 RECIPE = """\
@@ -160,13 +161,6 @@ def latency_summary(values_ms: list[float]) -> dict[str, float]:
         "p90_ms": round(percentile(values_ms, 0.9), 1),
         "max_ms": round(max(values_ms), 1) if values_ms else float("nan"),
     }
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of one process from /proc (its threads included, children not)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # After the command name: state is field 3, utime 14, stime 15 (1-based, man proc).
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -401,11 +395,11 @@ async def measure_idle_app(app: Any, supervisor_pid: int, idle_s: float) -> dict
     """CPU of this process (the app and its workers) while nobody touches it."""
     polls_before = app.polls
     load_before = load_average()
-    supervisor_before = process_cpu_seconds(supervisor_pid)
+    supervisor_before = cpu_seconds(supervisor_pid)
     cpu_before, wall_before = time.process_time(), time.perf_counter()
     await asyncio.sleep(idle_s)
     cpu_s, wall_s = time.process_time() - cpu_before, time.perf_counter() - wall_before
-    supervisor_s = process_cpu_seconds(supervisor_pid) - supervisor_before
+    supervisor_s = cpu_seconds(supervisor_pid) - supervisor_before
     return {
         "seconds": round(wall_s, 2),
         "app_cpu_percent": round(100 * cpu_s / wall_s, 2),
@@ -567,9 +561,9 @@ def measure_tui_in_tmux(experiment: Path, idle_s: float, progress: Progress) -> 
         )
         time.sleep(SETTLE_S)
         load_before = load_average()
-        cpu_before, wall_before = process_cpu_seconds(pid), time.perf_counter()
+        cpu_before, wall_before = cpu_seconds(pid), time.perf_counter()
         time.sleep(idle_s)
-        cpu_s = process_cpu_seconds(pid) - cpu_before
+        cpu_s = cpu_seconds(pid) - cpu_before
         wall_s = time.perf_counter() - wall_before
     finally:
         with contextlib.suppress(subprocess.SubprocessError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import sys
 import urllib.parse
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from workbench.config import InferenceConfig
 from workbench.inference.endpoint import Endpoint, write_endpoint
 from workbench.models.resolve import local_model_problem
-from workbench.ports import free_port, port_is_free
+from workbench.ports import bind_error, free_port
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # vLLM's CPU build reserves this many GiB for its KV cache when the variable is set, and
@@ -49,18 +48,6 @@ def check_vllm_installed() -> None:
         )
 
 
-def check_port_free(host: str, port: int) -> None:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as err:
-            raise InferenceSetupError(
-                f"port {port} on {host} is in use ({err.strerror}); set [inference] port to a "
-                "free port in the recipe, or 0 to pick one"
-            ) from None
-
-
 def serving_port(config: InferenceConfig, endpoint: Endpoint, *, may_move: bool) -> int:
     """The port to serve on: the planned one, or with `may_move` (the recipe asked for any
     free port) a new one when the planned one was taken since the plan chose it.
@@ -72,10 +59,14 @@ def serving_port(config: InferenceConfig, endpoint: Endpoint, *, may_move: bool)
     """
     host = config.inference.host
     port = endpoint_port(endpoint) if may_move else config.inference.port
-    if port_is_free(host, port):
+    err = bind_error(host, port)
+    if err is None:
         return port
     if not may_move:
-        check_port_free(host, port)  # raises, naming the setting
+        raise InferenceSetupError(
+            f"port {port} on {host} is in use ({err.strerror}); set [inference] port to a "
+            "free port in the recipe, or 0 to pick one"
+        )
     moved = free_port(host)
     write_endpoint(
         config.output_dir,
@@ -137,12 +128,6 @@ def _memory_available() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def pick_free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def check_model_dir(model: Path) -> None:

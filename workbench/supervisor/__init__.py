@@ -4,11 +4,16 @@
 - `process`: one supervised child (own session, log file, group stop).
 - `policy`: restart on failure with backoff and a maximum.
 - `plan`: the recipe turned into processes (inference, trainer, orchestrators).
+- `startup`: what a starting experiment is doing (the startup phase in state.json).
 - `discovery`: which runs get an orchestrator; watchdog on the experiment directory.
 - `control_socket`: the Unix-socket control channel.
+- `paths`: the supervisor's own files under `supervisor/` and Unix socket addresses.
 - `daemon`: the supervisor loop and the daemon process (`python -m workbench.supervisor`).
 - `launch`: start and stop a supervisor from outside (`workbench up` is `workbench.up`).
 - `client`: `SupervisorClient` for the CLI and the TUI.
+
+Processes are read from /proc through `workbench.procfs`. The stand-in plan that tests and
+benchmarks run in place of the real children is `workbench.bench.standins`.
 
 Nothing is imported here, so `from workbench.supervisor.client import SupervisorClient`
 stays light.

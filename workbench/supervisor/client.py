@@ -22,9 +22,10 @@ from typing import Any, Protocol
 
 from workbench import layout, run_control
 from workbench.clock import unix_time
+from workbench.procfs import process_cmdline, process_is_alive
 from workbench.supervisor import paths
 from workbench.supervisor.lifecycle import LIVE_STATES
-from workbench.supervisor.process import describe_exit, process_cmdline, process_is_alive
+from workbench.supervisor.process import describe_exit
 
 DEFAULT_TIMEOUT_S = 10.0
 

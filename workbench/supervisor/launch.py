@@ -24,6 +24,7 @@ from pathlib import Path
 
 from workbench import layout
 from workbench.file_tail import last_lines
+from workbench.procfs import process_cmdline, process_is_alive, read_stat
 from workbench.supervisor.client import (
     SupervisorClient,
     SupervisorError,
@@ -31,13 +32,7 @@ from workbench.supervisor.client import (
     running_supervisor_pid,
 )
 from workbench.supervisor.lifecycle import SupervisorStatus
-from workbench.supervisor.process import (
-    family_members,
-    process_cmdline,
-    process_is_alive,
-    read_proc_stat,
-    stop_families,
-)
+from workbench.supervisor.process import family_members, stop_families
 
 # Names the plan (MODULE:FUNCTION or FILE.py:FUNCTION) when no `plan` is passed; unset means
 # the real one. For tests and development: `workbench up` then runs stand-ins.
@@ -185,7 +180,7 @@ def kill_leftovers(experiment: Path, timeout_s: float = 10.0) -> list[int]:
         if not family_members(pid):
             continue
         if process_is_alive(pid):
-            stat = read_proc_stat(pid)
+            stat = read_stat(pid)
             argv = record.get("argv") or []
             if stat is None or stat.session != pid:
                 continue

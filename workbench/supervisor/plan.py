@@ -20,7 +20,6 @@ import errno
 import importlib.util
 import os
 import secrets
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from workbench import layout
 from workbench.config import ConfigError, model_to_toml
 from workbench.inference import endpoint
 from workbench.lifeline import PARENT_PID_ENV
-from workbench.ports import free_port
+from workbench.ports import bind_error, free_port
 from workbench.recipe import load_recipe
 from workbench.supervisor import paths
 from workbench.supervisor.policy import RestartPolicy
@@ -124,16 +123,14 @@ def choose_port(requested: int, host: str, what: str) -> int:
     """`requested`, checked free, or a free port when `requested` is 0."""
     if requested == 0:
         return free_port(host)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((host, requested))
-        except OSError as err:
-            if err.errno == errno.EADDRINUSE:
-                raise PlanError(
-                    f"{what}: port {requested} on {host} is already in use; stop whatever "
-                    "listens there or set the port to 0 in the recipe to pick a free one"
-                ) from None
-            raise PlanError(f"{what}: cannot use {host}:{requested}: {err.strerror}") from None
+    err = bind_error(host, requested)
+    if err is not None and err.errno == errno.EADDRINUSE:
+        raise PlanError(
+            f"{what}: port {requested} on {host} is already in use; stop whatever "
+            "listens there or set the port to 0 in the recipe to pick a free one"
+        )
+    if err is not None:
+        raise PlanError(f"{what}: cannot use {host}:{requested}: {err.strerror}")
     return requested
 
 

@@ -9,8 +9,9 @@ and carries out the `terminate` the table asks for; the supervisor sends the oth
 
 Every child is a session and process-group leader (`start_new_session=True`), so a
 signal to its group reaches the workers it spawned (torchrun's ranks, vLLM's engine) and
-a Ctrl-C in the user's terminal never reaches it. Membership is read from /proc, where
-zombies (dead, waiting to be reaped by someone else) do not count as alive.
+a Ctrl-C in the user's terminal never reaches it. Membership is read from /proc
+(`workbench.procfs`), where zombies (dead, waiting to be reaped by someone else) do not
+count as alive.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from workbench import procfs
 from workbench.clock import now_iso
 from workbench.file_tail import last_lines
 from workbench.supervisor.lifecycle import TERMINATE, Event, ExitFacts, Lifecycle, ProcessState
@@ -83,23 +85,6 @@ class FileReady:
 
     def describe(self) -> str:
         return f"{self.path} exists"
-
-
-@dataclass(frozen=True)
-class CallableReady:
-    """Ready when `check()` returns true; an exception counts as not ready yet."""
-
-    check: Callable[[], bool]
-    description: str = "custom readiness check"
-
-    def is_ready(self) -> bool:
-        try:
-            return bool(self.check())
-        except Exception:
-            return False
-
-    def describe(self) -> str:
-        return self.description
 
 
 # ---------------------------------------------------------------- spec and exit record
@@ -381,69 +366,20 @@ class SupervisedProcess:
         }
 
 
-# ---------------------------------------------------------------- /proc helpers
+# ---------------------------------------------------------------- process families
 
 
-@dataclass(frozen=True)
-class ProcStat:
-    pid: int
-    state: str
-    ppid: int
-    pgrp: int
-    session: int
-
-
-def read_proc_stat(pid: int) -> ProcStat | None:
-    """Fields of /proc/PID/stat, or None if there is no such process."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
-        return None
-    # The command name (field 2) is in parentheses and may itself contain spaces or ')'.
-    fields = text[text.rfind(")") + 2 :].split()
-    try:
-        return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]), int(fields[3]))
-    except (IndexError, ValueError):
-        return None
-
-
-def process_is_alive(pid: int) -> bool:
-    """True if `pid` runs; a zombie (exited, not yet reaped) is not alive."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # OverflowError: no pid can be that large
-        return False
-    except PermissionError:
-        return True
-    stat = read_proc_stat(pid)
-    return stat is None or stat.state not in ("Z", "X")
-
-
-def process_cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
-def _family_stats(leader: int) -> list[ProcStat] | None:
+def _family_stats(leader: int) -> list[procfs.ProcStat] | None:
     """Live processes in the process group or the session that `leader` started; None
     when /proc cannot be read."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
+    stats = procfs.all_stats()
+    if stats is None:
         return None
-    members = []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        stat = read_proc_stat(int(entry))
-        if stat is None or stat.state in ("Z", "X"):
-            continue
-        if stat.pgrp == leader or stat.session == leader:
-            members.append(stat)
-    return members
+    return [
+        stat
+        for stat in stats
+        if not stat.exited and (stat.pgrp == leader or stat.session == leader)
+    ]
 
 
 def family_members(leader: int) -> list[int]:

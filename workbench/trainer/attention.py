@@ -175,7 +175,9 @@ def _length_buckets(lengths: tuple[int, ...], device: torch.device) -> list[Leng
 def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
     """The dense block-diagonal causal mask [1, 1, T, T] of a packed row (True = may attend).
 
-    Quadratic in the row: for the "dense" reference path and for comparing against it.
+    Quadratic in the row: a 4-D `attention_mask` for a model on its stock attention, as the
+    tests run a packed row to compare with the samples run alone. The "dense" path builds
+    the same mask itself (`PackedSequences.dense_mask`).
     """
     return PackedSequences.from_position_ids(position_ids, position_ids.device).dense_mask()
 

@@ -23,28 +23,13 @@ import signal
 import sys
 
 from workbench.lifeline import die_with_parent
+from workbench.procfs import child_pids
 
 # The agent's handler for the signals it handles raises; SIGTERM is handled here instead.
 AGENT_SIGNALS = ("--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT")
 # The rendezvous whose store listens on 127.0.0.1 only, on a port the kernel picks.
 RENDEZVOUS_BACKEND = "workbench-loopback"
 RENDEZVOUS_ARGS = ("--rdzv-backend", RENDEZVOUS_BACKEND, "--rdzv-endpoint", "127.0.0.1:0")
-
-
-def child_pids(parent: int) -> list[int]:
-    """Processes whose parent is `parent`, from /proc."""
-    children = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            text = open(f"/proc/{entry}/stat").read()  # noqa: SIM115 - one read, closed by GC
-        except OSError:
-            continue
-        fields = text[text.rfind(")") + 2 :].split()
-        if len(fields) > 1 and fields[1] == str(parent):
-            children.append(int(entry))
-    return children
 
 
 def forward_to_workers(signum: int, _frame: object) -> None:

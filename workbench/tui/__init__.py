@@ -1,7 +1,8 @@
-"""The Textual TUI of workbench: `run_tui(experiment)` is its only entry point.
+"""The Textual TUI of workbench, opened with `run_tui(experiment)`.
 
-Only the CLI imports this package (`from workbench.tui import run_tui`); importing it is
-cheap, Textual is loaded when the TUI starts.
+`workbench up` and `workbench attach` call `run_tui`, as does `python -m workbench.tui`;
+the load and supervisor benchmarks and the tests drive `workbench.tui.app.WorkbenchApp`
+themselves. Importing this package is cheap: Textual is loaded when the TUI starts.
 """
 
 from __future__ import annotations

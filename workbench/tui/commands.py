@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Protocol
+
+from workbench.supervisor.client import SupervisorClient, SupervisorError
 
 NOT_RUNNING = (
     "supervisor not running: nothing to restart, add or stop. "
     "Start the experiment with `workbench up RECIPE`."
 )
-NO_CLIENT = "cannot reach the supervisor: this installation has no workbench.supervisor.client"
 
 
 @dataclass(frozen=True)
@@ -39,27 +39,16 @@ class SupervisorCommands:
     def __init__(self, experiment: Path) -> None:
         self.experiment = experiment
 
-    def _client_module(self) -> ModuleType | None:
-        try:
-            from workbench.supervisor import client
-        except ImportError:
-            return None  # a tree without the supervisor: the TUI still shows the files
-        return client
-
     def is_running(self) -> bool:
-        module = self._client_module()
-        return module is not None and module.SupervisorClient(self.experiment).is_running()
+        return SupervisorClient(self.experiment).is_running()
 
     def send(self, cmd: str, **fields: Any) -> CommandOutcome:
-        module = self._client_module()
-        if module is None:
-            return CommandOutcome(False, NO_CLIENT)
-        client = module.SupervisorClient(self.experiment)
+        client = SupervisorClient(self.experiment)
         if not client.is_running():
             return CommandOutcome(False, NOT_RUNNING)
         try:
             reply = client.request(cmd, **fields)
-        except module.SupervisorError as err:  # nothing answered: the message says what to do
+        except SupervisorError as err:  # nothing answered: the message says what to do
             return CommandOutcome(False, str(err))
         if not reply.get("ok", False):
             return CommandOutcome(False, f"{cmd} refused: {reply.get('error', 'no reason given')}")

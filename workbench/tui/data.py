@@ -197,17 +197,6 @@ class MetricsReader:
 # ---------------------------------------------------------------- supervisor/state.json
 
 
-def read_supervisor_state(experiment: Path) -> dict[str, Any] | None:
-    """The supervisor's last published state, or None when there is none (yet)."""
-    return read_state(experiment)
-
-
-def live_supervisor_pid(experiment: Path) -> int | None:
-    """The pid of the experiment's running supervisor, or None: decided as `workbench status`
-    decides it (the supervisor's pid file, checked alive and still a supervisor)."""
-    return running_supervisor_pid(experiment)
-
-
 def supervisor_view(state: dict[str, Any] | None, live_pid: int | None) -> SupervisorView:
     """What the top bar says: running (with state.json's status), stopped, gone or absent."""
     recorded = str(state.get("status") or "unknown") if state else None
@@ -275,15 +264,17 @@ def _process_view(name: str, entry: dict[str, Any]) -> ProcessView:
 class ExperimentReader:
     """Polls one experiment directory; keeps per-run metrics readers between polls.
 
-    `supervisor_pid` says which supervisor runs for the experiment, if any (tests give a
-    fixed answer, so that a screenshot does not depend on the processes of the machine).
+    `supervisor_pid` says which supervisor runs for the experiment, if any: by default as
+    `workbench status` decides it (the supervisor's pid file, checked alive and still a
+    supervisor); tests give a fixed answer, so that a screenshot does not depend on the
+    processes of the machine.
     """
 
     def __init__(
         self,
         experiment: Path,
         history: int = HISTORY_POINTS,
-        supervisor_pid: Callable[[Path], int | None] = live_supervisor_pid,
+        supervisor_pid: Callable[[Path], int | None] = running_supervisor_pid,
     ) -> None:
         self.experiment = experiment
         self._history = history
@@ -346,7 +337,7 @@ class ExperimentReader:
                     evicted_by=status.evicted_by,
                 )
             )
-        state = read_supervisor_state(self.experiment)
+        state = read_state(self.experiment)
         supervisor = supervisor_view(state, self._supervisor_pid(self.experiment))
         return ExperimentSnapshot(
             experiment=self.experiment,

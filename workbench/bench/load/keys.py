@@ -10,9 +10,10 @@ frame the app composes in which the key's effect is on the screen:
 - `escape` on the detail screen: the main screen is shown again.
 
 "Composes" is Textual's compositor producing the frame's update, the step just before it
-is written to the terminal; headless, that write is skipped (the hook is the app's
-`_display`, which receives every frame). Keys go one at a time, `KEY_GAP_S` apart, so each
-latency is the app's alone and not a queue of keys. A key whose effect is not on screen
+is written to the terminal; headless, that write is skipped. The hook is Textual's public
+`App.post_display_hook`, which the app calls each time it has displayed the screen's
+update (headless: each time it would have). Keys go one at a time, `KEY_GAP_S` apart, so
+each latency is the app's alone and not a queue of keys. A key whose effect is not on screen
 within `KEY_TIMEOUT_S` counts as timed out (its latency is not in the figures).
 
 The time each poll of the experiment directory takes (the app's reader, in a worker
@@ -74,9 +75,9 @@ class FrameTimedApp(WorkbenchApp):
         self._awaited = (shown, future)
         return future
 
-    def _display(self, screen: Any, renderable: Any) -> None:
-        super()._display(screen, renderable)
-        if self._awaited is None or renderable is None or screen is not self.screen:
+    def post_display_hook(self) -> None:
+        super().post_display_hook()
+        if self._awaited is None:
             return
         shown, future = self._awaited
         if shown() and not future.done():

@@ -1,6 +1,6 @@
 """Start one vLLM server for an experiment directory outside the supervisor, and stop it.
 
-For the inference tests and benchmark: the same `python -m workbench.inference` entry and
+For the inference tests and the inference and eval benchmarks: the same `python -m workbench.inference` entry and
 files (`supervisor/inference.toml`, `supervisor/endpoint.json`) the supervisor uses, so what
 they measure is what runs serve.
 """
@@ -19,7 +19,7 @@ from workbench import layout
 from workbench.config import InferenceConfig, InferenceSection, ModelSection, model_to_toml
 from workbench.inference.endpoint import Endpoint, new_api_key, write_endpoint
 from workbench.inference.readiness import wait_until_ready
-from workbench.inference.server import pick_free_port
+from workbench.ports import free_port
 
 
 @dataclass
@@ -46,7 +46,7 @@ def start_local_server(
     bfloat16 on CPU. The server gets its own process group, so `stop_local_server` also
     stops vLLM's engine subprocess.
     """
-    port = pick_free_port()
+    port = free_port()
     config = InferenceConfig(
         output_dir=experiment,
         model=ModelSection(base=base),

@@ -1,7 +1,7 @@
 """A plan of stand-in children, described by `{experiment}/standins.json`: not for training.
 
 The supervisor's tests and its benchmark (`workbench bench supervisor`) start the daemon
-with `--plan workbench.supervisor.standins:plan` (`PLAN_REFERENCE`), so they run the real
+with `--plan workbench.bench.standins:plan` (`PLAN_REFERENCE`), so they run the real
 daemon (own session, lock, socket, watchdog) around small Python stand-ins
 (`standin_child.py`) instead of vLLM, torchrun and orchestrators. `standins.json`:
 
@@ -37,7 +37,7 @@ from workbench.supervisor.process import FileReady, ProcessSpec
 from workbench.tracking import TrackingTarget
 
 CHILD = Path(__file__).with_name("standin_child.py")
-PLAN_REFERENCE = "workbench.supervisor.standins:plan"
+PLAN_REFERENCE = "workbench.bench.standins:plan"
 
 
 def config_path(experiment: Path) -> Path:
