@@ -1,5 +1,6 @@
 """Pluggable environments: a seeded prompt dataset, a system prompt, an answer parser and a
-reward in [0, 1]. Built in: `reverse_text` (the default task) and `letter_count`.
+reward in [0, 1]. Built in: `reverse_text` (the default task), `letter_count`, `dataset` (a
+local data file) and `reverse_chain` (multi-turn: `MultiTurnEnvironment`).
 
     env = get_environment("reverse_text", min_length=6, max_length=12)
     prompts = env.sample_prompts(8, seed=0, start=position)   # resumable: position is an int
@@ -14,6 +15,7 @@ from workbench.envs.base import (
     PromptDataset,
     Task,
 )
+from workbench.envs.multi_turn import MultiTurnEnvironment
 from workbench.envs.registry import (
     environment_class,
     environment_names,
@@ -25,6 +27,7 @@ __all__ = [
     "EnvArgs",
     "Environment",
     "EnvironmentConfigError",
+    "MultiTurnEnvironment",
     "Prompt",
     "PromptDataset",
     "Task",

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from workbench.envs.base import Environment, EnvironmentConfigError
 from workbench.envs.dataset import DatasetEnvironment
 from workbench.envs.letter_count import LetterCount
+from workbench.envs.reverse_chain import ReverseChain
 from workbench.envs.reverse_text import ReverseText
 
 _REGISTRY: dict[str, type[Environment]] = {}
@@ -91,3 +92,4 @@ def _import_environment(path: str) -> type[Environment]:
 register_environment(ReverseText)
 register_environment(LetterCount)
 register_environment(DatasetEnvironment)
+register_environment(ReverseChain)

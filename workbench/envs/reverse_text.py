@@ -38,6 +38,14 @@ class ReverseTextArgs(EnvArgs):
     alphabet: str = Field(
         string.ascii_lowercase, min_length=1, description="the characters texts are made of"
     )
+    max_history: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="up to this many earlier texts, already reversed, come before the one "
+        "to reverse in the chat (0 to max_history, evenly): teaches a model to answer in a "
+        "conversation, as `reverse_chain`'s later turns ask",
+    )
 
     @model_validator(mode="after")
     def _lengths_ordered(self) -> ReverseTextArgs:
@@ -63,14 +71,33 @@ class ReverseText(Environment):
     args: ReverseTextArgs
 
     def make_task(self, rng: random.Random) -> Task:
-        text = random_text(rng, self.args.alphabet, self.args.min_length, self.args.max_length)
-        return Task(question=text, answer=text[::-1])
+        text = self._text(rng)
+        if not self.args.max_history:
+            return Task(question=text, answer=text[::-1])
+        chat = []
+        for _ in range(rng.randint(0, self.args.max_history)):
+            earlier = self._text(rng)
+            chat += [
+                {"role": "user", "content": earlier},
+                {"role": "assistant", "content": earlier[::-1]},
+            ]
+        chat.append({"role": "user", "content": text})
+        return Task(question=text, answer=text[::-1], chat=chat if len(chat) > 1 else None)
+
+    def _text(self, rng: random.Random) -> str:
+        return random_text(rng, self.args.alphabet, self.args.min_length, self.args.max_length)
 
     def parse_answer(self, completion: str) -> str | None:
-        text = strip_reasoning(completion)
-        tagged = extract_tagged(text, ANSWER_TAG)
-        answer = (tagged if tagged is not None else text).strip()
-        return answer or None
+        return parse_reversal(completion)
 
     def score(self, parsed_answer: str | None, prompt: Prompt) -> float:
         return similarity(parsed_answer, prompt.answer)
+
+
+def parse_reversal(completion: str) -> str | None:
+    """The reversed text in a completion: inside `<reversed_text>` tags if there are any,
+    else all of it, `<think>` blocks dropped."""
+    text = strip_reasoning(completion)
+    tagged = extract_tagged(text, ANSWER_TAG)
+    answer = (tagged if tagged is not None else text).strip()
+    return answer or None

@@ -1,4 +1,5 @@
-"""Talking to the inference server: chat completions with token ids and log-probs, and
+"""Talking to the inference server: chat completions with token ids and log-probs,
+completions of token-id prompts (multi-turn episodes), the chat template's tokens, and
 runtime adapter loading.
 
 Adapter versions are loaded under one name per version (`run_abc@step3`), never reloaded
@@ -107,6 +108,55 @@ class InferenceClient:
                 )
             )
         return result
+
+    def complete_tokens(
+        self,
+        prompt_ids: list[int],
+        *,
+        model: str,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> Completion:
+        """One completion of a prompt given as token ids (no template applied, nothing
+        re-tokenised), with the sampled token ids and their log-probs: how a multi-turn
+        episode continues from exactly the tokens it has so far."""
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": prompt_ids,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "logprobs": 0,  # the sampled token's own log-prob, no alternatives
+            "return_token_ids": True,
+        }
+        if seed is not None:
+            body["seed"] = seed
+        choice = self._post("/v1/completions", body)["choices"][0]
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        return Completion(
+            text=choice.get("text") or "",
+            token_ids=list(choice.get("token_ids") or []),
+            logprobs=[float(value) for value in logprobs],
+            finish_reason=choice.get("finish_reason"),
+        )
+
+    def tokenize_chat(
+        self, messages: list[dict[str, str]], *, add_generation_prompt: bool
+    ) -> list[int]:
+        """The server's tokens for a conversation rendered by the model's chat template."""
+        body = {
+            "model": self.endpoint.model,
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        return list(self._post("/tokenize", body)["tokens"])
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """The server's tokens for plain text, without special tokens added."""
+        body = {"model": self.endpoint.model, "prompt": text, "add_special_tokens": False}
+        return list(self._post("/tokenize", body)["tokens"])
 
     def load_adapter(self, name: str, path: Path) -> None:
         self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
