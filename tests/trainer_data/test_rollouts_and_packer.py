@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers import make_run
+from tests.helpers import make_run, random_batch, random_multi_turn_batch
 from workbench import layout, run_control
 from workbench.rollouts import (
     InvalidRollouts,
@@ -192,6 +193,49 @@ def test_packed_rows_keep_each_runs_tokens_contiguous_and_count_them(tmp_path: P
     assert first.loss_mask[5:9].tolist() == [False, False, True, True]
     assert first.inference_logprobs[5:9].tolist() == pytest.approx([0.0, 0.0, -0.1, -0.2])
     assert int(first.loss_mask.sum()) == 4
+
+
+def test_only_the_models_own_tokens_carry_loss_and_count_for_the_runs_normalisation(
+    tmp_path: Path,
+):
+    episode = sample(2, 5, mask=[True, True, False, False, True])
+    batches = {
+        0: read_rollouts(write_rollouts(tmp_path / "r0", RolloutBatch("r0", 0, 0, [episode]))),
+        1: read_rollouts(write_rollouts(tmp_path / "r1", RolloutBatch("r1", 0, 0, [sample(3, 3)]))),
+    }
+    (row,) = pack_batches(batches, seq_len=16, max_runs=2)
+    assert row.loss_mask[:7].tolist() == [False, False, True, True, False, False, True]
+    assert row.loss_mask[7:].tolist() == [False] * 3 + [True] * 3
+    assert row.inference_logprobs[:7].tolist() == pytest.approx([0, 0, -0.1, -0.2, 0, 0, -0.5])
+    # 3 of run 0's 5 completion tokens are the model's: its loss is divided by 3, not 5
+    assert row.run_loss_tokens.tolist() == [3, 3]
+
+
+def test_the_packer_keeps_an_episode_whole(tmp_path: Path):
+    episodes = random_multi_turn_batch("run_a", 0, 12, seed=5)
+    batches = {
+        idx: read_rollouts(write_rollouts(tmp_path / f"r{idx}", batch))
+        for idx, batch in ((0, episodes), (1, random_batch("run_b", 0, 7, seed=5)))
+    }
+    seq_len = 24
+    rows = pack_batches(batches, seq_len=seq_len, max_runs=2)
+    sent = [(0, s) for s in batches[0].samples()] + [(1, s) for s in batches[1].samples()]
+    assert len(rows) > 2, "the samples need several rows, so some would straddle a boundary"
+    packed = []
+    for row in rows:
+        assert row.num_tokens <= seq_len
+        starts = [*(row.position_ids == 0).nonzero().flatten().tolist(), row.num_tokens]
+        for begin, end in itertools.pairwise(starts):
+            packed.append((row.input_ids[begin:end].tolist(), row.loss_mask[begin:end].tolist()))
+    # every sample is in exactly one row, whole, in order, with its own mask
+    assert packed == [
+        (s.prompt_ids + s.completion_ids, [False] * len(s.prompt_ids) + s.trained())
+        for _, s in sent
+    ]
+    total = torch.zeros(2, dtype=torch.int64)
+    for idx, s in sent:
+        total[idx] += sum(s.trained())
+    assert all(torch.equal(row.run_loss_tokens, total) for row in rows)
 
 
 def test_rows_are_shared_out_so_ranks_get_similar_token_counts():
