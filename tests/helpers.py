@@ -84,3 +84,35 @@ def random_batch(run_id: str, step: int, n: int, seed: int, vocab: int = 64):
             )
         )
     return RolloutBatch(run_id, step, max(0, step - 1), samples)
+
+
+def random_multi_turn_batch(run_id: str, step: int, n: int, seed: int, vocab: int = 64):
+    """A rollout batch of `n` two-turn episodes: prompt, the model's turn, a message the
+    environment added, the model's second turn, and the environment's closing message.
+    Only the model's turns are trained (`completion_mask`); the environment's tokens carry
+    log-prob 0, as an orchestrator writes them."""
+    import random
+
+    from workbench.rollouts import RolloutBatch, Sample
+
+    rng = random.Random(f"{run_id}-{step}-{seed}-turns")
+    samples = []
+    for _ in range(n):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 5))]
+        completion, mask, logprobs = [], [], []
+        for by_model, low, high in ((True, 1, 5), (False, 1, 4), (True, 1, 5), (False, 1, 3)):
+            for _ in range(rng.randint(low, high)):
+                completion.append(rng.randrange(3, vocab))
+                mask.append(by_model)
+                logprobs.append(-rng.uniform(0.5, 4.0) if by_model else 0.0)
+        samples.append(
+            Sample(
+                prompt_ids=prompt,
+                completion_ids=completion,
+                completion_logprobs=logprobs,
+                advantage=rng.uniform(-1, 1),
+                reward=rng.random(),
+                completion_mask=mask,
+            )
+        )
+    return RolloutBatch(run_id, step, max(0, step - 1), samples)

@@ -2,27 +2,52 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers import make_run
+from tests.helpers import make_run, random_batch, random_multi_turn_batch
 from workbench import layout, run_control
-from workbench.rollouts import InvalidRollouts, RolloutBatch, Sample, read_rollouts, write_rollouts
+from workbench.rollouts import (
+    InvalidRollouts,
+    RolloutBatch,
+    Sample,
+    read_rollouts,
+    write_rollouts,
+)
 from workbench.trainer.packer import Packer, distribute, pack_batches
 from workbench.trainer.runs import MultiRunManager
 
 
-def sample(prompt: int, completion: int, advantage: float = 0.5, first_token: int = 3) -> Sample:
+def sample(
+    prompt: int,
+    completion: int,
+    advantage: float = 0.5,
+    first_token: int = 3,
+    mask: list[bool] | None = None,
+) -> Sample:
     return Sample(
         prompt_ids=list(range(first_token, first_token + prompt)),
         completion_ids=list(range(first_token + prompt, first_token + prompt + completion)),
         completion_logprobs=[-0.1 * (i + 1) for i in range(completion)],
         advantage=advantage,
         reward=advantage + 0.5,
+        completion_mask=mask,
     )
+
+
+def rewrite_as_version_1(step_dir: Path) -> None:
+    """Turn a written batch into what the writer before multi-turn episodes wrote: no
+    loss_mask tensor, version 1 in batch.json."""
+    tensors = load_file(str(step_dir / "batch.safetensors"))
+    del tensors["loss_mask"]
+    save_file(tensors, str(step_dir / "batch.safetensors"))
+    meta = json.loads((step_dir / "batch.json").read_text())
+    (step_dir / "batch.json").write_text(json.dumps({**meta, "version": 1}))
 
 
 def test_rollout_batch_round_trips_through_disk(tmp_path: Path):
@@ -39,6 +64,64 @@ def test_rollout_batch_round_trips_through_disk(tmp_path: Path):
     assert read.samples()[1].completion_logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4])
 
 
+def test_a_multi_turn_mask_round_trips_and_environment_tokens_carry_no_log_prob(tmp_path: Path):
+    mask = [True, True, False, False, True]
+    batch = RolloutBatch("run_a", 0, 0, [sample(3, 2), sample(2, 5, mask=mask)])
+    batch.samples[1].completion_logprobs[2:4] = [-7.0, float("nan")]  # whatever the env gave
+    path = write_rollouts(tmp_path, batch)
+    on_disk = load_file(str(path / "batch.safetensors"))
+    assert on_disk["loss_mask"].dtype == torch.uint8
+    assert on_disk["loss_mask"].tolist() == [0, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1]
+    assert on_disk["inference_logprobs"][9:11].tolist() == [0.0, 0.0]
+    read = read_rollouts(path, vocab_size=64)
+    single, multi = read.samples()
+    assert single.completion_mask is None, "a single-turn sample reads back as it was written"
+    assert multi.completion_mask == mask
+    assert multi.completion_logprobs == pytest.approx([-0.1, -0.2, 0.0, 0.0, -0.5])
+    assert read.loss_mask.dtype == torch.bool
+
+
+def test_a_version_1_batch_written_before_the_upgrade_reads_with_every_completion_token_trained(
+    experiment: Path,
+):
+    run = make_run(experiment, "run_a")
+    step_dir = write_rollouts(run, RolloutBatch("run_a", 0, 0, [sample(3, 2), sample(2, 4)]))
+    current = read_rollouts(step_dir)
+    rewrite_as_version_1(step_dir)
+    old = read_rollouts(step_dir, vocab_size=64, max_sample_tokens=16)
+    assert old.loss_mask.tolist() == [False] * 3 + [True] * 2 + [False] * 2 + [True] * 4
+    assert [s.completion_mask for s in old.samples()] == [None, None]
+    # it trains exactly as the same samples written today do
+    manager = MultiRunManager(experiment, max_runs=2)
+    manager.discover_runs()
+    manager.synchronize_state()
+    packer = Packer(manager, seq_len=16, vocab_size=64)
+    collected = packer.collect()
+    assert list(collected) == [manager.id_2_idx["run_a"]], "the old batch is taken"
+    (row_old,) = packer.pack(collected)[0]
+    (row_now,) = packer.pack({manager.id_2_idx["run_a"]: current})[0]
+    for name in ("input_ids", "position_ids", "loss_mask", "inference_logprobs", "advantages"):
+        assert torch.equal(getattr(row_old, name), getattr(row_now, name)), name
+    assert torch.equal(row_old.run_loss_tokens, row_now.run_loss_tokens)
+
+
+def test_a_batch_of_a_newer_format_version_is_refused_saying_what_to_do(tmp_path: Path):
+    path = write_rollouts(tmp_path, RolloutBatch("run_a", 0, 0, [sample(3, 2)]))
+    meta = json.loads((path / "batch.json").read_text())
+    (path / "batch.json").write_text(json.dumps({**meta, "version": 3}))
+    with pytest.raises(InvalidRollouts, match=r"version 3 but this trainer reads versions 1 to 2"):
+        read_rollouts(path)
+
+
+def test_a_completion_mask_that_is_not_one_value_per_completion_token_is_not_written(
+    tmp_path: Path,
+):
+    batch = RolloutBatch("run_a", 0, 0, [sample(3, 2), sample(2, 4, mask=[True, False, True])])
+    with pytest.raises(InvalidRollouts, match="sample 1 has a completion_mask of 3 values for 4"):
+        write_rollouts(tmp_path, batch)
+    assert not layout.rollout_dir(tmp_path, 0).exists()
+
+
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
@@ -51,15 +134,32 @@ def test_rollout_batch_round_trips_through_disk(tmp_path: Path):
         (lambda t: t.update(input_ids=t["input_ids"][:-1]), "add up to 11 tokens"),
         (lambda t: t["input_ids"].__setitem__(7, 999), "sample 1 has token id 999"),
         (lambda t: t["inference_logprobs"].__setitem__(4, float("nan")), "sample 0 has log-probs"),
+        (lambda t: t.update(loss_mask=t["loss_mask"][:-1]), "loss_mask has 10 values but"),
+        (lambda t: t["loss_mask"].__setitem__(6, 2), "sample 1 has loss_mask value 2"),
+        (lambda t: t["loss_mask"].__setitem__(5, 1), "sample 1 has loss_mask 1 on a prompt token"),
+        (lambda t: t["loss_mask"][7:].zero_(), "sample 1 has no trained token"),
+        (lambda t: t["inference_logprobs"].__setitem__(9, 0.5), "sample 1 has log-probs"),
+        (lambda t: t.pop("loss_mask"), "lacks loss_mask"),
     ],
 )
 def test_damaged_batches_are_rejected_naming_the_sample(tmp_path: Path, damage, expected):
-    path = write_rollouts(tmp_path, RolloutBatch("run_a", 0, 0, [sample(3, 2), sample(2, 4)]))
+    batch = [sample(3, 2), sample(2, 4, mask=[True, False, True, True])]
+    path = write_rollouts(tmp_path, RolloutBatch("run_a", 0, 0, batch))
     tensors = load_file(str(path / "batch.safetensors"))
     damage(tensors)
     save_file(tensors, str(path / "batch.safetensors"))
     with pytest.raises(InvalidRollouts, match=expected.replace("(", r"\(").replace(")", r"\)")):
         read_rollouts(path, vocab_size=64)
+
+
+def test_what_a_writer_left_on_environment_tokens_is_read_as_log_prob_0(tmp_path: Path):
+    batch = [sample(3, 2), sample(2, 4, mask=[True, False, True, True])]
+    path = write_rollouts(tmp_path, RolloutBatch("run_a", 0, 0, batch))
+    tensors = load_file(str(path / "batch.safetensors"))
+    tensors["inference_logprobs"][8] = float("nan")  # the environment's token of sample 1
+    save_file(tensors, str(path / "batch.safetensors"))
+    read = read_rollouts(path, vocab_size=64)
+    assert read.inference_logprobs[8].item() == 0.0
 
 
 def test_sample_longer_than_seq_len_is_rejected_with_what_to_change(tmp_path: Path):
@@ -93,6 +193,49 @@ def test_packed_rows_keep_each_runs_tokens_contiguous_and_count_them(tmp_path: P
     assert first.loss_mask[5:9].tolist() == [False, False, True, True]
     assert first.inference_logprobs[5:9].tolist() == pytest.approx([0.0, 0.0, -0.1, -0.2])
     assert int(first.loss_mask.sum()) == 4
+
+
+def test_only_the_models_own_tokens_carry_loss_and_count_for_the_runs_normalisation(
+    tmp_path: Path,
+):
+    episode = sample(2, 5, mask=[True, True, False, False, True])
+    batches = {
+        0: read_rollouts(write_rollouts(tmp_path / "r0", RolloutBatch("r0", 0, 0, [episode]))),
+        1: read_rollouts(write_rollouts(tmp_path / "r1", RolloutBatch("r1", 0, 0, [sample(3, 3)]))),
+    }
+    (row,) = pack_batches(batches, seq_len=16, max_runs=2)
+    assert row.loss_mask[:7].tolist() == [False, False, True, True, False, False, True]
+    assert row.loss_mask[7:].tolist() == [False] * 3 + [True] * 3
+    assert row.inference_logprobs[:7].tolist() == pytest.approx([0, 0, -0.1, -0.2, 0, 0, -0.5])
+    # 3 of run 0's 5 completion tokens are the model's: its loss is divided by 3, not 5
+    assert row.run_loss_tokens.tolist() == [3, 3]
+
+
+def test_the_packer_keeps_an_episode_whole(tmp_path: Path):
+    episodes = random_multi_turn_batch("run_a", 0, 12, seed=5)
+    batches = {
+        idx: read_rollouts(write_rollouts(tmp_path / f"r{idx}", batch))
+        for idx, batch in ((0, episodes), (1, random_batch("run_b", 0, 7, seed=5)))
+    }
+    seq_len = 24
+    rows = pack_batches(batches, seq_len=seq_len, max_runs=2)
+    sent = [(0, s) for s in batches[0].samples()] + [(1, s) for s in batches[1].samples()]
+    assert len(rows) > 2, "the samples need several rows, so some would straddle a boundary"
+    packed = []
+    for row in rows:
+        assert row.num_tokens <= seq_len
+        starts = [*(row.position_ids == 0).nonzero().flatten().tolist(), row.num_tokens]
+        for begin, end in itertools.pairwise(starts):
+            packed.append((row.input_ids[begin:end].tolist(), row.loss_mask[begin:end].tolist()))
+    # every sample is in exactly one row, whole, in order, with its own mask
+    assert packed == [
+        (s.prompt_ids + s.completion_ids, [False] * len(s.prompt_ids) + s.trained())
+        for _, s in sent
+    ]
+    total = torch.zeros(2, dtype=torch.int64)
+    for idx, s in sent:
+        total[idx] += sum(s.trained())
+    assert all(torch.equal(row.run_loss_tokens, total) for row in rows)
 
 
 def test_rows_are_shared_out_so_ranks_get_similar_token_counts():

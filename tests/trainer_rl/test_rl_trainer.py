@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
 import pytest
 import torch
 from peft import PeftModel
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from tests.helpers import make_run, random_batch
+from tests.helpers import make_run, random_batch, random_multi_turn_batch
 from workbench import layout, run_control
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.metrics import read_metrics
-from workbench.rollouts import write_rollouts
+from workbench.rollouts import RolloutBatch, write_rollouts
 from workbench.trainer.lora import set_lora_num_tokens
 from workbench.trainer.rl import build_trainer, iterate, load_base_model
 
@@ -85,6 +87,103 @@ def test_bad_rollout_file_evicts_only_its_run_with_a_readable_reason(experiment,
     assert "sample 2" in reason and "token id 999" in reason
     iterate(trainer)
     assert list(trainer.manager.id_2_idx) == ["run_good"]
+
+
+@pytest.mark.parametrize(
+    ("break_sample_2", "expected"),
+    [
+        ("nothing trained", "sample 2 has no trained token"),
+        ("a trained prompt token", "sample 2 has loss_mask 1 on a prompt token"),
+    ],
+)
+def test_an_invalid_loss_mask_evicts_only_its_run_naming_the_sample(
+    experiment, tiny_llama, break_sample_2, expected
+):
+    good = make_run(experiment, "run_good")
+    bad = make_run(experiment, "run_bad")
+    trainer = make_trainer(experiment, tiny_llama)
+    iterate(trainer)
+    write_rollouts(good, random_multi_turn_batch("run_good", 0, 4, seed=3))
+    broken = random_multi_turn_batch("run_bad", 0, 4, seed=3)
+    if break_sample_2 == "nothing trained":
+        broken.samples[2].completion_mask = [False] * len(broken.samples[2].completion_ids)
+    step_dir = write_rollouts(bad, broken)
+    if break_sample_2 == "a trained prompt token":
+        tensors = load_file(str(step_dir / "batch.safetensors"))
+        tensors["loss_mask"][sum(s.num_tokens for s in broken.samples[:2])] = 1
+        save_file(tensors, str(step_dir / "batch.safetensors"))
+    assert iterate(trainer) == "trained"
+    assert layout.is_stable(layout.broadcast_dir(good, 1))
+    assert expected in run_control.read_eviction(bad).reason
+    assert run_control.read_eviction(good) is None
+    iterate(trainer)
+    assert list(trainer.manager.id_2_idx) == ["run_good"]
+
+
+def without_closing_message(batch: RolloutBatch) -> RolloutBatch:
+    """The same episodes ending at the model's last token (the environment's last message
+    cut off): the same trained tokens, each with the same context."""
+    batch = copy.deepcopy(batch)
+    for sample in batch.samples:
+        last = max(t for t, trained in enumerate(sample.completion_mask) if trained) + 1
+        sample.completion_ids = sample.completion_ids[:last]
+        sample.completion_logprobs = sample.completion_logprobs[:last]
+        sample.completion_mask = sample.completion_mask[:last]
+    return batch
+
+
+def with_other_environment_tokens(batch: RolloutBatch, step_dir: Path) -> None:
+    """Write `batch` with other token ids in each closing message, and garbage where the
+    file holds the environment tokens' log-probs (written over what the writer put there)."""
+    batch = copy.deepcopy(batch)
+    for sample in batch.samples:
+        last = max(t for t, trained in enumerate(sample.completion_mask) if trained) + 1
+        closing = range(last, len(sample.completion_ids))
+        for t in closing:
+            sample.completion_ids[t] = 3 + (sample.completion_ids[t] + 17) % 61
+    write_rollouts(step_dir, batch)
+    path = layout.rollout_dir(step_dir, batch.step) / "batch.safetensors"
+    tensors = load_file(str(path))
+    environment = (tensors["loss_mask"] == 0).nonzero().flatten()
+    garbage = torch.tensor([5.0, -40.0, float("nan"), float("inf")])
+    tensors["inference_logprobs"][environment] = garbage.repeat(len(environment))[
+        : len(environment)
+    ]
+    save_file(tensors, str(path))
+
+
+def test_the_update_ignores_the_environments_tokens_and_does_not_count_them(tmp_path, tiny_llama):
+    episodes = random_multi_turn_batch("run_a", 0, 6, seed=7)
+    outcomes = {}
+    for name in ("as written", "other environment tokens", "closing message absent"):
+        experiment = tmp_path / name
+        run = make_run(experiment, "run_a", "lr = 0.01\n")
+        if name == "as written":
+            write_rollouts(run, episodes)
+        elif name == "other environment tokens":
+            with_other_environment_tokens(episodes, run)
+        else:
+            write_rollouts(run, without_closing_message(episodes))
+        trainer = make_trainer(experiment, tiny_llama)
+        assert iterate(trainer) == "trained"
+        line = read_metrics(run, "trainer")[-1]
+        state = trainer.manager.get_state_dict_for_run(trainer.manager.id_2_idx["run_a"])
+        outcomes[name] = (line["loss"], line["grad_norm"], state)
+
+    loss, grad_norm, state = outcomes["as written"]
+    # What the environment's tokens are and what log-probs a writer left on them change
+    # nothing: the same length, bit for bit.
+    other_loss, other_grad_norm, other_state = outcomes["other environment tokens"]
+    assert (other_loss, other_grad_norm) == (loss, grad_norm)
+    assert all(torch.equal(other_state[key], tensor) for key, tensor in state.items())
+    # They are not counted either: the loss is the mean over the model's tokens, the same
+    # as without the closing messages (counting them would lower loss and gradient).
+    absent_loss, absent_grad_norm, absent_state = outcomes["closing message absent"]
+    assert (absent_loss, absent_grad_norm) == pytest.approx((loss, grad_norm), rel=1e-5)
+    # Adam's first step is about lr * sign(g), so where a gradient is near 0 its rounding
+    # (rows of another length) shows: the adapters agree to lr / 1000.
+    for key, tensor in state.items():
+        torch.testing.assert_close(absent_state[key], tensor, rtol=0, atol=1e-5, msg=key)
 
 
 def test_packed_samples_do_not_attend_across_sample_boundaries(tiny_llama):

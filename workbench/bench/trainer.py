@@ -147,7 +147,7 @@ def peak_flops(device_name: str) -> float | None:
 def _synthetic_batches(n_runs: int, tokens: int, sample_len: int, vocab: int):
     import torch
 
-    from workbench.rollouts import TensorBatch
+    from workbench.rollouts import TensorBatch, completion_loss_mask
 
     per_run = tokens // n_runs
     samples = max(1, per_run // sample_len)
@@ -158,13 +158,15 @@ def _synthetic_batches(n_runs: int, tokens: int, sample_len: int, vocab: int):
         prompt = sample_len // 4
         logprobs = -torch.rand(total, generator=generator) * 3
         lengths = torch.full((samples,), sample_len, dtype=torch.int64)
+        prompt_lengths = torch.full((samples,), prompt, dtype=torch.int64)
         batches[idx] = TensorBatch(
             run_id=f"run_{idx}",
             step=0,
             policy_version=0,
             input_ids=torch.randint(3, vocab, (total,), generator=generator),
             sample_lengths=lengths,
-            prompt_lengths=torch.full((samples,), prompt, dtype=torch.int64),
+            prompt_lengths=prompt_lengths,
+            loss_mask=completion_loss_mask(lengths, prompt_lengths),
             inference_logprobs=logprobs,
             advantages=torch.randn(samples, generator=generator),
             rewards=torch.rand(samples, generator=generator),

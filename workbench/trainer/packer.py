@@ -6,10 +6,17 @@ the run's progress and marks it ready; then packs all samples into micro-batches
 `seq_len` tokens with each run's tokens contiguous, in slot order, so `MultiLoRALinear` can
 route them by per-run token counts (`lora_num_tokens`).
 
-Every per-token field is aligned with `input_ids`: `loss_mask[t]` says token t is a
-completion token, `inference_logprobs[t]` is the sampler's log-prob of token t, as
-`compute_logprobs` gives the trainer's. The first token of a sample is always a prompt
-token, so the one log-prob that would be "predicted" across a sample boundary never counts.
+Every per-token field is aligned with `input_ids`: `loss_mask[t]` says token t carries
+loss, which is the batch's own mask: the tokens the model sampled, not the prompt and not
+what the environment added between a multi-turn episode's turns. `inference_logprobs[t]` is
+the sampler's log-prob of token t, as `compute_logprobs` gives the trainer's. The first
+token of a sample is always a prompt token, so the one log-prob that would be "predicted"
+across a sample boundary never counts.
+
+The packer keeps an episode whole: a sample is never split across rows, since its later
+turns must attend to all of its earlier tokens. Each run's loss is normalised by its
+trained tokens over the whole step (`run_loss_tokens`); prompt and environment tokens do
+not count.
 """
 
 from __future__ import annotations
@@ -32,11 +39,11 @@ class MicroBatch:
 
     input_ids: torch.Tensor  # int64 [T]
     position_ids: torch.Tensor  # int64 [T], restarting at 0 for every sample
-    loss_mask: torch.Tensor  # bool [T], True on completion tokens
+    loss_mask: torch.Tensor  # bool [T], True on the tokens the model sampled
     inference_logprobs: torch.Tensor  # float32 [T], the sampler's log-prob of each token
     advantages: torch.Tensor  # float32 [T]
     lora_num_tokens: torch.Tensor  # int64 [max_runs], tokens of each run in this row
-    run_loss_tokens: torch.Tensor  # int64 [max_runs], loss tokens of each run in the WHOLE step
+    run_loss_tokens: torch.Tensor  # int64 [max_runs], trained tokens of each run in the WHOLE step
 
     @property
     def num_tokens(self) -> int:
@@ -47,7 +54,7 @@ class MicroBatch:
 class _PackedSample:
     idx: int
     input_ids: torch.Tensor
-    prompt_length: int
+    loss_mask: torch.Tensor
     inference_logprobs: torch.Tensor
     advantage: float
 
@@ -103,7 +110,7 @@ def pack_batches(batches: dict[int, TensorBatch], seq_len: int, max_runs: int) -
     samples = [s for idx in sorted(batches) for s in _split_samples(idx, batches[idx])]
     run_loss_tokens = torch.zeros(max_runs, dtype=torch.int64)
     for sample in samples:
-        run_loss_tokens[sample.idx] += sample.input_ids.numel() - sample.prompt_length
+        run_loss_tokens[sample.idx] += int(sample.loss_mask.sum())
     rows: list[list[_PackedSample]] = []
     current: list[_PackedSample] = []
     used = 0
@@ -133,17 +140,14 @@ def distribute(rows: list[MicroBatch], world_size: int) -> list[list[MicroBatch]
 def _split_samples(idx: int, batch: TensorBatch) -> list[_PackedSample]:
     out = []
     start = 0
-    for length, prompt, advantage in zip(
-        batch.sample_lengths.tolist(),
-        batch.prompt_lengths.tolist(),
-        batch.advantages.tolist(),
-        strict=True,
+    for length, advantage in zip(
+        batch.sample_lengths.tolist(), batch.advantages.tolist(), strict=True
     ):
         out.append(
             _PackedSample(
                 idx=idx,
                 input_ids=batch.input_ids[start : start + length],
-                prompt_length=prompt,
+                loss_mask=batch.loss_mask[start : start + length],
                 inference_logprobs=batch.inference_logprobs[start : start + length],
                 advantage=advantage,
             )
@@ -162,13 +166,13 @@ def _build_row(
         counts[sample.idx] += length
         input_ids.append(sample.input_ids)
         positions.append(torch.arange(length, dtype=torch.int64))
-        mask.append(torch.arange(length) >= sample.prompt_length)
+        mask.append(sample.loss_mask)
         logprobs.append(sample.inference_logprobs)
         advantages.append(torch.full((length,), sample.advantage, dtype=torch.float32))
     return MicroBatch(
         input_ids=torch.cat(input_ids),
         position_ids=torch.cat(positions),
-        loss_mask=torch.cat(mask),
+        loss_mask=torch.cat(mask).bool(),
         inference_logprobs=torch.cat(logprobs).float(),
         advantages=torch.cat(advantages),
         lora_num_tokens=counts,
