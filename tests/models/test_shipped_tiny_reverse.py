@@ -1,4 +1,5 @@
-"""builtin:tiny-reverse ships its weights: every machine trains on the same model, bit for bit.
+"""builtin:tiny-reverse (and builtin:tiny-reverse-chat) ship their weights: every machine
+trains on the same model, bit for bit.
 
 How they were made (`build.json`'s `made_with` names the machine): on an AMD EPYC machine
 with torch 2.13.0+cpu, `workbench model build builtin:tiny-reverse --from-scratch -o
@@ -19,25 +20,38 @@ from workbench.envs import get_environment
 from workbench.models import ModelResolutionError, resolve_model, tiny_reverse
 from workbench.models import shipped as shipped_module
 from workbench.models.shipped import file_sha256, read_build_info, verify
-from workbench.models.tiny_reverse import SHIPPED_DIR, TINY_REVERSE, TinyReverseSpec
+from workbench.models.tiny_reverse import (
+    TINY_REVERSE,
+    TINY_REVERSE_CHAT,
+    TinyReverse,
+    TinyReverseSpec,
+)
 from workbench.trainer.sft import evaluate_greedy, load_model
 
+SHIPPED_DIR = TINY_REVERSE.shipped_dir
+BUILTINS = pytest.mark.parametrize(
+    "builtin", [TINY_REVERSE, TINY_REVERSE_CHAT], ids=lambda b: b.name
+)
 
-def test_the_shipped_files_are_the_ones_their_build_json_records():
-    info = read_build_info(SHIPPED_DIR)
-    assert info is not None
+
+@BUILTINS
+def test_the_shipped_files_are_the_ones_their_build_json_records(builtin: TinyReverse):
+    info = read_build_info(builtin.shipped_dir)
+    assert info is not None and info["name"] == builtin.name
     assert set(info["sha256"]) >= {"config.json", "model.safetensors", "tokenizer.json"}
     for name, digest in info["sha256"].items():
-        assert file_sha256(SHIPPED_DIR / name) == digest, name
-    assert info["made_with"]["command"].startswith("workbench model build")
-    verify(SHIPPED_DIR)
+        assert file_sha256(builtin.shipped_dir / name) == digest, name
+    assert info["made_with"]["command"].startswith(f"workbench model build builtin:{builtin.name}")
+    verify(builtin.shipped_dir)
 
 
-def test_the_default_spec_is_the_one_the_shipped_weights_were_built_from():
+@BUILTINS
+def test_the_default_spec_is_the_one_the_shipped_weights_were_built_from(builtin: TinyReverse):
     # A changed default (warm-up steps, seed, sizes) must come with weights built from it:
     # rebuild them with the command in build.json's made_with.
+    assert builtin.ships(builtin.default_spec())
+    assert not builtin.ships(builtin.default_spec().model_copy(update={"seed": 1}))
     assert TINY_REVERSE.ships(TinyReverseSpec())
-    assert not TINY_REVERSE.ships(TinyReverseSpec(seed=1))
 
 
 def test_the_shipped_model_scores_what_its_build_measured():
@@ -76,7 +90,7 @@ def test_damaged_shipped_weights_are_refused_and_leave_no_model_in_the_cache(
     data = bytearray((damaged / "model.safetensors").read_bytes())
     data[-1] ^= 0xFF
     (damaged / "model.safetensors").write_bytes(bytes(data))
-    monkeypatch.setattr(tiny_reverse, "SHIPPED_DIR", damaged)
+    monkeypatch.setattr(TINY_REVERSE, "shipped_dir", damaged)
     with pytest.raises(ModelResolutionError, match=r"damaged .*model\.safetensors.*reinstall"):
         resolve_model("builtin:tiny-reverse", show_progress=False)
     assert [p for p in (cache_dir / "models").iterdir() if p.is_dir()] == []

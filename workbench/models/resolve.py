@@ -48,10 +48,16 @@ def ignore_steps(step: int, steps: int, what: str) -> None:
 
 # name -> "module:attribute" of its `BuiltinModel`; imported only when asked for, so resolving
 # a local path never imports the builders (and their training code).
-_BUILTINS = {"tiny-reverse": "workbench.models.tiny_reverse:TINY_REVERSE"}
+_BUILTINS = {
+    "tiny-reverse": "workbench.models.tiny_reverse:TINY_REVERSE",
+    "tiny-reverse-chat": "workbench.models.tiny_reverse:TINY_REVERSE_CHAT",
+}
 # name -> "module:function" making the builtin's tokenizer, the one its build writes; kept
 # apart so that knowing a prompt's length imports no builder (torch, training code).
-_BUILTIN_TOKENIZERS = {"tiny-reverse": "workbench.models.char_tokenizer:build_char_tokenizer"}
+_BUILTIN_TOKENIZERS = {
+    "tiny-reverse": "workbench.models.char_tokenizer:build_char_tokenizer",
+    "tiny-reverse-chat": "workbench.models.char_tokenizer:build_char_tokenizer",
+}
 
 
 class ModelResolutionError(ValueError):

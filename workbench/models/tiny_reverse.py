@@ -1,4 +1,5 @@
-"""`builtin:tiny-reverse`: a ~0.87M-parameter Llama that half-knows how to reverse text.
+"""`builtin:tiny-reverse`: a ~0.87M-parameter Llama that half-knows how to reverse text
+(and `builtin:tiny-reverse-chat`, the same warmed up on conversations).
 
 Its weights ship with the package (`workbench/models/weights/tiny-reverse/`), so every machine
 trains on the same model bit for bit; first use copies them into the cache and checks their
@@ -54,7 +55,6 @@ from workbench.trainer.sft import (
 # 3: the default spec's weights ship with the package (a cache built on this machine from
 #    the same spec holds other bits, so it must not be reused).
 BUILD_FORMAT_VERSION = 3
-SHIPPED_DIR = shipped.shipped_dir("tiny-reverse")
 # One intra-op thread: measured on 2 cores, a step of this model takes the same time on 1
 # thread as on 2 when the cores are idle and a fifth of the time when other processes load
 # them (2 threads spend it synchronising).
@@ -84,12 +84,16 @@ class TinyReverseSpec(BaseModel):
 
 
 class TinyReverse:
-    """The `BuiltinModel` behind `builtin:tiny-reverse`."""
+    """The `BuiltinModel` behind `builtin:tiny-reverse` and its conversational twin
+    `builtin:tiny-reverse-chat`: one build, two default specs, each with shipped weights."""
 
-    name = "tiny-reverse"
+    def __init__(self, name: str, spec: TinyReverseSpec) -> None:
+        self.name = name
+        self.shipped_dir = shipped.shipped_dir(name)
+        self._default_spec = spec
 
     def default_spec(self) -> TinyReverseSpec:
-        return TinyReverseSpec()
+        return self._default_spec
 
     def version_hash(self, spec: TinyReverseSpec) -> str:
         identity: dict[str, Any] = {
@@ -100,13 +104,13 @@ class TinyReverse:
         }
         # Weights shipped anew (from another machine, say) get a cache directory of their own.
         if self.ships(spec):
-            identity["shipped_sha256"] = shipped_build_info()["sha256"]
+            identity["shipped_sha256"] = shipped_build_info(self.shipped_dir)["sha256"]
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8"))
         return digest.hexdigest()[:12]
 
     def ships(self, spec: TinyReverseSpec) -> bool:
         """Whether the package holds the weights `spec` builds (the default spec's)."""
-        info = shipped_build_info()
+        info = shipped_build_info(self.shipped_dir)
         return info is not None and TinyReverseSpec.model_validate(info["spec"]) == spec
 
     def describe_build(self, spec: TinyReverseSpec) -> str:
@@ -128,9 +132,9 @@ class TinyReverse:
                 target, spec, show_progress=show_progress, console=console, on_step=on_step
             )
             return
-        on_step(1, 1, f"copying the shipped weights from {SHIPPED_DIR}")
+        on_step(1, 1, f"copying the shipped weights from {self.shipped_dir}")
         try:
-            shipped.copy_verified(SHIPPED_DIR, target)
+            shipped.copy_verified(self.shipped_dir, target)
         except shipped.ShippedWeightsError as err:
             raise ModelResolutionError(
                 f"the shipped weights of builtin:{self.name} are damaged ({err}); "
@@ -179,7 +183,7 @@ class TinyReverse:
                 ),
                 show_progress=show_progress,
                 console=console,
-                description="warming up builtin:tiny-reverse",
+                description=f"warming up builtin:{self.name}",
                 on_log=warmed_up,
                 atomic=False,
             )
@@ -254,9 +258,16 @@ def measure_rewards(model_dir: Path, spec: TinyReverseSpec) -> dict[str, float]:
 
 
 @functools.cache
-def shipped_build_info() -> dict[str, Any] | None:
+def shipped_build_info(directory: Path) -> dict[str, Any] | None:
     """The shipped weights' `build.json` (None where the package holds none)."""
-    return read_build_info(SHIPPED_DIR)
+    return read_build_info(directory)
 
 
-TINY_REVERSE = TinyReverse()
+TINY_REVERSE = TinyReverse("tiny-reverse", TinyReverseSpec())
+# Warmed up with up to two earlier turns, already answered, before the text to reverse: it
+# answers in a conversation, which multi-turn episodes (`reverse_chain`) need. Otherwise the
+# same model; its greedy reward on one-turn prompts is lower for the same 150 updates.
+TINY_REVERSE_CHAT = TinyReverse(
+    "tiny-reverse-chat",
+    TinyReverseSpec(warmup_env_args={"min_length": 3, "max_length": 8, "max_history": 2}),
+)
