@@ -234,7 +234,7 @@ class OrchestratorConfig(StrictModel):
 
     env: str = Field(
         "reverse_text",
-        description="environment: a built-in name (`reverse_text`, `letter_count`, `dataset` for a data file) or "
+        description="environment: a built-in name (`reverse_text`, `letter_count`, `dataset` for a data file, `reverse_chain` multi-turn) or "
         "`package.module:ClassName`",
     )
     env_args: dict[str, Any] = Field(
@@ -339,7 +339,10 @@ class ExperimentSection(StrictModel):
 
 
 class ModelSection(StrictModel):
-    base: str = Field(description="`builtin:tiny-reverse`, a local model directory or a hub id")
+    base: str = Field(
+        description="`builtin:tiny-reverse` (or `builtin:tiny-reverse-chat`), a local model "
+        "directory or a hub id"
+    )
 
 
 class InferenceSection(StrictModel):

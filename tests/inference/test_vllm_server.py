@@ -1,4 +1,5 @@
-"""Against the real vLLM server (CPU build) and the built-in tiny model: adapters and log-probs."""
+"""Against the real vLLM server (CPU build) and the built-in tiny model: adapters, log-probs,
+and multi-turn episodes whose tokens and log-probs are the model's own."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.helpers import random_adapter
+from workbench.envs import get_environment
 from workbench.inference.client import AdapterVersions, InferenceClient
+from workbench.orchestrator.episodes import run_episodes
 
 pytestmark = pytest.mark.slow
 PROMPT = [{"role": "user", "content": "reverse: abcdefghij"}]
@@ -78,3 +81,66 @@ def test_completions_carry_token_ids_and_logprobs_the_trainer_reproduces(
         n = len(result.prompt_token_ids)
         ours = [float(logprobs[n - 1 + i, tok]) for i, tok in enumerate(completion.token_ids)]
         assert ours == pytest.approx(completion.logprobs, abs=2e-3)
+
+
+def test_every_model_turn_is_trained_on_its_sampled_tokens_with_vllms_logprobs(
+    server, tiny_reverse
+):
+    env = get_environment("reverse_chain", turns=3, min_length=3, max_length=4)
+    prompts = env.sample_prompts(2, seed=4)
+    with InferenceClient(server) as client:
+        groups = run_episodes(
+            client,
+            env,
+            prompts,
+            [11, 12],
+            model=server.model,
+            n=2,
+            max_tokens=8,
+            temperature=1.0,
+            top_p=1.0,
+        )
+    assert any(not episode.truncated for group in groups for episode in group)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_reverse))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_reverse), dtype=torch.float32).eval()
+    for prompt, group in zip(prompts, groups, strict=True):
+        assert len(group) == 2
+        for episode in group:
+            assert len(episode.token_ids) == len(episode.logprobs) == len(episode.mask)
+            if episode.truncated:
+                continue
+            assert len(episode.replies) == 3 and episode.env_messages == prompt.info["texts"][1:]
+            # The environment's messages sit between the turns, masked, with no log-prob.
+            turns = _runs(episode.mask)
+            assert [trained for trained, _ in turns] == [True, False, True, False, True]
+            assert all(
+                lp == 0.0 for lp, m in zip(episode.logprobs, episode.mask, strict=True) if not m
+            )
+            # The whole sequence is the conversation as the chat template writes it: no
+            # token was re-tokenised into something else.
+            rendered = tokenizer.apply_chat_template(
+                episode.chat(prompt), add_generation_prompt=False, tokenize=False
+            )
+            expected = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+            assert episode.prompt_ids + episode.token_ids == list(expected)
+            # Each model token's log-prob is the model's, given everything before it.
+            ids = torch.tensor([episode.prompt_ids + episode.token_ids])
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+            start = len(episode.prompt_ids)
+            for i, (token, trained) in enumerate(zip(episode.token_ids, episode.mask, strict=True)):
+                if trained:
+                    ours = float(logprobs[start + i - 1, token])
+                    assert abs(ours - episode.logprobs[i]) < 2e-3, (i, ours, episode.logprobs[i])
+            assert 0.0 <= episode.reward <= 1.0
+            assert episode.reward == env.episode_reward(prompt, episode.replies)
+
+
+def _runs(mask: list[bool]) -> list[tuple[bool, int]]:
+    runs: list[tuple[bool, int]] = []
+    for value in mask:
+        if runs and runs[-1][0] == value:
+            runs[-1] = (value, runs[-1][1] + 1)
+        else:
+            runs.append((value, 1))
+    return runs

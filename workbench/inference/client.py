@@ -25,6 +25,8 @@ from workbench.inference.endpoint import Endpoint
 
 logger = logging.getLogger(__name__)
 
+KEEPALIVE_EXPIRY_S = 2.0
+
 
 class InferenceError(RuntimeError):
     """The inference server refused a request; the message carries its answer."""
@@ -60,6 +62,10 @@ class InferenceClient:
         self._http = httpx.Client(
             headers={"Authorization": f"Bearer {endpoint.api_key}"},
             timeout=httpx.Timeout(timeout_s, connect=10.0),
+            # vLLM closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), httpx's default
+            # expiry too: a request may go out on a connection the server is closing and
+            # fail with "connection reset". Dropping idle connections sooner avoids that.
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S),
         )
 
     def close(self) -> None:

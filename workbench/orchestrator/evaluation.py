@@ -34,7 +34,7 @@ from workbench.config import OrchestratorConfig
 from workbench.envs.base import Environment
 from workbench.inference.client import AdapterVersions, HeldVersion
 from workbench.metrics import append_metrics, read_metrics
-from workbench.orchestrator.generation import ChatClient, complete_prompts
+from workbench.orchestrator.episodes import EpisodeClient, TurnJoiner, run_episodes
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +81,12 @@ class PolicyEvaluator:
         run: Path,
         config: OrchestratorConfig,
         env: Environment,
-        client: ChatClient,
+        client: EpisodeClient,
         adapters: AdapterVersions,
+        joiner: TurnJoiner | None = None,
     ):
         self.run = run
+        self.joiner = joiner or TurnJoiner(client)
         self.config = config.eval
         self.max_tokens = config.eval.sampling.max_tokens or config.sampling.max_tokens
         self.env = env
@@ -170,8 +172,9 @@ class PolicyEvaluator:
         """Complete and score the eval prompts with `model` (a served adapter or the base)."""
         started = time.monotonic()
         sampling = self.config.sampling
-        results = complete_prompts(
+        groups = run_episodes(
             self.client,
+            self.env,
             self.prompts,
             self.seeds,
             model=model,
@@ -179,11 +182,11 @@ class PolicyEvaluator:
             max_tokens=self.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
+            joiner=self.joiner,
         )
         rewards, lengths, truncated = [], [], 0
-        for prompt, result in zip(self.prompts, results, strict=True):
-            for completion in result.completions:
-                rewards.append(self.env.reward(prompt, completion.text))
-                lengths.append(len(completion.token_ids))
-                truncated += completion.truncated
+        for episode in (episode for group in groups for episode in group):
+            rewards.append(episode.reward)
+            lengths.append(episode.model_tokens)
+            truncated += episode.truncated
         return EvalScores(rewards, lengths, truncated, time.monotonic() - started)

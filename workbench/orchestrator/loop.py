@@ -29,15 +29,15 @@ from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.envs import get_environment
 from workbench.envs.base import Prompt
-from workbench.inference.client import AdapterVersions, ChatResult
+from workbench.inference.client import AdapterVersions
 from workbench.metrics import append_metrics
 from workbench.orchestrator.advantages import (
     group_advantages,
     has_learning_signal,
     steps_ahead_allowed,
 )
+from workbench.orchestrator.episodes import Episode, EpisodeClient, TurnJoiner, run_episodes
 from workbench.orchestrator.evaluation import PolicyEvaluator
-from workbench.orchestrator.generation import ChatClient, complete_prompts
 from workbench.orchestrator.state import OrchestratorState, load_state, save_state
 from workbench.rollouts import RolloutBatch, Sample, write_rollouts
 from workbench.samples import SampledCompletion, SampleGroup, StepSamples
@@ -64,7 +64,7 @@ class Orchestrator:
         self,
         run: Path,
         config: OrchestratorConfig,
-        client: ChatClient,
+        client: EpisodeClient,
         adapters: AdapterVersions,
         *,
         poll_s: float = 0.2,
@@ -81,7 +81,8 @@ class Orchestrator:
         self.dataset = self.env.dataset(seed=config.seed, split="train")
         self.state = self._resume()
         self.rng = self.state.rng(config.seed)
-        self.evaluator = PolicyEvaluator(run, config, self.env, client, adapters)
+        self.joiner = TurnJoiner(client)  # measures the chat template once, if ever needed
+        self.evaluator = PolicyEvaluator(run, config, self.env, client, adapters, self.joiner)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -131,26 +132,24 @@ class Orchestrator:
         self.state.data_position += len(prompts)
         started = time.monotonic()
         model = self.adapters.model_for_requests()
-        results = self._generate(prompts, model)
+        groups = self._generate(prompts, model)
         generation_s = time.monotonic() - started
 
         samples, rewards, lengths, truncated = [], [], [], 0
-        for prompt, result in zip(prompts, results, strict=True):
-            group_rewards = [self.env.reward(prompt, c.text) for c in result.completions]
-            rewards.extend(group_rewards)
-            for completion, reward in zip(result.completions, group_rewards, strict=True):
-                n = min(len(completion.token_ids), len(completion.logprobs))
-                lengths.append(n)
-                truncated += completion.truncated
-                samples.append(
-                    Sample(
-                        prompt_ids=list(result.prompt_token_ids),
-                        completion_ids=completion.token_ids[:n],
-                        completion_logprobs=completion.logprobs[:n],
-                        advantage=0.0,
-                        reward=reward,
-                    )
+        for episode in (episode for group in groups for episode in group):
+            rewards.append(episode.reward)
+            lengths.append(episode.model_tokens)
+            truncated += episode.truncated
+            samples.append(
+                Sample(
+                    prompt_ids=episode.prompt_ids,
+                    completion_ids=episode.token_ids,
+                    completion_logprobs=episode.logprobs,
+                    advantage=0.0,
+                    reward=episode.reward,
+                    completion_mask=episode.mask if episode.multi_turn else None,
                 )
+            )
         advantages = group_advantages(rewards, self.config.rollouts_per_prompt)
         for sample, advantage in zip(samples, advantages, strict=True):
             sample.advantage = advantage
@@ -162,7 +161,7 @@ class Orchestrator:
                 step=step,
                 policy_version=self._policy_version(),
                 written=written,
-                groups=_sample_groups(prompts, results, rewards, advantages),
+                groups=_sample_groups(prompts, groups, advantages),
             ),
         )
         if written:
@@ -202,10 +201,11 @@ class Orchestrator:
             raise RunEvicted(reason)
         return StepResult(step=step, written=written, reward_mean=reward_mean)
 
-    def _generate(self, prompts: list[Prompt], model: str) -> list[ChatResult]:
+    def _generate(self, prompts: list[Prompt], model: str) -> list[list[Episode]]:
         sampling = self.config.sampling
-        return complete_prompts(
+        return run_episodes(
             self.client,
+            self.env,
             prompts,
             [self.rng.randrange(2**31) for _ in prompts],
             model=model,
@@ -213,6 +213,7 @@ class Orchestrator:
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
+            joiner=self.joiner,
         )
 
     # ------------------------------------------------------------------ policy versions
@@ -268,25 +269,22 @@ def log_step(run_id: str, record: dict[str, Any], empty_batches: int) -> None:
 
 
 def _sample_groups(
-    prompts: list[Prompt],
-    results: list[ChatResult],
-    rewards: list[float],
-    advantages: list[float],
+    prompts: list[Prompt], groups: list[list[Episode]], advantages: list[float]
 ) -> list[SampleGroup]:
-    """The step's groups as text, for the rollout browser; rewards and advantages are flat."""
-    groups, position = [], 0
-    for prompt, result in zip(prompts, results, strict=True):
+    """The step's groups as text, for the rollout browser; advantages are flat."""
+    sample_groups, position = [], 0
+    for prompt, group in zip(prompts, groups, strict=True):
         completions = []
-        for completion in result.completions:
+        for episode in group:
             completions.append(
                 SampledCompletion(
-                    text=completion.text,
-                    reward=rewards[position],
+                    text=episode.transcript(),
+                    reward=episode.reward,
                     advantage=advantages[position],
-                    truncated=completion.truncated,
-                    tokens=len(completion.token_ids),
+                    truncated=episode.truncated,
+                    tokens=len(episode.token_ids),
                 )
             )
             position += 1
-        groups.append(SampleGroup(prompt.question, prompt.answer, completions))
-    return groups
+        sample_groups.append(SampleGroup(prompt.question, prompt.answer, completions))
+    return sample_groups
