@@ -40,7 +40,13 @@ from workbench.config import (
     nest_dotted,
     problem_at,
 )
-from workbench.envs import Environment, EnvironmentConfigError, environment_class, get_environment
+from workbench.envs import (
+    Environment,
+    EnvironmentConfigError,
+    MultiTurnEnvironment,
+    environment_class,
+    get_environment,
+)
 from workbench.models.resolve import base_model_problem, prompt_tokenizer
 from workbench.recipe import Recipe, RunSpec
 from workbench.sweep.checks import read_params
@@ -188,6 +194,15 @@ class RunChecker:
         prompt = self._longest_prompt(config, env, "train", count)
         total = prompt + config.sampling.max_tokens
         measured = f"the longest of the run's first {count} training prompts is {prompt} tokens"
+        if isinstance(env, MultiTurnEnvironment):
+            # An episode holds every turn: the prompt and the environment's messages as the
+            # template writes them, and up to max_tokens for each of the model's replies.
+            prompt = self._longest_episode(config, env, count)
+            total = prompt + env.max_turns * config.sampling.max_tokens
+            measured = (
+                f"the longest of the run's first {count} training episodes has {prompt} tokens "
+                f"of prompt and environment messages, and {env.max_turns} replies"
+            )
         findings = []
         if total > inference.max_model_len:
             findings.append(
@@ -242,6 +257,27 @@ class RunChecker:
             prompts = env.sample_prompts(count, seed=config.seed, split=split)
             self._longest[key] = max(self._prompt_tokens(p.messages) for p in prompts)
         return self._longest[key]
+
+    def _longest_episode(
+        self, config: OrchestratorConfig, env: MultiTurnEnvironment, count: int
+    ) -> int:
+        """The most template tokens an episode of the first `count` training prompts has
+        besides its replies: each reply taken as empty, the environment answering it."""
+        longest = 0
+        for prompt in env.sample_prompts(count, seed=config.seed):
+            chat, replies = list(prompt.messages), []
+            for _ in range(env.max_turns):
+                replies.append("")
+                chat.append({"role": "assistant", "content": ""})
+                message = env.respond(prompt, replies) if len(replies) < env.max_turns else None
+                if message is None:
+                    break
+                chat.append({"role": "user", "content": message})
+            ids = self.tokenizer.apply_chat_template(
+                chat, add_generation_prompt=False, tokenize=True, return_dict=False
+            )
+            longest = max(longest, len(ids))
+        return longest
 
     def _prompt_tokens(self, messages: list[dict[str, str]]) -> int:
         ids = self.tokenizer.apply_chat_template(

@@ -81,7 +81,12 @@ def problems(tmp_path: Path, text: str) -> dict[str, tuple[int | None, str]]:
 
 
 def test_the_shipped_recipes_pass_every_check_that_needs_no_hub():
-    for name in ("reverse_text.toml", "reverse_text_sweep.toml", "reverse_words_dataset.toml"):
+    for name in (
+        "reverse_text.toml",
+        "reverse_text_sweep.toml",
+        "reverse_words_dataset.toml",
+        "reverse_chain.toml",
+    ):
         read_recipe(REPO / "recipes" / name)
 
 
@@ -97,7 +102,7 @@ def test_an_unknown_env_args_key_is_found_by_the_environments_own_arguments(tmp_
     text = recipe_text(tmp_path).replace("min_length = 9,", "min_len = 9,")
     line, message = problems(tmp_path, text)["defaults.env_args"]
     assert line == 17 and "unknown env_args key 'min_len'" in message
-    assert "allowed: alphabet, max_length, min_length, system_prompt" in message
+    assert "allowed: alphabet, max_history, max_length, min_length, system_prompt" in message
 
 
 def test_a_task_space_too_small_to_hold_out_eval_prompts_is_found(tmp_path: Path):
@@ -164,6 +169,26 @@ def test_an_eval_of_its_own_length_and_the_trainers_seq_len_are_checked_too(tmp_
     assert set(found) == {"defaults.sampling.max_tokens", "defaults.eval.sampling.max_tokens"}
     assert "above [trainer] seq_len = 40" in found["defaults.sampling.max_tokens"][1]
     assert "eval prompts is 13 tokens" in found["defaults.eval.sampling.max_tokens"][1]
+
+
+def test_a_multi_turn_episode_is_measured_with_every_turn_against_the_trainers_seq_len(
+    tmp_path: Path,
+):
+    text = recipe_text(tmp_path).replace(
+        'env = "reverse_text"\nenv_args = { min_length = 9, max_length = 9 }',
+        'env = "reverse_chain"\nenv_args = { turns = 4, min_length = 6, max_length = 6 }',
+    )
+    # One turn would fit 128: a 10-token prompt (<bos>, <|user|>, 6 letters, <eos>,
+    # <|assistant|>) and 64 generated. Four do not: the prompt, 3 messages of 8 tokens, 4
+    # empty replies of 2 (<|assistant|>, <eos>) make 41, and 4 x 64 replies 256 more.
+    text = text.replace("max_concurrent_runs = 2", "max_concurrent_runs = 2\nseq_len = 128")
+    text = text.replace("max_steps = 5", "max_steps = 5\nsampling.max_tokens = 64")
+    line, message = problems(tmp_path, text)["defaults.sampling.max_tokens"]
+    assert line == 20
+    assert "training episodes has 41 tokens of prompt and environment messages, and 4 replies" in (
+        message
+    )
+    assert "up to 297, above [trainer] seq_len = 128" in message
 
 
 def test_a_swept_value_that_fails_is_found_at_the_sweep_key(tmp_path: Path):
