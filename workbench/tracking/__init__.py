@@ -11,8 +11,8 @@ libraries are an optional extra (`pip install -e '.[tracking]'`).
   `wandb_backend.py` are the adapters.
 - `progress.py`: `tracking/<run_id>.json`, how far each run was forwarded, so a restarted
   supervisor sends nothing twice.
-- `forwarder.py`: the follower. A tracking failure is a warning (supervisor log,
-  state.json), never a stopped run.
+- `forwarder.py`: the follower, and `open_backend`, which picks the adapter. A tracking
+  failure is a warning (supervisor log, state.json), never a stopped run.
 """
 
 from workbench.tracking.forwarder import MetricsForwarder, start_forwarding

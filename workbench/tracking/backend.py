@@ -1,4 +1,5 @@
-"""What the forwarder needs of a tracker library, and the one place that picks the adapter.
+"""What the forwarder needs of a tracker library (the adapters implement it; the forwarder's
+`open_backend` picks one).
 
 An adapter is small: open or resume one tracker run, log one record's values at its step,
 finish a run, close the library. Errors may be raised from any of these; the forwarder
@@ -8,10 +9,7 @@ turns them into warnings. A library is imported only when its backend is used.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
-
-from workbench.tracking.target import TrackingTarget
 
 
 @dataclass(frozen=True)
@@ -41,15 +39,3 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the library (after every run was finished)."""
-
-
-def open_backend(target: TrackingTarget, experiment: Path) -> Backend:
-    if target.backend == "trackio":
-        from workbench.tracking.trackio_backend import TrackioBackend
-
-        return TrackioBackend(target.dir, target.project)
-    if target.backend == "wandb":
-        from workbench.tracking.wandb_backend import WandbBackend
-
-        return WandbBackend(target.dir or experiment, mode=target.mode, entity=target.entity)
-    raise ValueError(f"unknown tracking backend {target.backend!r}")

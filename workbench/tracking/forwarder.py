@@ -30,7 +30,7 @@ from workbench.config import ConfigError, load_orchestrator_config
 from workbench.file_tail import AppendedLines
 from workbench.metrics import parse_record
 from workbench.sweep.values import flatten_values
-from workbench.tracking.backend import Backend, TrackedRun, TrackerRun, open_backend
+from workbench.tracking.backend import Backend, TrackedRun, TrackerRun
 from workbench.tracking.progress import Progress, read_progress, write_progress
 from workbench.tracking.target import TrackingTarget
 
@@ -92,6 +92,19 @@ class _Problems:
     def listed(self) -> list[str]:
         with self.lock:
             return [self.current[key] for key in sorted(self.current)]
+
+
+def open_backend(target: TrackingTarget, experiment: Path) -> Backend:
+    """The adapter of the library `target` names, imported only now."""
+    if target.backend == "trackio":
+        from workbench.tracking.trackio_backend import TrackioBackend
+
+        return TrackioBackend(target.dir, target.project)
+    if target.backend == "wandb":
+        from workbench.tracking.wandb_backend import WandbBackend
+
+        return WandbBackend(target.dir or experiment, mode=target.mode, entity=target.entity)
+    raise ValueError(f"unknown tracking backend {target.backend!r}")
 
 
 class MetricsForwarder:
