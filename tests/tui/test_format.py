@@ -8,6 +8,7 @@ from workbench.tui.format import format_age, format_count, sparkline
 from workbench.tui.widgets.curves import (
     BrailleCanvas,
     braille_plot,
+    padded_range,
     resample,
     resample_by_step,
     step_columns,
@@ -75,3 +76,13 @@ def test_each_cell_takes_the_colour_of_the_last_run_drawn_through_it():
     canvas.draw_line([(x, 0.0) for x in range(4, 8)], low=0.0, high=1.0, series=1)  # right half
     (row,) = canvas.styled_rows(["red", "blue"])
     assert [str(span.style) for span in row.spans] == ["red", "red", "blue", "blue"]
+
+
+def test_the_runs_axis_spans_the_curves_shown_not_the_whole_reward_range():
+    low, high = padded_range([0.65, 0.72, 0.80], 0.0, 1.0)
+    assert low == pytest.approx(0.635) and high == pytest.approx(0.815)
+    # near a bound, the axis stops at it; a value beyond a bound is still shown
+    assert padded_range([0.2, 0.99], 0.0, 1.0) == (pytest.approx(0.121), 1.0)
+    assert padded_range([-0.5, 0.5], 0.0, 1.0)[0] == -0.5
+    # a flat curve still gets an axis of its own
+    assert padded_range([0.7, 0.7], 0.0, 1.0) == (pytest.approx(0.69), pytest.approx(0.71))

@@ -22,6 +22,9 @@ from textual.widget import Widget
 _BRAILLE_BASE = 0x2800
 # Bit of the dot at (column, row) within one braille cell, rows counted from the top.
 _DOT_BITS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
+# A runs chart's value axis: the curves' range, this share of it wider each side.
+AXIS_PAD = 0.1
+MIN_AXIS_PAD = 0.01
 AXIS_WIDTH = 10  # a label of up to 9 cells (e.g. -1.235e+04), then the axis line
 
 
@@ -247,7 +250,9 @@ class RunSeries:
 
 class RunsChart(CurveChart):
     """Several runs' (step, value) curves on one step axis, each in its run's colour; the
-    value axis spans [low, high] and whatever the curves reach beyond it."""
+    value axis spans the curves' own range, a little wider, never beyond [low, high] (the
+    values the metric can take): rewards between 0.65 and 0.80 fill the chart rather than
+    lying in a flat band of a 0-to-1 axis."""
 
     series: reactive[tuple[RunSeries, ...]] = reactive((), always_update=False)
 
@@ -263,7 +268,7 @@ class RunsChart(CurveChart):
         rows = max(1, self.size.height - 2)  # the title above, the steps below
         first = min(s.points[0][0] for s in shown)
         last = max(s.points[-1][0] for s in shown)
-        low, high = _value_range(
+        low, high = padded_range(
             [v for s in shown for _, v in s.points], self.fixed_low, self.fixed_high
         )
         canvas = BrailleCanvas(width, rows)
@@ -282,6 +287,21 @@ def _value_range(
         min(values) if low is None else min(low, min(values)),
         max(values) if high is None else max(high, max(values)),
     )
+
+
+def padded_range(
+    values: Sequence[float], lowest: float | None, highest: float | None
+) -> tuple[float, float]:
+    """The values' range widened by a tenth of it each side (at least 0.01), so no curve
+    runs along the chart's edge, and kept within [lowest, highest] where they are given."""
+    low, high = min(values), max(values)
+    pad = max((high - low) * AXIS_PAD, MIN_AXIS_PAD)
+    low, high = low - pad, high + pad
+    if lowest is not None:
+        low = max(low, min(lowest, min(values)))
+    if highest is not None:
+        high = min(high, max(highest, max(values)))
+    return low, high
 
 
 def _axis_label(value: float) -> str:
