@@ -19,7 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from workbench.cli import app
 from workbench.envs import (
     EnvironmentConfigError,
     environment_class,
@@ -107,6 +109,32 @@ def test_run_episodes_hands_an_external_environment_the_endpoint_and_the_samplin
         "temperature": 1.0,
         "top_p": 0.9,
     }
+
+
+def test_env_install_makes_the_venv_with_the_packages_given(tmp_path, monkeypatch):
+    calls = []
+
+    def install(*, python, requirements, say):
+        calls.append((python, requirements))
+        venv = tmp_path / "venv"
+        venv.mkdir()
+        marker = {"verifiers": "0.4.0", "with": requirements}
+        (venv / verifiers_venv.MARKER).write_text(json.dumps(marker))
+        return venv
+
+    monkeypatch.setattr(verifiers_venv, "install", install)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_env").mkdir()
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["env", "install", "verifiers", "--python", "python3.12", "--with", "my_env"]
+    )
+    assert result.exit_code == 0, result.output
+    # A folder that exists is given to pip by its absolute path.
+    assert calls == [("python3.12", [str(tmp_path / "my_env")])]
+    assert "verifiers 0.4.0 in" in result.output and "with " in result.output
+    result = runner.invoke(app, ["env", "install", "nothing"])
+    assert result.exit_code == 2 and "unknown kind 'nothing'" in result.output
 
 
 # ---------------------------------------------------------------- with verifiers
