@@ -14,13 +14,12 @@ from __future__ import annotations
 import difflib
 import json
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from tests.envs.conftest import TASKS
 from workbench.cli import app
 from workbench.envs import (
     EnvironmentConfigError,
@@ -31,19 +30,7 @@ from workbench.envs import (
 from workbench.envs.external import ExternalEpisodes
 from workbench.envs.verifiers_env import VerifiersEnvironment
 from workbench.inference.endpoint import Endpoint
-from workbench.models.resolve import cache_dir
 from workbench.orchestrator.episodes import Episode, run_episodes
-
-TASKS = Path(__file__).parent / "verifiers_tasks"
-NETWORK_TROUBLE = (
-    "No matching distribution",
-    "Could not find a version",
-    "Failed to establish",
-    "Temporary failure in name resolution",
-    "NewConnectionError",
-    "Network is unreachable",
-)
-
 
 # ---------------------------------------------------------------- without verifiers
 
@@ -138,25 +125,6 @@ def test_env_install_makes_the_venv_with_the_packages_given(tmp_path, monkeypatc
 
 
 # ---------------------------------------------------------------- with verifiers
-
-
-@pytest.fixture(scope="session")
-def verifiers_python() -> Iterator[Path]:
-    """The tests' verifiers venv, made once (minutes) and kept; its path in
-    $WORKBENCH_VERIFIERS_VENV for the session."""
-    venv = cache_dir() / "envs" / "verifiers-tests"
-    marker = verifiers_venv.installed(venv)
-    wanted = verifiers_venv.VERIFIERS_REQUIREMENT.split("==")[1]
-    if marker is None or marker.get("verifiers") != wanted:
-        try:
-            verifiers_venv.install(venv=venv, say=lambda line: None)
-        except verifiers_venv.InstallError as err:
-            if any(sign in str(err) for sign in NETWORK_TROUBLE):
-                pytest.skip(f"pip cannot install verifiers here: {str(err)[-300:]}")
-            raise
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(verifiers_venv.VENV_ENV, str(venv))
-        yield verifiers_venv.venv_python(venv)
 
 
 def reverse_env(**env_args) -> VerifiersEnvironment:
