@@ -15,6 +15,7 @@ import difflib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -122,6 +123,32 @@ def test_env_install_makes_the_venv_with_the_packages_given(tmp_path, monkeypatc
     assert "verifiers 0.4.0 in" in result.output and "with " in result.output
     result = runner.invoke(app, ["env", "install", "nothing"])
     assert result.exit_code == 2 and "unknown kind 'nothing'" in result.output
+
+
+def verifiers_recipe(tmp_path: Path) -> str:
+    from tests.foundation.test_preflight import recipe_text
+
+    return recipe_text(tmp_path).replace(
+        'env = "reverse_text"\nenv_args = { min_length = 9, max_length = 9 }',
+        f'env = "verifiers:vf_reverse"\nenv_args = {{ path = "{TASKS}", taskset = {{ num_tasks = 30 }} }}',
+    )
+
+
+def test_up_refuses_a_verifiers_run_without_the_venv_naming_the_command(tmp_path, monkeypatch):
+    from tests.foundation.test_preflight import problems
+
+    monkeypatch.setenv(verifiers_venv.VENV_ENV, str(tmp_path / "nowhere"))
+    line, message = problems(tmp_path, verifiers_recipe(tmp_path))["defaults.env_args"]
+    assert line == 17 and "`workbench env install verifiers`" in message
+
+
+def test_sft_refuses_a_verifiers_environment_with_the_reason():
+    from pydantic import ValidationError
+
+    from workbench.trainer.sft import SFTConfig
+
+    with pytest.raises(ValidationError, match="no reference answers to learn"):
+        SFTConfig(env="verifiers:vf_reverse", output_dir="/tmp/x", model="builtin:tiny-reverse")
 
 
 # ---------------------------------------------------------------- with verifiers
@@ -291,3 +318,40 @@ def test_episodes_run_against_the_server_and_take_the_rubrics_rewards(verifiers_
             assert episode.truncated == (len(reply) < len(text))
             assert episode.transcript() == reply
     assert len(set(rewards)) > 1, "episodes of one prompt score differently"
+
+
+@pytest.mark.slow
+def test_up_measures_a_verifiers_runs_prompts_and_leaves_no_process(verifiers_python, tmp_path):
+    import psutil
+
+    from workbench.up import read_recipe
+
+    path = tmp_path / "recipe.toml"
+    path.write_text(verifiers_recipe(tmp_path))
+    _, recipe = read_recipe(path)
+    assert {c.env for c in recipe.run_configs().values()} == {"verifiers:vf_reverse"}
+    # Every environment preflight built has ended its process.
+    servers = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if "verifiers_server.py" in " ".join(child.cmdline())
+    ]
+    assert not servers
+
+
+@pytest.mark.slow
+def test_the_environments_process_ends_with_it(verifiers_python):
+    import gc
+
+    env = reverse_env(taskset={"num_tasks": 5})
+    process = env.server.process
+    assert process.poll() is None
+    del env
+    gc.collect()
+    assert process.wait(timeout=30) == 0, "dropped, the environment ends its process"
+
+    env = reverse_env(taskset={"num_tasks": 5})
+    env.close()
+    assert env.server.process.returncode == 0
+    with pytest.raises(RuntimeError, match="has ended"):
+        env.prompt(0)

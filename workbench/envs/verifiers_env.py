@@ -280,23 +280,20 @@ class EnvironmentServerError(RuntimeError):
 
 class EnvironmentServer:
     """One `verifiers_server.py` process and the requests in flight to it (thread-safe:
-    the orchestrator's training step and its background eval share it)."""
+    the orchestrator's training step and its background eval share it). The process ends
+    with `close`, or once this object is garbage (its reader threads hold only the
+    `_Connection`), or with this process (it reads its requests from our pipe)."""
 
     def __init__(self, config: dict[str, Any], *, path: str | None = None) -> None:
         self.config = config
         self.path = path
-        self.process: subprocess.Popen | None = None
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._pending: dict[int, Future] = {}
-        self._ready: Future = Future()
-        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES_KEPT)
+        self._connection: _Connection | None = None
         self._finalizer: weakref.finalize | None = None
 
     def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> dict[str, int]:
         """Start the process; returns the number of tasks in each split."""
         python = verifiers_venv.venv_python()
-        self.process = subprocess.Popen(
+        process = subprocess.Popen(
             [str(python), str(verifiers_venv.SERVER_SCRIPT), "--config", json.dumps(self.config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -305,37 +302,27 @@ class EnvironmentServer:
             encoding="utf-8",
             env=verifiers_venv.server_environment(path=self.path),
         )
-        self._finalizer = weakref.finalize(self, _stop, self.process)
-        threading.Thread(target=self._read_answers, name="verifiers-out", daemon=True).start()
-        threading.Thread(target=self._read_stderr, name="verifiers-err", daemon=True).start()
+        self._finalizer = weakref.finalize(self, _stop, process)
+        self._connection = connection = _Connection(process)
         try:
-            ready = self._ready.result(timeout=timeout_s)
+            ready = connection.ready.result(timeout=timeout_s)
         except FutureTimeout:
             raise EnvironmentServerError(
-                f"its process did not start within {timeout_s:.0f} s{self._stderr_tail()}"
+                f"its process did not start within {timeout_s:.0f} s{connection.stderr_tail()}"
             ) from None
         if "error" in ready:
             raise EnvironmentServerError(f"verifiers could not load it: {ready['error']}")
         return {split: int(ready["splits"][split]) for split in splits.SPLITS}
 
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return None if self._connection is None else self._connection.process
+
     def submit(self, op: str, **fields: Any) -> Future:
         """Send a request; its future holds the answer."""
-        future: Future = Future()
-        with self._lock:
-            if self.process is None or self.process.poll() is not None:
-                raise EnvironmentServerError(f"its process has ended{self._stderr_tail()}")
-            number = next(self._ids)
-            self._pending[number] = future
-            assert self.process.stdin is not None
-            try:
-                self.process.stdin.write(json.dumps({"id": number, "op": op, **fields}) + "\n")
-                self.process.stdin.flush()
-            except OSError as err:
-                self._pending.pop(number, None)
-                raise EnvironmentServerError(
-                    f"its process stopped reading ({err}){self._stderr_tail()}"
-                ) from None
-        return future
+        if self._connection is None:
+            raise EnvironmentServerError("its process was never started")
+        return self._connection.submit(op, fields)
 
     def answer(self, future: Future, timeout_s: float | None = None) -> dict[str, Any]:
         answer = future.result(timeout=timeout_s)
@@ -350,40 +337,70 @@ class EnvironmentServer:
         if self._finalizer is not None:
             self._finalizer()
 
+
+class _Connection:
+    """The pipes of one process: requests out, answers matched to their futures by id."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self.ready: Future = Future()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES_KEPT)
+        threading.Thread(target=self._read_answers, name="verifiers-out", daemon=True).start()
+        threading.Thread(target=self._read_stderr, name="verifiers-err", daemon=True).start()
+
+    def submit(self, op: str, fields: dict[str, Any]) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if self.process.poll() is not None:
+                raise EnvironmentServerError(f"its process has ended{self.stderr_tail()}")
+            number = next(self._ids)
+            self._pending[number] = future
+            assert self.process.stdin is not None
+            try:
+                self.process.stdin.write(json.dumps({"id": number, "op": op, **fields}) + "\n")
+                self.process.stdin.flush()
+            except (OSError, ValueError) as err:  # ValueError: closed by `close`
+                self._pending.pop(number, None)
+                raise EnvironmentServerError(
+                    f"its process stopped reading ({err}){self.stderr_tail()}"
+                ) from None
+        return future
+
     def _read_answers(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
+        assert self.process.stdout is not None
         for line in self.process.stdout:
             try:
                 message = json.loads(line)
             except ValueError:
                 logger.warning("verifiers environment process wrote %r", line[:200])
                 continue
-            if not self._ready.done():
-                self._ready.set_result(message)
+            if not self.ready.done():
+                self.ready.set_result(message)
                 continue
             with self._lock:
                 future = self._pending.pop(message.get("id"), None)
             if future is not None:
                 future.set_result(message)
         code = self.process.wait()
-        error = EnvironmentServerError(
-            f"its process exited with status {code}{self._stderr_tail()}"
-        )
-        if not self._ready.done():
-            self._ready.set_exception(error)
+        error = EnvironmentServerError(f"its process exited with status {code}{self.stderr_tail()}")
+        if not self.ready.done():
+            self.ready.set_exception(error)
         with self._lock:
             pending, self._pending = self._pending, {}
         for future in pending.values():
             future.set_exception(error)
 
     def _read_stderr(self) -> None:
-        assert self.process is not None and self.process.stderr is not None
+        assert self.process.stderr is not None
         for line in self.process.stderr:
             line = line.rstrip()
             self._stderr.append(line)
             logger.info("verifiers: %s", line)
 
-    def _stderr_tail(self) -> str:
+    def stderr_tail(self) -> str:
         lines = list(self._stderr)[-12:]
         return (":\n" + "\n".join(lines)) if lines else ""
 
