@@ -146,7 +146,7 @@ def recipe_tables() -> list[str]:
 
 def environment_tables() -> list[str]:
     tables = []
-    for name in environment_names():
+    for name in [*environment_names(), "verifiers:<taskset id>"]:
         env = environment_class(name)
         # The module's first line reads "`name`: what the environment asks".
         summary = inspect.getdoc(sys.modules[env.__module__]) or ""

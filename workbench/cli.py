@@ -1,7 +1,7 @@
 """The `workbench` command line: one thin function per command, that parses options and
 prints; the work lives elsewhere (`workbench.up` is all of `up`). Here: the app and the
 commands that run an experiment (up, evict, attach, down, restart, logs). In modules of
-their own: `status`, `plot`, `export`, `samples` and `runs`, `sft` and `model`, `sweep`
+their own: `status`, `plot`, `export`, `samples` and `runs`, `sft` and `model`, `env`, `sweep`
 (`workbench/commands/`) and `bench` (`bench/cli.py`).
 
 Exit codes: 0 success, 1 the command failed (a run or experiment it names is unknown, ...),
@@ -32,6 +32,7 @@ from workbench.commands.common import (
     say,
     warn,
 )
+from workbench.commands.envs import env_app
 from workbench.commands.models import model_app, sft
 from workbench.commands.plot import plot
 from workbench.commands.runs import export, runs_app, samples
@@ -343,6 +344,7 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(sweep_app, name="sweep")
 app.add_typer(bench_app, name="bench")
 app.add_typer(model_app, name="model")
+app.add_typer(env_app, name="env")
 
 
 # ------------------------------------------------------------------ helpers of the commands

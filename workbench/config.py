@@ -234,8 +234,8 @@ class OrchestratorConfig(StrictModel):
 
     env: str = Field(
         "reverse_text",
-        description="environment: a built-in name (`reverse_text`, `letter_count`, `dataset` for a data file, `reverse_chain` multi-turn) or "
-        "`package.module:ClassName`",
+        description="environment: a built-in name (`reverse_text`, `letter_count`, `dataset` for a data file, `reverse_chain` multi-turn), "
+        "`verifiers:<taskset id>` (a verifiers environment) or `package.module:ClassName`",
     )
     env_args: dict[str, Any] = Field(
         default_factory=dict,

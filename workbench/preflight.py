@@ -84,10 +84,13 @@ def recipe_problems(recipe: Recipe, text: str | None) -> list[ConfigProblem]:
     checker = RunChecker(recipe, tokenizer)
     where: _KeyLocator | None = None  # made for the first finding: it reads the sweep's keys
     configs = recipe.run_configs()
-    for position, spec in enumerate(recipe.runs):
-        for key, message in checker.findings(configs[spec.run_id]):
-            where = where or _KeyLocator(recipe, checker)
-            problems.append(problem_at(where.loc(position, spec, key), message, text))
+    try:
+        for position, spec in enumerate(recipe.runs):
+            for key, message in checker.findings(configs[spec.run_id]):
+                where = where or _KeyLocator(recipe, checker)
+                problems.append(problem_at(where.loc(position, spec, key), message, text))
+    finally:
+        checker.close()
     if recipe.inference.max_loras is not None:
         loras = max_loras_problem(
             recipe.inference.max_loras,
@@ -117,9 +120,12 @@ def check_new_run(
     # The experiment's model is not the new run's business: its prompts are measured when
     # the tokenizer is at hand, and nothing is downloaded for it.
     checker = RunChecker(recipe, _tokenizer(recipe.model.base)[0])
-    problems = [
-        ConfigProblem(key=key, message=message) for key, message in checker.findings(config)
-    ]
+    try:
+        problems = [
+            ConfigProblem(key=key, message=message) for key, message in checker.findings(config)
+        ]
+    finally:
+        checker.close()
     live = [other.adapters_in_flight for other in _runs_that_may_train(experiment)]
     loras = max_loras_problem(
         recipe.max_loras,
@@ -137,7 +143,10 @@ def check_new_run(
 def environment_problem(config: OrchestratorConfig) -> Finding | None:
     """Why the run's environment cannot be built with its `env_args` (or hold out its eval
     prompts), as (key, message); None if it can."""
-    return _environment(config, {})[1]
+    env, problem = _environment(config, {})
+    if env is not None:
+        env.close()
+    return problem
 
 
 def max_loras_problem(
@@ -172,6 +181,12 @@ class RunChecker:
         self.tokenizer = tokenizer
         self._longest: dict[tuple, int] = {}
         self._environments: dict[tuple[str, str], _Built] = {}
+
+    def close(self) -> None:
+        """End the environments it built (a verifiers environment's process)."""
+        for env, _ in self._environments.values():
+            if env is not None:
+                env.close()
 
     def findings(self, config: OrchestratorConfig) -> list[Finding]:
         findings: list[Finding] = []

@@ -204,6 +204,11 @@ class Environment(ABC):
         """Prompts `start .. start + n - 1` of the `(seed, split)` stream."""
         return self.dataset(seed=seed, split=split).take(start, n)
 
+    def close(self) -> None:
+        """Let go of what the environment holds outside this process (a verifiers
+        environment's process); most hold nothing."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.args!r})"
 

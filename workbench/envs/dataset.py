@@ -233,7 +233,7 @@ class DatasetEnvironment(Environment):
         if not tasks:
             raise EnvironmentConfigError(self._empty_split(split))
         epoch, offset = divmod(index, len(tasks))
-        return tasks[_order(len(tasks), f"dataset|{split}|{seed}|{epoch}")[offset]]
+        return tasks[shuffled_order(len(tasks), f"dataset|{split}|{seed}|{epoch}")[offset]]
 
     def _empty_split(self, split: str) -> str:
         args = self.args
@@ -269,7 +269,7 @@ class DatasetEnvironment(Environment):
 
 
 @lru_cache(maxsize=8)
-def _order(count: int, stream: str) -> tuple[int, ...]:
+def shuffled_order(count: int, stream: str) -> tuple[int, ...]:
     # A string seed is hashed with SHA-512 by `random.Random`: the same order in any process.
     order = list(range(count))
     random.Random(stream).shuffle(order)

@@ -1,4 +1,6 @@
-"""Finding an environment by name: the built-ins, registered ones, or `package.module:Class`.
+"""Finding an environment by name: the built-ins, registered ones, `verifiers:<taskset id>`
+(an environment written with verifiers, run in a process of its own: `verifiers_env`), or
+`package.module:Class`.
 
 `get_environment(name, **env_args)` is what orchestrators and `workbench sft` call with a run's
 `env` and `env_args`; every mistake raises `EnvironmentConfigError` naming the environment,
@@ -17,6 +19,8 @@ from workbench.envs.dataset import DatasetEnvironment
 from workbench.envs.letter_count import LetterCount
 from workbench.envs.reverse_chain import ReverseChain
 from workbench.envs.reverse_text import ReverseText
+from workbench.envs.verifiers_env import PREFIX as VERIFIERS_PREFIX
+from workbench.envs.verifiers_env import verifiers_environment_class
 
 _REGISTRY: dict[str, type[Environment]] = {}
 
@@ -40,9 +44,9 @@ def environment_names() -> list[str]:
 def get_environment(name: str, **env_args: Any) -> Environment:
     """The environment called `name`, configured by `env_args`.
 
-    `name` is a registered name (`reverse_text`, `letter_count`, ...) or an import path
-    `package.module:ClassName` of an `Environment` subclass, for environments that live
-    outside this package.
+    `name` is a registered name (`reverse_text`, `letter_count`, ...), `verifiers:<taskset
+    id>` for a verifiers environment, or an import path `package.module:ClassName` of an
+    `Environment` subclass, for environments that live outside this package.
     """
     env_class = environment_class(name)
     try:
@@ -65,11 +69,14 @@ def environment_class(name: str) -> type[Environment]:
     """The class `name` stands for; `EnvironmentConfigError` if none (its `env_args` aside)."""
     if name in _REGISTRY:
         return _REGISTRY[name]
+    if name.startswith(VERIFIERS_PREFIX):
+        return verifiers_environment_class(name.removeprefix(VERIFIERS_PREFIX))
     if ":" in name:
         return _import_environment(name)
     raise EnvironmentConfigError(
         f"unknown environment {name!r}; built in: {', '.join(environment_names())} "
-        "(or give an import path, package.module:ClassName)"
+        f"(or {VERIFIERS_PREFIX}<taskset id> for a verifiers environment, or an import path, "
+        "package.module:ClassName)"
     )
 
 

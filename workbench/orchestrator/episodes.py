@@ -13,6 +13,10 @@ chat template (`TurnJoiner`): the tokens that close an assistant turn (its end-o
 marker, unless the model sampled it) and those that open the environment's message and the
 next assistant turn. These carry no loss (`mask` False, log-prob 0); the model's own tokens
 carry it. Advantages are per episode, over the group of one prompt's episodes.
+
+An environment that runs its episodes itself (`ExternalEpisodes`: a verifiers environment,
+in a process of its own) is handed the prompts, the server's endpoint and the sampling, and
+returns the episodes whole.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from workbench.envs.base import Environment, Message, Prompt
+from workbench.envs.external import ExternalEpisodes
 from workbench.envs.multi_turn import MultiTurnEnvironment
 from workbench.inference.client import ChatResult, Completion, InferenceError
+from workbench.inference.endpoint import Endpoint
 from workbench.orchestrator.generation import MAX_REQUESTS_IN_FLIGHT, complete_prompts
 
 logger = logging.getLogger(__name__)
@@ -41,6 +47,8 @@ class MultiTurnTemplateError(RuntimeError):
 
 class EpisodeClient(Protocol):
     """What episodes need from the inference server (`InferenceClient` is the real one)."""
+
+    endpoint: Endpoint  # where an `ExternalEpisodes` environment sends its requests
 
     def chat(self, messages, *, model, n, max_tokens, temperature, top_p, seed) -> ChatResult: ...
 
@@ -185,6 +193,17 @@ def run_episodes(
     """`n` scored episodes of each prompt, in the prompts' order. The first turn of every
     episode of a prompt is one chat request (vLLM samples the `n` together); a multi-turn
     environment's later turns are one request per episode, all in flight at once."""
+    if isinstance(env, ExternalEpisodes):
+        return env.run_episodes(
+            client.endpoint,
+            prompts,
+            seeds,
+            model=model,
+            n=n,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+        )
     results = complete_prompts(
         client,
         prompts,

@@ -43,6 +43,7 @@ from transformers.utils import logging as hf_logging
 from workbench import layout
 from workbench.config import LORA_TARGET_MODULES, LoraConfig, StrictModel
 from workbench.envs import Environment, Prompt, get_environment
+from workbench.envs.verifiers_env import PREFIX as VERIFIERS_PREFIX
 from workbench.models.resolve import resolve_model
 
 Message = dict[str, str]
@@ -116,6 +117,12 @@ class SFTConfig(StrictModel):
             raise ValueError("give exactly one data source: an environment (env) or a JSONL file")
         if self.eval_prompts and self.env is None:
             raise ValueError("eval_prompts needs an environment to score completions (env)")
+        if self.env is not None and self.env.startswith(VERIFIERS_PREFIX):
+            raise ValueError(
+                f"{self.env}: a verifiers environment scores whole episodes in its own process "
+                "and has no reference answers to learn; export its tasks to a JSONL file "
+                "(data) instead"
+            )
         return self
 
 

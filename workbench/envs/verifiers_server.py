@@ -1,0 +1,456 @@
+"""The process that runs a verifiers environment for one workbench environment object.
+
+Run by `workbench.envs.verifiers_env` with the python of the verifiers venv
+(`workbench env install verifiers`), never imported by workbench: it imports only the
+standard library, verifiers and what verifiers brings (httpx). verifiers pins an openai
+release that vLLM's cannot share a venv with, hence a process and a venv of its own.
+
+    python verifiers_server.py --config JSON     serve one environment (below)
+    python verifiers_server.py --warm            prepare what the first episode needs
+
+The protocol is JSON lines: requests on stdin, answers on stdout (the process's own
+prints go to stderr). The first line out is `{"ready": true, "splits": {"train": N,
+"eval": M}, ...}`, or `{"error": ...}` before it exits 1. Then each request
+`{"id", "op", ...}` gets one answer `{"id", ...}` or `{"id", "error"}`, in any order:
+
+- `{"op": "tasks", "split", "rows": [...]}` -> `{"tasks": [{"messages", "question",
+  "answer", "key"}]}`: the split's tasks at those row numbers;
+- `{"op": "run", "split", "row", "n", "model", "base_url", "api_key", "sampling": {...},
+  "seeds": [...]}` -> `{"episodes": [...]}`: `n` episodes of the task, each against the
+  OpenAI-compatible server at `base_url` with `model` (each with its own sampling seed).
+
+Each episode is one sample: `prompt_ids`, `token_ids`, `logprobs`, `mask` (True on the
+tokens the model sampled), `replies`, `env_messages`, `truncated`, `reward` (the sum of
+the rubric's weighted rewards), `rewards` (each by name), `branches` and `errors`.
+
+Where the tokens come from: the environment's harness talks to verifiers' interception
+server, which asks a model client for each turn. Here that client is `TokenClient`: it
+sends the turn to `/chat/completions` with `return_token_ids` and `logprobs` (vLLM's
+extensions), and hands verifiers the prompt's token ids as vLLM rendered them and the
+completion's ids as sampled, with their log-probs. verifiers keeps them per message in
+the episode's trace graph; a path of the graph (a branch) is a token sequence the model
+saw exactly. When a later turn's prompt does not extend the earlier turns' tokens (the
+chat template re-renders them, or a sampled reply re-tokenises differently), the graph
+splits into branches: the episode is then its last branch, on which the earlier replies
+are prompt tokens (no loss) as the model saw them in that turn. Nothing is re-tokenised
+on this side.
+
+When stdin closes (its workbench process ended), the process exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+SPLITS = ("train", "eval")
+PROTOCOL = 1
+
+logger = logging.getLogger("workbench.verifiers_server")
+
+
+# ---------------------------------------------------------------- the model client
+
+
+def _install_token_client() -> None:
+    """Make verifiers' interception server use `TokenClient` for a train-client config.
+
+    The interception server builds its model clients with `resolve_client`; a train-client
+    config (`TrainClientConfig`) is also what makes it ask the client for whole responses
+    rather than relay streams. verifiers' own train client renders prompts itself and needs
+    vLLM's generate endpoint; ours lets vLLM render, as the rest of workbench does.
+    """
+    import httpx
+    import verifiers.v1 as vf
+    from verifiers.v1.clients.client import Client
+    from verifiers.v1.dialects import ChatDialect
+    from verifiers.v1.errors import model_error
+    from verifiers.v1.interception import server as interception_server
+    from verifiers.v1.types import TurnTokens
+
+    if not hasattr(interception_server, "resolve_client"):
+        raise RuntimeError(
+            "this verifiers release builds its model clients differently from 0.4; "
+            "reinstall the venv: workbench env install verifiers"
+        )
+
+    class TokenClient(Client):
+        """Each turn through vLLM's chat completions, with the token ids and log-probs."""
+
+        def __init__(self, config: Any) -> None:
+            self.url = config.base_url.rstrip("/") + "/chat/completions"
+            self.http = httpx.AsyncClient(
+                headers=dict(config.headers),
+                timeout=httpx.Timeout(None, connect=30.0),
+                # vLLM drops a connection idle for 5 s: do not reuse one that old.
+                limits=httpx.Limits(keepalive_expiry=2.0),
+            )
+
+        async def get_response(
+            self, dialect, body, sampling, session_id=None, turn=None, headers=None
+        ):
+            if not isinstance(dialect, ChatDialect):
+                raise NotImplementedError(
+                    f"workbench trains on chat-completions turns only; this harness spoke "
+                    f"{type(dialect).__name__}"
+                )
+            request = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+            request.pop("top_logprobs", None)
+            request.update(n=1, logprobs=True, return_token_ids=True)
+            try:
+                answer = await self.http.post(self.url, json=request)
+            except httpx.HTTPError as err:
+                raise model_error(f"{type(err).__name__}: {err}", status_code=503) from err
+            if answer.status_code != 200:
+                raise model_error(
+                    f"upstream {answer.status_code}: {answer.text[:500]}",
+                    status_code=answer.status_code,
+                )
+            raw = answer.json()
+            choice = raw["choices"][0]
+            content = (choice.get("logprobs") or {}).get("content") or []
+            logprobs = [float(item["logprob"]) for item in content]
+            ids = list(choice.get("token_ids") or [])
+            prompt_ids = raw.get("prompt_token_ids")
+            if prompt_ids is None or choice.get("token_ids") is None:
+                raise model_error(
+                    "the server returned no token ids: it must be vLLM (return_token_ids)",
+                    status_code=502,
+                )
+            # A reply's log-probs can be one short of its ids (a stop token vLLM gave no
+            # log-prob): the ids without one are not the model's to train on.
+            kept = min(len(ids), len(logprobs))
+            for key in ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params"):
+                raw.pop(key, None)
+            for item in raw["choices"]:
+                item.pop("token_ids", None)
+                item.pop("logprobs", None)
+            response = dialect.parse_response(dialect.validate_response(raw))
+            response.tokens = TurnTokens(
+                prompt_ids=list(prompt_ids),
+                completion_ids=ids[:kept],
+                completion_logprobs=logprobs[:kept],
+            )
+            response.raw = raw
+            return response
+
+        async def close(self) -> None:
+            await self.http.aclose()
+
+    resolve = interception_server.resolve_client
+
+    def resolve_client(config: Any) -> Any:
+        if isinstance(config, vf.TrainClientConfig):
+            return TokenClient(config)
+        return resolve(config)
+
+    interception_server.resolve_client = resolve_client
+
+
+# ---------------------------------------------------------------- the environment
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _held_out(split_seed: int, key: str, fraction: float) -> bool:
+    # As workbench's dataset environment holds rows out: by a hash of the task's identity.
+    digest = hashlib.blake2b(f"{split_seed}|{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2**64
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    from verifiers.v1.types import content_text
+
+    return content_text(content)
+
+
+class Served:
+    """The environment(s) of one configuration and the tasks of each split."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        import verifiers.v1 as vf
+
+        self.vf = vf
+        self.config = config
+        taskset_id = config["taskset_id"]
+        self.harness = config.get("harness") or vf.default_harness_id(taskset_id)
+        if self.harness == "bash" and not config.get("harness"):
+            # A taskset without a harness of its own gets the tool-less chat loop, not a
+            # shell on this machine.
+            self.harness = "null"
+        train_env = self._environment(config.get("taskset") or {})
+        tasks = self._tasks(train_env, "env_args.taskset")
+        eval_args = config.get("eval_taskset")
+        if eval_args is not None:
+            eval_env = self._environment(_merge(config.get("taskset") or {}, eval_args))
+            self.splits = {
+                "train": (train_env, tasks),
+                "eval": (eval_env, self._tasks(eval_env, "env_args.eval_taskset")),
+            }
+        else:
+            fraction, seed = config["eval_fraction"], config["split_seed"]
+            held = [_held_out(seed, task.key, fraction) for task in tasks]
+            self.splits = {
+                "train": (train_env, [t for t, h in zip(tasks, held, strict=True) if not h]),
+                "eval": (train_env, [t for t, h in zip(tasks, held, strict=True) if h]),
+            }
+        self.gate = asyncio.Semaphore(config.get("max_concurrent") or 32)
+
+    def _environment(self, taskset_args: dict[str, Any]) -> Any:
+        vf, config = self.vf, self.config
+        raw = _merge(
+            config.get("env") or {}, {"taskset": {**taskset_args, "id": config["taskset_id"]}}
+        )
+        if not raw.get("id"):  # the single-agent env: its one agent plays
+            agent = {"harness": {"id": self.harness}, "runtime": {"type": "subprocess"}}
+            raw["agent"] = _merge(agent, config.get("agent") or {})
+        return vf.load_environment(vf.resolve_env_config(raw))
+
+    def _tasks(self, env: Any, key: str) -> list[Any]:
+        taskset, limit = env.taskset, self.config.get("max_tasks")
+        if limit is not None:
+            taskset = taskset.take(limit)
+        elif not taskset.bounded:
+            raise ValueError(
+                f"taskset {self.config['taskset_id']!r} never ends: set env_args.max_tasks "
+                "to the number of its tasks to use"
+            )
+        tasks = list(taskset)
+        system_prompt = self.config.get("system_prompt")
+        if system_prompt is not None:
+            tasks = [task.with_data(system_prompt=system_prompt or None) for task in tasks]
+        if not tasks:
+            raise ValueError(f"taskset {self.config['taskset_id']!r} ({key}) has no tasks")
+        return tasks
+
+    def sizes(self) -> dict[str, int]:
+        return {split: len(tasks) for split, (_, tasks) in self.splits.items()}
+
+    def environments(self) -> list[Any]:
+        unique: dict[int, Any] = {}
+        for env, _ in self.splits.values():
+            unique[id(env)] = env
+        return list(unique.values())
+
+    # ------------------------------------------------------------ requests
+
+    def task_view(self, split: str, row: int) -> dict[str, Any]:
+        task = self.splits[split][1][row]
+        data = task.data
+        messages: list[dict[str, str]] = []
+        if data.system_prompt:
+            messages.append({"role": "system", "content": data.system_prompt})
+        if isinstance(data.prompt, str):
+            messages.append({"role": "user", "content": data.prompt})
+        else:
+            for message in data.prompt or []:
+                messages.append({"role": message.role, "content": _text(message.content)})
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        answer = getattr(data, "answer", None)
+        return {
+            "messages": messages,
+            "question": users[-1] if users else data.prompt_text,
+            "answer": "" if answer is None or isinstance(answer, dict | list) else str(answer),
+            "key": task.key,
+        }
+
+    async def run(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        vf = self.vf
+        env, tasks = self.splits[request["split"]]
+        task = tasks[request["row"]]
+        client = vf.TrainClientConfig(
+            base_url=request["base_url"],
+            api_key_var="WORKBENCH_VERIFIERS_API_KEY",
+            headers={"Authorization": f"Bearer {request['api_key']}"},
+        )
+        slots = env.slots(task, request["n"])
+
+        async def one(slot: Any, seed: int) -> Any:
+            sampling = vf.Sampling(**request["sampling"], seed=seed)
+            context = vf.ModelContext(model=request["model"], client=client, sampling=sampling)
+            return await env.run_slot(slot, context, self.gate)
+
+        episodes = await asyncio.gather(
+            *(one(slot, seed) for slot, seed in zip(slots, request["seeds"], strict=True))
+        )
+        return [episode_record(episode) for episode in episodes]
+
+
+def episode_record(episode: Any) -> dict[str, Any]:
+    """One episode as one sample: the last branch of its first trainable trace."""
+    from verifiers.v1.types import AssistantMessage
+
+    errors = [error.message for error in episode.errors]
+    traces = [trace for trace in episode.traces if trace.agent.trainable]
+    for trace in traces:
+        errors += [error.message for error in trace.errors]
+    record: dict[str, Any] = {"errors": errors, "traces": len(traces)}
+    trace = traces[0] if traces else None
+    branches = [b for b in trace.branches if b.trainable and any(b.sampled_mask)] if trace else []
+    if not branches:
+        record["error"] = "; ".join(errors) or "the model was never asked"
+        return record
+    branch = branches[-1]
+    ids, mask, logprobs = branch.token_ids, branch.sampled_mask, branch.logprobs
+    first = mask.index(True)
+    replies: list[str] = []
+    between: list[list[str]] = []
+    seen = 0
+    for node in branch.nodes:
+        size = len(node.token_ids)
+        starts_after_prompt = seen + size > first
+        seen += size
+        if not starts_after_prompt:
+            continue
+        if node.sampled and isinstance(node.message, AssistantMessage):
+            replies.append(node.message.content or "")
+            between.append([])
+        elif between:
+            between[-1].append(_text(node.message.content))
+    rewards = {
+        name: None if reward is None else reward.value for name, reward in trace.rewards.items()
+    }
+    record.update(
+        prompt_ids=ids[:first],
+        token_ids=ids[first:],
+        logprobs=logprobs[first:],
+        mask=mask[first:],
+        replies=replies,
+        env_messages=["\n".join(texts) for texts in between if texts],
+        # An episode cut short by an error (its context outgrew the server's, say) keeps
+        # the turns it had, counted as truncated.
+        truncated=bool(trace.is_truncated or errors),
+        reward=float(trace.reward),
+        rewards=rewards,
+        branches=len(trace.branches),
+    )
+    return record
+
+
+# ---------------------------------------------------------------- serving
+
+
+class Channel:
+    """The JSON-lines channel: stdin in (a reader thread), the original stdout out."""
+
+    def __init__(self) -> None:
+        # Whatever verifiers or a library prints must not land in the protocol.
+        self.out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.out.write(json.dumps(message) + "\n")
+        self.out.flush()
+
+    def start_reading(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+        def read() -> None:
+            for line in sys.stdin:
+                if line.strip():
+                    loop.call_soon_threadsafe(queue.put_nowait, line)
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        threading.Thread(target=read, name="stdin", daemon=True).start()
+
+
+async def serve(config: dict[str, Any], channel: Channel) -> int:
+    import verifiers
+
+    try:
+        _install_token_client()
+        served = Served(config)
+    except Exception as err:  # the workbench side shows it as the env_args' problem
+        logger.debug("cannot build the environment", exc_info=True)
+        channel.send({"error": f"{type(err).__name__}: {err}"})
+        return 1
+    queue: asyncio.Queue = asyncio.Queue()
+    channel.start_reading(asyncio.get_running_loop(), queue)
+    running: set[asyncio.Task] = set()
+
+    async def handle(request: dict[str, Any]) -> None:
+        answer: dict[str, Any] = {"id": request.get("id")}
+        try:
+            if request.get("op") == "tasks":
+                answer["tasks"] = [served.task_view(request["split"], r) for r in request["rows"]]
+            elif request.get("op") == "run":
+                answer["episodes"] = await served.run(request)
+            else:
+                answer["error"] = f"unknown op {request.get('op')!r}"
+        except Exception as err:
+            logger.warning("request %s failed:\n%s", request.get("op"), traceback.format_exc())
+            answer["error"] = f"{type(err).__name__}: {err}"
+        channel.send(answer)
+
+    async with contextlib.AsyncExitStack() as stack:
+        for env in served.environments():
+            await stack.enter_async_context(env.serving())
+        channel.send(
+            {
+                "ready": True,
+                "protocol": PROTOCOL,
+                "splits": served.sizes(),
+                "harness": served.harness,
+                "verifiers": verifiers.__version__,
+            }
+        )
+        while (line := await queue.get()) is not None:
+            task = asyncio.create_task(handle(json.loads(line)))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        for task in running:
+            task.cancel()
+    return 0
+
+
+async def warm() -> int:
+    """Prepare the chat program the tool-less harness runs for each episode (a uv script:
+    uv resolves and caches its packages), so that episodes start without a download."""
+    from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+    from verifiers.v1.runtimes import SubprocessConfig, provision_runtime
+
+    async with provision_runtime(SubprocessConfig()) as runtime:
+        await runtime.prepare_uv_script(CHAT_PROGRAM_SOURCE, {})
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="the environment's configuration, as JSON")
+    parser.add_argument("--warm", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(
+        level=os.environ.get("WORKBENCH_VERIFIERS_LOG_LEVEL", "WARNING"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.warm:
+        return asyncio.run(warm())
+    channel = Channel()
+    code = asyncio.run(serve(json.loads(args.config), channel))
+    # Not a clean interpreter exit: threads of verifiers' runtimes may still wait on
+    # programs that their stop already killed. Everything worth keeping is sent.
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The venv that verifiers environments run in: made by `workbench env install verifiers`.
+
+verifiers 0.4 pins openai below 3 and mcp 2.0; vLLM's CPU build needs openai 3.57. The two
+cannot share workbench's venv, so verifiers gets one of its own under the workbench cache
+(`$WORKBENCH_CACHE_DIR/envs/verifiers`, or `$WORKBENCH_VERIFIERS_VENV`), and each
+`verifiers:` environment runs in a process started from it (`verifiers_server.py`).
+
+The venv holds verifiers (the release the server is written against), uv (verifiers runs
+each episode's harness program as a uv script) and the environments' own packages
+(`--with`). Installing ends by preparing that harness program once, so its packages are in
+uv's cache before the first episode. `workbench.json` in the venv is written last: a venv
+without it is an install that did not finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from workbench.models.resolve import cache_dir
+
+VENV_ENV = "WORKBENCH_VERIFIERS_VENV"
+# The release whose internals the server relies on (how the interception server builds
+# its model clients); another one is refused by the server with the reason.
+VERIFIERS_REQUIREMENT = "verifiers==0.4.0"
+MARKER = "workbench.json"
+SERVER_SCRIPT = Path(__file__).with_name("verifiers_server.py")
+INSTALL_COMMAND = "workbench env install verifiers"
+
+
+class InstallError(RuntimeError):
+    """Making the venv failed; the message says at which step and why."""
+
+
+def venv_dir() -> Path:
+    override = os.environ.get(VENV_ENV)
+    return Path(override).expanduser() if override else cache_dir() / "envs" / "verifiers"
+
+
+def venv_python(venv: Path | None = None) -> Path:
+    return (venv or venv_dir()) / "bin" / "python"
+
+
+def installed(venv: Path | None = None) -> dict | None:
+    """What the finished install recorded (`{"verifiers": ..., "with": [...]}`), or None."""
+    try:
+        return json.loads(((venv or venv_dir()) / MARKER).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def missing_problem(venv: Path | None = None) -> str | None:
+    """Why `verifiers:` environments cannot run here (with the command that fixes it), or
+    None."""
+    venv = venv or venv_dir()
+    if installed(venv) is not None and venv_python(venv).exists():
+        return None
+    state = "did not finish installing" if venv.exists() else "is not installed"
+    return (
+        f"verifiers environments run in a venv of their own, and {venv} {state}: make it with "
+        f"`{INSTALL_COMMAND}` (add `--with PACKAGE` for each environment package)"
+    )
+
+
+def server_environment(venv: Path | None = None, path: str | None = None) -> dict[str, str]:
+    """The process environment of an environment server: the venv's tools first on PATH
+    (verifiers calls uv), its python's own packages only (`path` added for a local module)."""
+    venv = venv or venv_dir()
+    env = dict(os.environ)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(venv)
+    env.pop("PYTHONPATH", None)
+    env.pop("PYTHONHOME", None)
+    if path:
+        env["PYTHONPATH"] = path
+    return env
+
+
+def install(
+    *,
+    python: str | None = None,
+    requirements: Sequence[str] = (),
+    venv: Path | None = None,
+    say: Callable[[str], None] = print,
+) -> Path:
+    """Make (or add `requirements` to) the verifiers venv; returns its directory.
+
+    `python` is the interpreter to make it from (3.11 or newer; default the one running
+    workbench). Raises `InstallError` naming the step that failed."""
+    venv = venv or venv_dir()
+    before = installed(venv) or {}
+    wanted = list(dict.fromkeys([*before.get("with", []), *requirements]))
+    if not venv_python(venv).exists():
+        say(f"making a venv in {venv}")
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        _step("make the venv", [python or sys.executable, "-m", "venv", str(venv)])
+    # Unmark first: a venv whose install fails half-way is not taken for a finished one.
+    (venv / MARKER).unlink(missing_ok=True)
+    packages = [VERIFIERS_REQUIREMENT, "uv", *wanted]
+    say(f"installing {' '.join(packages)}")
+    _step("install the packages", [str(venv_python(venv)), "-m", "pip", "install", *packages])
+    say("preparing the harness program every episode runs (a uv script)")
+    _step(
+        "prepare the harness program",
+        [str(venv_python(venv)), str(SERVER_SCRIPT), "--warm"],
+        env=server_environment(venv),
+    )
+    version = subprocess.run(
+        [str(venv_python(venv)), "-c", "import verifiers; print(verifiers.__version__)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    marker = {"verifiers": version, "with": wanted, "python": python or sys.executable}
+    (venv / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    return venv
+
+
+def _step(what: str, command: list[str], env: dict[str, str] | None = None) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0:
+        output = (result.stderr.strip() or result.stdout.strip())[-3000:]
+        raise InstallError(f"could not {what} ({' '.join(command)}):\n{output}")
