@@ -4,6 +4,7 @@ own tokens only."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -42,7 +43,7 @@ def test_the_multi_turn_recipe_trains_every_run_on_masked_two_turn_episodes(tmp_
         ):  # fmt: skip
             mask = batch.loss_mask[start + prompt : start + length].tolist()
             # model tokens, then the environment's message (masked), then model tokens
-            changes = sum(a != b for a, b in zip(mask, mask[1:], strict=False))
+            changes = sum(a != b for a, b in itertools.pairwise(mask))
             assert mask[0] and changes in (0, 2), mask
             two_turns += changes == 2
             masked = ~batch.loss_mask[start : start + length]
