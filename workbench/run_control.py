@@ -17,6 +17,12 @@ which looks at the run again and clears it if the new file is valid (`reconsider
     evicted_at: 2026-11-21T20:00:00+00:00
     evicted_by: trainer
 
+An eviction whose reason starts with `diverged:` is a divergence: the trainer evicted the
+run because its training stopped producing finite numbers (`workbench.trainer.divergence`).
+It is an eviction like any other to the processes (the trainer lets the run go, its
+orchestrator stops, `workbench restart` lifts it); readers that show runs call it
+`diverged` (`RunCondition.status`, `is_divergence`).
+
 `config_validation_error.txt` holds why the run's config was rejected (by the trainer at
 discovery, or by the run's orchestrator when it starts), then which `control/orch.toml`
 it rejected, so that an edited config is looked at again:
@@ -37,6 +43,10 @@ from workbench import layout
 from workbench.clock import now_iso
 
 _META_KEYS = ("evicted_at", "evicted_by")
+# How the reason of an eviction for divergence begins: the trainer's
+# `diverged: gradient norm nan at updates 3-5 ...`.
+DIVERGED = "diverged"
+DIVERGED_PREFIX = f"{DIVERGED}:"
 _REJECTED_CONFIG = "rejected_config"
 
 
@@ -87,6 +97,11 @@ def read_eviction(run: Path) -> Eviction | None:
     return Eviction(
         reason=reason, evicted_at=meta.get("evicted_at"), evicted_by=meta.get("evicted_by")
     )
+
+
+def is_divergence(reason: str | None) -> bool:
+    """Whether an eviction's reason says the run diverged (the trainer's `diverged: ...`)."""
+    return reason is not None and reason.startswith(DIVERGED_PREFIX)
 
 
 def clear_eviction(run: Path) -> bool:
@@ -181,7 +196,8 @@ def is_finished(run: Path) -> bool:
 
 class Condition(StrEnum):
     """What a run's control files say of it, most telling first. The values are the
-    statuses `workbench status` shows for them."""
+    statuses `workbench status` shows for them (`RunCondition.status`: an eviction for
+    divergence shows as `diverged`)."""
 
     EVICTED = "evicted"  # control/evicted.txt
     REJECTED = "rejected"  # control/config_validation_error.txt
@@ -204,6 +220,18 @@ class RunCondition:
     reason: str | None = None
     evicted_by: str | None = None
     reconsidered: bool = False
+
+    @property
+    def diverged(self) -> bool:
+        """Evicted by the trainer because its training diverged (`diverged: ...`)."""
+        return self.kind is Condition.EVICTED and is_divergence(self.reason)
+
+    @property
+    def status(self) -> str:
+        """The word `workbench status` and the TUI show: the kind's value, except
+        `diverged` for an eviction for divergence (a run that failed by itself, as Ray
+        Tune's ERROR tells a trial that failed from one a scheduler stopped)."""
+        return DIVERGED if self.diverged else self.kind.value
 
     @property
     def open_to_trainer(self) -> bool:

@@ -5,6 +5,8 @@ Evicted, rejected and finished are the run's condition (`run_control.run_conditi
 the supervisor and the trainer read too); an open run is active or waiting:
 
 - evicted:  `control/evicted.txt` exists (reason from it)
+- diverged: evicted by the trainer because its training diverged: the reason starts with
+            `diverged:` (`RunCondition.status`); `evicted_by` is `trainer`
 - rejected: `control/config_validation_error.txt` exists (reason from it), even for an
             `orch.toml` edited since: the trainer has yet to look at it again
 - finished: `control/finished.txt` exists
@@ -38,7 +40,7 @@ from workbench.run_control import Condition
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import read_asha, read_plan_values
 
-STATUSES = ("waiting", "active", "rejected", "evicted", "finished")
+STATUSES = ("waiting", "active", "rejected", "evicted", "diverged", "finished")
 
 
 @dataclass
@@ -127,7 +129,7 @@ def _run_status(
     )
     condition = run_control.run_condition(run)
     if condition.kind in (Condition.EVICTED, Condition.REJECTED):
-        status.status, status.reason, status.slot = condition.kind.value, condition.reason, None
+        status.status, status.reason, status.slot = condition.status, condition.reason, None
         status.evicted_by = condition.evicted_by
     elif condition.kind is Condition.FINISHED:
         status.status = condition.kind.value

@@ -206,8 +206,12 @@ def _report_outcome(experiment: Path, report: Report) -> int:
         report.say(f"every run finished ({finished}{early})")
         return 0
     for run in unfinished:
-        reason = f": {run.reason.splitlines()[0]}" if run.reason else ""
-        report.warn(f"{run.id} did not finish ({run.status}{reason})")
+        said = run.status
+        if run.reason:
+            why = run.reason.splitlines()[0]
+            # A divergence's reason starts with its status: `diverged: gradient norm nan ...`.
+            said = why if why.startswith(f"{run.status}:") else f"{said}: {why}"
+        report.warn(f"{run.id} did not finish ({said})")
     for row in process_summaries(read_state(experiment) or {}, live=False):
         if row["state"] == ProcessState.FAILED:
             report.warn(f"{row['name']} failed: {row['reason'] or row['last_exit']}")

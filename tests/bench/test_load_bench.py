@@ -54,11 +54,12 @@ def trainer(slots: dict[int, str], waiting: tuple[str, ...] = ()) -> dict:
 
 
 def test_a_slot_held_by_an_ended_or_gone_run_is_a_leak():
-    runs = statuses(run_a="evicted", run_b="active")
-    problems = checks.slot_problems(runs, trainer({0: "run_a", 1: "run_gone"}))
+    runs = statuses(run_a="evicted", run_b="active", run_d="diverged")
+    problems = checks.slot_problems(runs, trainer({0: "run_a", 1: "run_gone", 2: "run_d"}))
     assert problems == [
         "slot 0 held by run_a, which is evicted",
         "slot 1 held by run_gone, whose directory is gone",
+        "slot 2 held by run_d, which is diverged",
     ]
 
 
@@ -72,9 +73,9 @@ def test_a_free_slot_while_a_run_waits_is_a_leak_and_full_slots_are_not():
 
 def test_every_run_added_is_finished_evicted_training_or_queued_else_lost():
     runs = statuses(run_f="finished", run_e="evicted", run_a="active", run_w="waiting")
-    runs += statuses(run_q="waiting", run_x="active", run_r="rejected")
+    runs += statuses(run_q="waiting", run_x="active", run_r="rejected", run_d="diverged")
     live = {"run_a": "running", "run_w": "running", "run_q": "running", "run_x": "exited"}
-    added = ["run_f", "run_e", "run_a", "run_w", "run_q", "run_x", "run_r", "run_gone"]
+    added = ["run_f", "run_e", "run_d", "run_a", "run_w", "run_q", "run_x", "run_r", "run_gone"]
     lost = checks.lost_runs(added, runs, trainer({0: "run_a", 1: "run_x"}, ("run_w",)), live)
     assert lost == [
         "run_q: waiting, but not in the trainer's queue",

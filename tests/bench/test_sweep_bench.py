@@ -166,6 +166,10 @@ def test_runs_stopped_by_the_systems_own_rules_are_outcomes_and_anything_else_a_
     run_control.write_eviction(asha / "run_b", "asha rung 0 (step 5): ...", by="asha")
     run_control.write_eviction(asha / "run_a", "no learning signal: ...", by="orchestrator")
     assert outcome("asha", asha, 60.0, 100.0).problems == []
+    run_control.clear_eviction(asha / "run_a")
+    run_control.write_eviction(asha / "run_a", "diverged: gradient norm nan ...", by="trainer")
+    assert outcome("asha", asha, 60.0, 100.0).problems == []
+    run_control.clear_eviction(asha / "run_a")
 
     run_control.write_eviction(asha / "run_a", "by hand", by="user")
     layout.finished_path(asha / "run_b").unlink()

@@ -31,15 +31,20 @@ def cli(tmp_path: Path, monkeypatch):
     return invoke
 
 
+DIVERGED_WHY = "diverged: gradient norm nan at updates 3-5; try a lower lr in a new run"
+
+
 @pytest.fixture
 def synthetic(tmp_path: Path) -> Path:
     """outputs/exp with one run in every status."""
     experiment = tmp_path / "outputs" / "exp"
-    for name in ("run_wait", "run_active", "run_rejected", "run_evicted", "run_done"):
+    names = ("run_wait", "run_active", "run_rejected", "run_evicted", "run_diverged", "run_done")
+    for name in names:
         make_run(experiment, name, "max_steps = 20\n")
     (experiment / "recipe.toml").write_text("")
     run_control.write_validation_error(experiment / "run_rejected", "orch.toml: [lr] must be > 0")
     run_control.write_eviction(experiment / "run_evicted", "reward collapsed", by="trainer")
+    run_control.write_eviction(experiment / "run_diverged", DIVERGED_WHY, by="trainer")
     run_control.mark_finished(experiment / "run_done", 20)
     layout.atomic_write_text(
         layout.trainer_state_path(experiment),
@@ -62,11 +67,14 @@ def test_status_json_reports_every_run_with_status_step_and_reason(cli, syntheti
         "run_active": "active",
         "run_done": "finished",
         "run_evicted": "evicted",
+        "run_diverged": "diverged",
         "run_rejected": "rejected",
         "run_wait": "waiting",
     }
     assert runs["run_active"]["step"] == 7 and runs["run_active"]["max_steps"] == 20
     assert runs["run_evicted"]["reason"] == "reward collapsed"
+    assert runs["run_diverged"]["reason"] == DIVERGED_WHY
+    assert runs["run_diverged"]["evicted_by"] == "trainer"
     assert "must be > 0" in runs["run_rejected"]["reason"]
     assert runs["run_wait"]["reason"] is None
     assert set(runs["run_wait"]) >= {"id", "status", "step", "reason"}

@@ -166,3 +166,24 @@ def test_a_trainer_holding_the_run_keeps_it_only_while_it_is_open_to_the_trainer
     files.write(run)
     trainer.discover_runs()
     assert (RUN in trainer.id_2_idx) == files.expected().open_to_trainer
+
+
+def test_a_divergence_is_an_eviction_to_the_processes_and_diverged_to_people(experiment: Path):
+    run = make_run(experiment, RUN)
+    why = "diverged: gradient norm nan at updates 3-5; try a lower lr in a new run"
+    run_control.write_eviction(run, why, by="trainer")
+    condition = run_control.run_condition(run)
+    assert condition == RunCondition(Condition.EVICTED, reason=why, evicted_by="trainer")
+    assert condition.diverged and condition.status == "diverged"
+    assert seen_by_supervisor(run) == (Condition.EVICTED, why)
+    trainer = MultiRunManager(experiment, max_runs=2)
+    trainer.discover_runs()
+    assert RUN not in trainer.id_2_idx
+    (shown,) = status.run_statuses(experiment)
+    assert (shown.status, shown.reason, shown.evicted_by) == ("diverged", why, "trainer")
+    view = ExperimentReader(experiment, supervisor_pid=lambda _: None).poll().run(RUN)
+    assert view is not None and (view.status, view.reason) == ("diverged", why)
+    # Only the trainer's reason makes a divergence: the word elsewhere does not.
+    run_control.clear_eviction(run)
+    run_control.write_eviction(run, "loss diverged, stopped by hand", by="user")
+    assert run_control.run_condition(run).status == "evicted"

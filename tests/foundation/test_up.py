@@ -34,3 +34,21 @@ def test_max_steps_overrides_the_defaults_of_every_run(tmp_path: Path):
     document, recipe = read_recipe(repo / "recipes" / "reverse_text.toml", max_steps=3)
     assert document["defaults"]["max_steps"] == 3
     assert all(config.max_steps == 3 for config in recipe.run_configs().values())
+
+
+def test_headless_up_names_a_diverged_run_among_those_that_did_not_finish(tmp_path: Path):
+    from tests.helpers import make_run
+    from workbench import run_control
+    from workbench.up import _report_outcome
+
+    experiment = tmp_path / "outputs" / "exp"
+    for run_id in ("run_done", "run_bad", "run_stuck"):
+        make_run(experiment, run_id)
+    run_control.mark_finished(experiment / "run_done", 30)
+    why = "diverged: gradient norm nan at updates 3-5; try a lower lr in a new run"
+    run_control.write_eviction(experiment / "run_bad", why, by="trainer")
+    run_control.write_eviction(experiment / "run_stuck", "reward stuck", by="user")
+    report, lines = collecting()
+    assert _report_outcome(experiment, report) == 1
+    assert f"run_bad did not finish ({why})" in lines
+    assert "run_stuck did not finish (evicted: reward stuck)" in lines

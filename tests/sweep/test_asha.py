@@ -3,6 +3,7 @@ join late or are evicted by hand."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -310,3 +311,97 @@ def test_latest_by_run_gives_each_runs_highest_rung():
     ]
     latest = latest_by_run(results)
     assert latest["run_a"].rung == 1 and latest["run_b"].rung == 0
+
+
+# ---------------------------------------------------------------- runs that diverged
+
+
+def diverged(run_id: str, values: dict[int, float], at: float) -> RunCurve:
+    """A run the trainer evicted for divergence at time `at`, having recorded `values`."""
+    return replace(curve(run_id, values, evicted=True), diverged_at=at)
+
+
+def test_a_diverged_run_takes_the_last_place_at_its_next_rung_so_the_others_need_not_wait():
+    # Three runs, min_runs 3: one diverges at step 3, before the first rung (step 5).
+    runs = [
+        diverged("run_x", {0: 0.3}, at=3.5),
+        curve("run_a", {0: 0.3, 5: 0.6}, start=1),
+        curve("run_b", {0: 0.3, 5: 0.4}, start=2),
+    ]
+    results = advance([], runs, SPEC)
+    assert decisions(results) == [
+        ("run_x", 0, "diverged"),
+        ("run_a", 0, "too_few"),
+        ("run_b", 0, "continue"),  # the rung is full: the diverged run counts
+        ("run_a", 0, "continue"),
+    ]
+    place = results[0]
+    assert (place.step, place.value, place.rank, place.of, place.cutoff) == (5, None, None, 1, None)
+    assert place.reached_at == 3.5, "it is placed when it was evicted"
+    # Successive halving of three keeps the top half, which the diverged one is not: the
+    # cutoff between it and the worse real value is that value, so both go on.
+    assert [(r.rank, r.of, r.cutoff) for r in results[2:]] == [(2, 3, 0.4), (1, 3, 0.4)]
+    assert latest_by_run(results)["run_x"].decision == "diverged"
+    assert advance(results, runs, SPEC) == [], "decided once"
+    # Without it, the two would wait at the rung for a third run that never comes.
+    waiting = advance([], runs[1:], SPEC)
+    assert decisions(waiting) == [("run_a", 0, "too_few"), ("run_b", 0, "too_few")]
+
+
+def test_a_diverged_run_ranks_below_every_value_and_never_raises_the_cutoff():
+    spec = AshaSpec(grace_steps=5, reduction_factor=2, min_runs=2)
+    runs = [
+        diverged("run_x", {}, at=1.0),
+        diverged("run_y", {}, at=2.0),
+        curve("run_a", {5: 0.2}, start=10),
+        curve("run_b", {5: 0.1}, start=20),
+    ]
+    results = advance([], runs, spec)
+    assert [(r.run_id, r.decision, r.rank, r.of) for r in results] == [
+        ("run_x", "diverged", None, 1),
+        ("run_y", "diverged", None, 2),
+        ("run_a", "continue", 1, 3),
+        ("run_b", "continue", 2, 4),  # the median falls among the diverged: cutoff 0.1
+    ]
+    assert results[3].cutoff == 0.1
+    # For mode min the diverged runs sit above every value instead.
+    lowest = AshaSpec(grace_steps=5, reduction_factor=2, min_runs=2, mode="min")
+    judged = [r for r in advance([], runs, lowest) if r.decision != "diverged"]
+    assert [(r.run_id, r.decision, r.cutoff) for r in judged] == [
+        ("run_a", "continue", 0.2),
+        ("run_b", "continue", 0.2),
+    ]
+
+
+def test_a_diverged_run_counts_at_its_next_rung_only_and_is_judged_again_once_restarted():
+    steady = [curve(f"run_{i}", linear(0.1 * i)) for i in range(1, 4)]
+    # The best at rung 0 (step 5), then nan before rung 1 (step 10).
+    gone = diverged("run_x", {0: 0.3, 5: 2.0}, at=8.0)
+    results = advance([], [*steady, gone], SPEC)
+    assert [(r.rung, r.decision) for r in results if r.run_id == "run_x"] == [
+        (0, "continue"),
+        (1, "diverged"),
+    ]
+    # It fills rung 1 (run_1 was stopped at rung 0), and counts nowhere beyond, as a run
+    # stopped there would not.
+    assert [(r.run_id, r.decision, r.of) for r in results if r.rung == 1] == [
+        ("run_x", "diverged", 1),
+        ("run_2", "too_few", 2),
+        ("run_3", "continue", 3),
+        ("run_2", "continue", 3),
+    ]
+    assert decisions([r for r in results if r.rung == 2]) == [
+        ("run_2", 2, "too_few"),
+        ("run_3", 2, "too_few"),
+    ]
+    # Restarted (its eviction lifted), it is judged again from the rung after.
+    restarted = curve("run_x", {0: 0.3, 5: 2.0, 10: 2.5, 20: 7.0}, start=100)
+    again = [r for r in advance(results, [*steady, restarted], SPEC) if r.run_id == "run_x"]
+    assert [(r.rung, r.decision) for r in again] == [(2, "continue")]
+
+
+def test_quantiles_over_a_diverged_runs_place_are_that_infinity_or_a_value():
+    assert quantile([-math.inf, 0.5, 0.7], 0.5) == 0.5
+    assert quantile([-math.inf, -math.inf, 0.1, 0.2], 0.5) == -math.inf
+    assert quantile([0.1, 0.2, math.inf, math.inf], 0.5) == math.inf
+    assert quantile([0.1, 0.3], 0.5) == 0.2

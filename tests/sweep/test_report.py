@@ -182,3 +182,40 @@ def test_the_command_prints_json_for_scripts(experiment: Path):
     assert payload["runs"][0]["id"] == "run_lr1e-2"
     assert payload["runs"][2]["evicted_by_scheduler"] is True
     assert payload["best"]["id"] == "run_lr1e-2"
+
+
+DIVERGED_WHY = "diverged: gradient norm nan at updates 3-5; try a lower lr in a new run"
+
+
+def test_a_run_that_diverged_ranks_last_whatever_it_recorded_and_is_never_the_best(
+    experiment: Path, monkeypatch
+):
+    # run_lr1e-2 led at 0.8; then the trainer found its training diverged.
+    run_control.write_eviction(experiment / "run_lr1e-2", DIVERGED_WHY, by="trainer")
+    report = build_report(experiment)
+    assert [run.id for run in report.runs] == ["run_lr3e-3", "run_lr3e-4", "run_late", "run_lr1e-2"]
+    assert report.runs[-1].diverged and report.runs[-1].rank == 4
+    assert not any(run.diverged for run in report.runs[:-1])
+    assert report.best is not None and report.best.id == "run_lr3e-3"
+    assert report.to_json()["runs"][-1]["diverged"] is True
+    assert [run.id for run in build_report(experiment, by="asymptote").runs][-1] == "run_lr1e-2"
+
+    monkeypatch.chdir(experiment.parent.parent)
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
+        app, ["sweep", "report"], catch_exceptions=False
+    )
+    row = next(line for line in result.output.splitlines() if "run_lr1e-2" in line)
+    assert "diverged" in row
+    assert "best: run_lr3e-3" in result.output
+
+
+def test_with_every_run_that_has_evals_diverged_there_is_no_best(tmp_path: Path):
+    (tmp_path / "recipe.toml").write_text(RECIPE)
+    write_records(make_run(tmp_path, "run_a"), evals((0, 0.3), (10, 0.1)))
+    run_control.write_eviction(tmp_path / "run_a", DIVERGED_WHY, by="trainer")
+    make_run(tmp_path, "run_b")
+    report = build_report(tmp_path)
+    assert [run.id for run in report.runs] == ["run_b", "run_a"]
+    assert report.best is None
+    result = CliRunner().invoke(app, ["sweep", "report", str(tmp_path)])
+    assert "best: none (no run that did not diverge has eval records yet)" in result.output

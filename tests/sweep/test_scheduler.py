@@ -182,3 +182,34 @@ def test_a_metrics_file_that_is_replaced_or_truncated_is_read_again_from_its_sta
     record(run, 1, 0.3, at=3.0)
     scheduler.poll(3 * TICK)
     assert [(p.step, p.value) for p in followed.points] == [(1, 0.3)]
+
+
+def test_a_run_the_trainer_found_diverged_is_placed_last_at_its_next_rung(experiment: Path):
+    from workbench.clock import unix_time
+    from workbench.status import run_statuses
+
+    runs = {name: add_run(experiment, name) for name in ("run_a", "run_b", "run_x")}
+    record(runs["run_x"], 0, 0.3, at=0.5)
+    why = "diverged: gradient norm nan at updates 3-5; try a lower lr in a new run"
+    eviction = run_control.write_eviction(runs["run_x"], why, by="trainer")
+    record(runs["run_a"], 5, 0.6, at=unix_time(eviction.evicted_at) + 1)
+    record(runs["run_b"], 5, 0.4, at=unix_time(eviction.evicted_at) + 2)
+    scheduler = EarlyStopping(experiment, SPEC)
+    assert scheduler.poll(TICK) == [], "nothing to evict: it is out already"
+    saved = read_asha(experiment)
+    assert saved is not None
+    assert [(r.run_id, r.rung, r.decision) for r in saved.results] == [
+        ("run_x", 0, "diverged"),
+        ("run_a", 0, "too_few"),
+        ("run_b", 0, "continue"),  # three runs at the rung, one of them the diverged one
+        ("run_a", 0, "continue"),
+    ]
+    assert saved.results[0].reached_at == unix_time(eviction.evicted_at)
+    assert saved.actions == {}
+    standing = {status.id: status.asha for status in run_statuses(experiment)}
+    assert standing["run_x"] is not None
+    assert standing["run_x"]["decision"] == "diverged" and standing["run_x"]["rung"] == 0
+    assert standing["run_x"]["value"] is None and standing["run_x"]["rank"] is None
+    assert EarlyStopping(experiment, SPEC).poll(TICK) == []
+    again = read_asha(experiment)
+    assert again is not None and len(again.results) == 4, "a restarted supervisor adds nothing"

@@ -106,6 +106,40 @@ def test_a_run_with_a_non_finite_gradient_skips_its_update_and_the_others_still_
     assert not torch.equal(adapter(trainer, 1)[key], before[1][key])
 
 
+def test_a_skipped_update_leaves_the_adamw_state_as_it_was_and_the_schedule_goes_on(
+    tmp_path: Path,
+):
+    trainer = build_trainer(tmp_path / "exp", {"run_a": "[scheduler]\nwarmup_steps = 4\n"})
+    trainer.manager.ready_to_update[:] = [True]
+    optimizer = trainer.optimizer.optimizers[0]
+
+    def step(value: float) -> float:
+        fill_grads(trainer, 0, value)
+        norm = trainer.optimizer.step()[0]
+        trainer.scheduler.step()
+        trainer.optimizer.zero_grad()
+        return norm
+
+    step(0.01)  # a first update: AdamW has moments and a step count
+    weights = {k: v.clone() for k, v in adapter(trainer, 0).items()}
+    state = {
+        id(p): {k: v.clone() for k, v in entries.items()} for p, entries in optimizer.state.items()
+    }
+    for value in (float("nan"), float("inf")):
+        assert not math.isfinite(step(value))
+        # Nothing of the bad gradient reached the weights or the moments (or the step count,
+        # which sets Adam's bias correction)...
+        for key, tensor in adapter(trainer, 0).items():
+            assert torch.equal(tensor, weights[key]), key
+        for param, entries in optimizer.state.items():
+            for key, tensor in entries.items():
+                assert torch.equal(tensor, state[id(param)][key]), key
+    # ... while the schedule counted the updates: the warm-up is at its fourth of four.
+    assert trainer.scheduler.get_last_lr(0) == pytest.approx(3e-4)
+    assert math.isfinite(step(0.01))
+    assert all(torch.isfinite(t).all() for t in adapter(trainer, 0).values())
+
+
 def test_zero_grad_clears_every_slot(tmp_path: Path):
     trainer = build_trainer(tmp_path / "exp", {"run_a": ""}, max_runs=2)
     fill_grads(trainer, 0, 1.0)

@@ -131,6 +131,21 @@ async def test_early_stopping_eviction_by_hand_and_finishing_are_told_apart(swee
             await wait_until(pilot, lambda said=said: said in selected_text(app), what=said)
 
 
+async def test_a_run_that_diverged_ranks_last_and_says_why(sweep, make_app):
+    why = "diverged: gradient norm nan at updates 3-5; try a lower lr in a new run"
+    run_control.write_eviction(sweep / "run_lr1e-2_rank8", why, by="trainer")
+    app = make_app(sweep)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_leaderboard(pilot, app)
+        shown = rows(app, LeaderboardTable)
+        assert list(shown) == [*RANKED[1:], "run_lr1e-2_rank8"]
+        assert list(shown) == [run.id for run in build_report(sweep).runs]
+        assert shown["run_lr1e-2_rank8"]["state"] == "diverged"
+        assert "1 evicted · 1 diverged" in str(app.screen.query_one("#top-bar").content)
+        await pilot.press(*["down"] * 4)
+        await wait_until(pilot, lambda: why in selected_text(app), what="its reason")
+
+
 async def test_each_sparkline_draws_the_runs_eval_records_on_one_scale(sweep, make_app):
     app = make_app(sweep)
     async with app.run_test(size=(80, 24)) as pilot:

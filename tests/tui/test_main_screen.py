@@ -290,6 +290,20 @@ async def test_enter_opens_the_run_detail_with_reason_curves_and_config(experime
         assert not isinstance(app.screen, RunDetailScreen)
 
 
+async def test_a_diverged_run_reads_diverged_with_the_trainers_reason(experiment, make_app):
+    why = "diverged: gradient norm nan at updates 3-5; try a lower lr in a new run"
+    run_control.write_eviction(experiment / "run_lr1e-3", why, by="trainer")
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        assert rows(app, RunsTable)["run_lr1e-3"]["status"] == "diverged"
+        assert "1 diverged" in str(app.screen.query_one("#top-bar").content)
+        await pilot.press("enter")
+        assert isinstance(app.screen, RunDetailScreen)
+        reason = str(app.screen.query_one("#detail-reason").content)
+        assert reason == f"eviction reason: {why}"
+
+
 async def test_follow_key_switches_the_log_to_the_selected_process(experiment, make_app):
     app = make_app(experiment)
     async with app.run_test(size=(80, 24)) as pilot:

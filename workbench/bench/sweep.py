@@ -48,7 +48,8 @@ REWARD_TOLERANCE = 0.02
 WALL_RATIO_TARGET = 0.5
 MODES = ("asha", "exhaustive")
 # Evictions that are outcomes of a sweep, not failures: early stopping, and an orchestrator
-# that gave up on a run without learning signal (a learning rate too high collapses it).
+# that gave up on a run without learning signal (a learning rate too high collapses it);
+# a run the trainer found diverged (status `diverged`) is one too.
 SYSTEM_EVICTIONS = ("asha", "orchestrator")
 
 
@@ -71,12 +72,16 @@ class ModeOutcome:
     @property
     def problems(self) -> list[str]:
         """Why this experiment is not a complete sample: a timeout, or runs that neither
-        finished nor were evicted by the system's own rules (early stopping, or an
-        orchestrator giving up on a run without learning signal, as a diverged learning
-        rate does). `up` exits 1 for the latter, so its status alone cannot tell."""
+        finished nor were evicted by the system's own rules (early stopping, an orchestrator
+        giving up on a run without learning signal, as a learning rate too high does, or
+        the trainer finding a run diverged). `up` exits 1 for the latter two, so its status
+        alone cannot tell."""
         problems = [f"timed out after {self.run.wall_s:.0f} s"] if self.run.timed_out else []
         for run_id, (status, by, reason) in self.statuses.items():
-            if status != "finished" and not (status == "evicted" and by in SYSTEM_EVICTIONS):
+            ended_by_the_sweep = status == "diverged" or (
+                status == "evicted" and by in SYSTEM_EVICTIONS
+            )
+            if status != "finished" and not ended_by_the_sweep:
                 problems.append(f"{run_id} {status}" + (f": {reason}" if reason else ""))
         return problems
 

@@ -28,7 +28,9 @@ def status(
     """Show every run of an experiment and every process of its supervisor.
 
     Runs: id, status, step and reason. Status is one of waiting, active, rejected, evicted,
-    finished; the reason is the eviction or validation message.
+    diverged, finished; the reason is the eviction or validation message. Diverged: the
+    trainer evicted the run because its loss or gradient norm was not finite for 3 updates
+    in a row, or its adapter was not (the reason says which, and at which updates).
 
     Processes (from supervisor/state.json): name, state, pid, restarts, uptime and a note
     (why it waits, stopped or failed). State is one of waiting, starting, ready, running,

@@ -75,9 +75,11 @@ def sweep_report(
     The metric and mode are [sweep.scheduler]'s; without early stopping, eval_reward_mean,
     highest first. One row per run, best first: rank, run id, the metric at its last record
     of it (and that record's step), the step it reached, the highest early-stopping rung it
-    was judged at, whether early stopping evicted it, and the values its control/orch.toml
-    sets over the recipe's [defaults]. A run without a record of the metric ranks last and
-    says so. The best configuration follows the table. The TUI's leaderboard (`b`) is the
+    was judged at, whether early stopping evicted it (`yes`) or the trainer found it
+    diverged (`diverged`), and the values its control/orch.toml sets over the recipe's
+    [defaults]. A run without a record of the metric ranks after the others and says so; a
+    run that diverged ranks last, whatever it recorded, and is never the best. The best
+    configuration follows the table. The TUI's leaderboard (`b`) is the
     same ranking, live.
 
     --by asymptote ranks the runs whose sigmoid fit of eval reward against steps is
@@ -85,10 +87,10 @@ def sweep_report(
     asymptote, and the others after them as above; an asymptote column is added.
 
     Also writes sweep_report.json (the same as --json) and sweep_report.png (every run's
-    eval curve; evicted runs dashed) into the experiment directory.
+    eval curve; evicted and diverged runs dashed) into the experiment directory.
 
     --json prints {"experiment", "metric", "mode", "runs": [{"id", "rank", "value",
-    "eval_step", "step", "rung", "rung_step", "evicted_by_scheduler", "differences",
+    "eval_step", "step", "rung", "rung_step", "evicted_by_scheduler", "diverged", "differences",
     "evals": [[step, value]], "fit": null or {"asymptote", "midpoint", "slope", "start",
     "rmse", "points", "reliable", "note"}, "note"}], "ranked_by", "best": null or {"id",
     "value", "differences"}}.
@@ -173,13 +175,15 @@ def _print_sweep_report(report: SweepReport) -> None:
             *fit,
             str(run.step),
             rung,
-            "yes" if run.evicted_by_scheduler else "",
+            "diverged" if run.diverged else "yes" if run.evicted_by_scheduler else "",
             escape(describe_values(run.differences) or "-"),
         )
     console.print(table)
     best = report.best
     if best is None:
-        console.print("best: none (no run has eval records yet)", highlight=False)
+        some = any(run.value is not None for run in report.runs)
+        who = "no run that did not diverge" if some else "no run"
+        console.print(f"best: none ({who} has eval records yet)", highlight=False)
         return
     console.print(
         escape(

@@ -29,6 +29,15 @@ Semantics follow Ray Tune's `AsyncHyperBandScheduler`, the familiar reference:
   after its run crashed, finished or was evicted by hand.
 - A run stopped at a rung is not judged at later rungs while it stays evicted; a user
   who restarts it (`workbench restart`) puts it back in the race from the next rung.
+- A run that diverged (the trainer evicted it: `run_control.is_divergence`) is done, and
+  the worst: at the next rung it had not reached, it counts as a value worse than any
+  other, from the time it was evicted (decision "diverged", no value, no rank), as
+  successive halving would rank a trial that went to nan. So it fills its place towards
+  `min_runs` instead of leaving the runs there waiting for a value that never comes, and
+  it never raises the cutoff above the worst real value (a cutoff that would fall among
+  diverged runs is that value: nobody is stopped for ranking just above a diverged run).
+  Beyond that rung it is out of the race, as a stopped run is; restarted, it is judged
+  again from the rung after. (Ray Tune leaves an errored trial out of every rung.)
 
 Decisions are final: `advance` only adds results for (run, rung) pairs it has not
 decided (a "too_few" is followed by one judgement once the rung has `min_runs` values),
@@ -45,7 +54,9 @@ from typing import Any, Literal
 
 from workbench.sweep.spec import AshaSpec
 
-Decision = Literal["continue", "stop", "too_few", "no_value"]
+Decision = Literal["continue", "stop", "too_few", "no_value", "diverged"]
+# Decisions that take a run out of the race until it is restarted.
+OUT_OF_THE_RACE = ("stop", "diverged")
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,7 @@ class RunCurve:
     max_steps: int
     finished: bool = False
     evicted: bool = False  # by anyone, now
+    diverged_at: float | None = None  # evicted for divergence now: when (unix seconds)
 
 
 @dataclass(frozen=True)
@@ -104,31 +116,44 @@ class RungResult:
 
 
 def quantile(values: Sequence[float], q: float) -> float:
-    """The q-quantile by linear interpolation between order statistics (numpy's default)."""
+    """The q-quantile by linear interpolation between order statistics (numpy's default);
+    between an infinity (a diverged run's place) and a number, that infinity."""
     ordered = sorted(values)
     position = (len(ordered) - 1) * q
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    below, above = ordered[low], ordered[high]
+    if position == low or below == above:
+        return below
+    if math.isinf(below) or math.isinf(above):
+        return below if math.isinf(below) else above
+    return below + (above - below) * (position - low)
 
 
 def judge(
     recorded: Sequence[float], value: float, spec: AshaSpec
 ) -> tuple[int, int, float | None, Decision]:
     """Rank, count, cutoff and decision for `value` among the values `recorded` at a rung
-    before it (its own value is added here)."""
+    before it (its own value is added here). A diverged run's place is an infinity on the
+    bad side (`worst`); the cutoff is kept within the values that are numbers."""
     values = [*recorded, value]
     better = sum(1 for other in recorded if _better(other, value, spec.mode))
     rank, count = better + 1, len(values)
     if count < spec.min_runs:
         return rank, count, None, "too_few"
+    numbers = [v for v in values if math.isfinite(v)]
     if spec.mode == "max":
         cutoff = quantile(values, 1 - 1 / spec.reduction_factor)
-        stop = value < cutoff
     else:
         cutoff = quantile(values, 1 / spec.reduction_factor)
-        stop = value > cutoff
+    cutoff = min(max(cutoff, min(numbers)), max(numbers))
+    stop = value < cutoff if spec.mode == "max" else value > cutoff
     return rank, count, cutoff, "stop" if stop else "continue"
+
+
+def worst(mode: str) -> float:
+    """The place of a diverged run among a rung's values: worse than any number."""
+    return -math.inf if mode == "max" else math.inf
 
 
 def _better(a: float, b: float, mode: str) -> bool:
@@ -167,8 +192,9 @@ def advance(
     """The new results that `curves` call for, in decision order; `results` are the
     decisions so far (never revisited)."""
     decided = {(r.run_id, r.rung) for r in results}
-    stopped = {r.run_id for r in results if r.decision == "stop"}
-    pending: list[tuple[float, int, str, int, float | None]] = []
+    stopped = {r.run_id for r in results if r.decision in OUT_OF_THE_RACE}
+    # (when, rung, run, step, its value there, whether it diverged before reaching it)
+    pending: list[tuple[float, int, str, int, float | None, bool]] = []
     for curve in curves:
         if curve.run_id in stopped and curve.evicted:
             continue  # stopped here and still out: nothing more to judge
@@ -177,8 +203,11 @@ def advance(
                 continue
             when = reached_at(curve, step)
             if when is None:
+                if curve.diverged_at is not None:  # it never will: the worst there
+                    pending.append((curve.diverged_at, rung, curve.run_id, step, None, True))
                 break  # rungs are reached in order
-            pending.append((when, rung, curve.run_id, step, value_at(curve.points, step)))
+            value = value_at(curve.points, step)
+            pending.append((when, rung, curve.run_id, step, value, False))
     pending.sort(key=lambda item: (item[0], item[1], item[2]))
 
     rungs = _Rungs(results, spec)
@@ -186,9 +215,13 @@ def advance(
     # Waiting judgements whose rung filled up before (a file written by an older build).
     for rung in sorted(rungs.waiting):
         new += rungs.judge_waiting(rung, max(r.reached_at for r in results if r.rung == rung))
-    for when, rung, run_id, step, value in pending:
+    for when, rung, run_id, step, value, diverged in pending:
         if run_id in rungs.halted:
             continue  # stopped at a lower rung in this same pass
+        if diverged:
+            new.append(rungs.diverged(run_id, rung, step, when))
+            new += rungs.judge_waiting(rung, when)
+            continue
         if value is None or not math.isfinite(value):
             of = len(rungs.values.get(rung, {}))
             new.append(RungResult(run_id, rung, step, None, None, of, None, "no_value", when))
@@ -203,7 +236,8 @@ def advance(
 
 
 class _Rungs:
-    """The values recorded at each rung (one per run) and the runs waiting to be judged."""
+    """The values recorded at each rung (one per run; a diverged run's is `worst`) and the
+    runs waiting to be judged."""
 
     def __init__(self, results: Sequence[RungResult], spec: AshaSpec) -> None:
         self.spec = spec
@@ -214,11 +248,13 @@ class _Rungs:
         judged = {(r.run_id, r.rung) for r in results if r.decision in ("continue", "stop")}
         self.waiting: dict[int, list[RungResult]] = {}
         for result in results:
-            if result.decision == "stop":
+            if result.decision in OUT_OF_THE_RACE:
                 self.out.add(result.run_id)
             else:
                 self.out.discard(result.run_id)
-            if result.value is not None:
+            if result.decision == "diverged":
+                self.values.setdefault(result.rung, {})[result.run_id] = worst(spec.mode)
+            elif result.value is not None:
                 self.values.setdefault(result.rung, {})[result.run_id] = result.value
             if result.decision == "too_few" and (result.run_id, result.rung) not in judged:
                 self.waiting.setdefault(result.rung, []).append(result)
@@ -231,6 +267,14 @@ class _Rungs:
         if decision == "stop":
             self.halted.add(run_id)
         return RungResult(run_id, rung, step, value, rank, count, cutoff, decision, when)
+
+    def diverged(self, run_id: str, rung: int, step: int, when: float) -> RungResult:
+        """The place at `rung` of a run that diverged before it: last, whoever comes after
+        (no rank: a rank is a standing at the time, and later runs all rank above it)."""
+        recorded = self.values.setdefault(rung, {})
+        recorded[run_id] = worst(self.spec.mode)
+        self.halted.add(run_id)
+        return RungResult(run_id, rung, step, None, None, len(recorded), None, "diverged", when)
 
     def judge_waiting(self, rung: int, when: float) -> list[RungResult]:
         """Judge the runs waiting at `rung` if it has enough values now (at time `when`)."""
@@ -251,7 +295,7 @@ def latest_by_run(results: Iterable[RungResult]) -> dict[str, RungResult]:
     latest: dict[str, RungResult] = {}
     for result in results:  # in decision order
         current = latest.get(result.run_id)
-        if current is None or result.rung >= current.rung or result.decision == "stop":
+        if current is None or result.rung >= current.rung or result.decision in OUT_OF_THE_RACE:
             latest[result.run_id] = result
     return latest
 

@@ -3,16 +3,18 @@
 Runs are ranked by the metric early stopping ranks them by (`[sweep.scheduler]`'s `metric`
 and `mode`), or without a scheduler by `eval_reward_mean`, highest first; each run by its
 last record of the metric in metrics.jsonl. A run without any record of it ranks last,
-after every run with one. Ties go to the run that reached the later step, then to the
-run id.
+after every run with one; a run the trainer evicted because its training diverged
+(`run_control.is_divergence`) after all of those, whatever its last record (of an adapter
+on its way to nan, or of the version before). Ties go to the run that reached the later
+step, then to the run id.
 
 Each run's eval curve also gets a sigmoid fit against its steps (`workbench.sweep.fit`:
 asymptote, midpoint, slope). Ranked `by="asymptote"`, the runs whose fit is reliable come
 first, by predicted asymptote; the others follow, ranked by their last record as above.
 
 For each run the report also gives the step it reached, the highest early-stopping rung
-it was judged at (from `sweep/asha.json`), whether early stopping evicted it, and how its
-`control/orch.toml` differs from the recipe's `[defaults]`.
+it was judged at (from `sweep/asha.json`), whether early stopping evicted it or it
+diverged, and how its `control/orch.toml` differs from the recipe's `[defaults]`.
 
 `build_report` is pure reading; `write_report` adds `sweep_report.json` and
 `sweep_report.png` (every run's eval curve) to the experiment directory. The TUI's
@@ -59,6 +61,7 @@ class RunOutcome:
     rung: int | None = None  # highest early-stopping rung it was judged at
     rung_step: int | None = None
     evicted_by_scheduler: bool = False
+    diverged: bool = False  # evicted by the trainer for divergence: ranked last
     differences: dict[str, Any] = field(default_factory=dict)  # dotted key -> its value
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, value), by step
     note: str | None = None
@@ -81,8 +84,8 @@ class SweepReport:
 
     @property
     def best(self) -> RunOutcome | None:
-        """The top run, if any run has an eval record."""
-        if self.runs and self.runs[0].value is not None:
+        """The top run, if any run that did not diverge has an eval record."""
+        if self.runs and self.runs[0].value is not None and not self.runs[0].diverged:
             return self.runs[0]
         return None
 
@@ -144,21 +147,26 @@ def rank_report(
     """The report of `outcomes`: each given its early-stopping standing, then ranked."""
     standings = latest_by_run(asha.results) if asha is not None else {}
     for outcome in outcomes:
+        eviction = run_control.read_eviction(layout.run_dir(experiment, outcome.id))
+        outcome.diverged = eviction is not None and run_control.is_divergence(eviction.reason)
         standing = standings.get(outcome.id)
         if standing is not None:
             outcome.rung, outcome.rung_step = standing.rung, standing.step
-            run = layout.run_dir(experiment, outcome.id)
-            outcome.evicted_by_scheduler = _evicted_by_scheduler(run, standing, asha)
+            outcome.evicted_by_scheduler = _evicted_by_scheduler(eviction, standing, asha)
     ranked = rank_runs(outcomes, mode, by)
     return SweepReport(experiment=experiment, metric=metric, mode=mode, runs=ranked, by=by)
 
 
 def rank_runs(runs: list[RunOutcome], mode: str, by: str = "last") -> list[RunOutcome]:
-    """Best first; runs without a value last. Sets each run's `rank` (1 is the best).
-    `by="asymptote"`: runs with a reliable fit first, by its asymptote."""
+    """Best first; runs without a value last, then runs that diverged. Sets each run's
+    `rank` (1 is the best). `by="asymptote"`: runs with a reliable fit first, by its
+    asymptote."""
     sign = -1.0 if mode == "max" else 1.0
 
     def key(run: RunOutcome) -> tuple[int, float, int, str]:
+        if run.diverged:
+            value = 0.0 if run.value is None else sign * run.value
+            return (3, value, -run.step, run.id)
         if by == "asymptote" and run.fit is not None and run.fit.reliable:
             return (0, sign * run.fit.asymptote, -run.step, run.id)
         if run.value is None:
@@ -234,7 +242,9 @@ def config_differences(run: Path, defaults: dict[str, Any]) -> dict[str, Any] | 
     return {key: value for key, value in values.items() if defaults.get(key) != value}
 
 
-def _evicted_by_scheduler(run: Path, standing: RungResult, asha: AshaRecord | None) -> bool:
+def _evicted_by_scheduler(
+    eviction: run_control.Eviction | None, standing: RungResult, asha: AshaRecord | None
+) -> bool:
     # A run early stopping evicted and a user restarted is back in the race: only a stop
     # that was carried out and still stands counts; evicted again by hand, it is the
     # user's eviction that stands.
@@ -242,7 +252,6 @@ def _evicted_by_scheduler(run: Path, standing: RungResult, asha: AshaRecord | No
         return False
     if asha.actions.get((standing.run_id, standing.rung)) != "evicted":
         return False
-    eviction = run_control.read_eviction(run)
     return eviction is not None and eviction.evicted_by == EVICTED_BY
 
 
@@ -264,7 +273,8 @@ def write_report(report: SweepReport) -> list[Path]:
 
 
 def render_curves(report: SweepReport) -> bytes | None:
-    """Every run's eval curve as PNG bytes (evicted runs dashed); None without matplotlib."""
+    """Every run's eval curve as PNG bytes (evicted and diverged runs dashed); None without
+    matplotlib."""
     title = f"{report.experiment.name}: {report.metric} by step"
     try:
         return image_bytes(draw([eval_panel(report)], title))
@@ -273,15 +283,17 @@ def render_curves(report: SweepReport) -> bytes | None:
 
 
 def eval_panel(report: SweepReport, title: str | None = None) -> Panel:
-    """Every run's eval curve by step, as `workbench.curves` draws it (evicted runs dashed)."""
+    """Every run's eval curve by step, as `workbench.curves` draws it (runs early stopping
+    evicted, and runs that diverged, dashed)."""
     lines = [
-        Line(
-            run.id,
-            run.evals,
-            label=f"{run.id} (evicted)" if run.evicted_by_scheduler else run.id,
-            dashed=run.evicted_by_scheduler,
-        )
+        Line(run.id, run.evals, label=_curve_label(run), dashed=_curve_label(run) != run.id)
         for run in report.runs
         if run.evals
     ]
     return Panel(report.metric, lines, markers=True, title=title)
+
+
+def _curve_label(run: RunOutcome) -> str:
+    if run.diverged:
+        return f"{run.id} (diverged)"
+    return f"{run.id} (evicted)" if run.evicted_by_scheduler else run.id

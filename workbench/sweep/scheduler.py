@@ -7,6 +7,9 @@ new decision to `sweep/asha.json` before returning the evictions to carry out. T
 supervisor evicts through its one eviction path and reports back with `evicted`, which
 is written down too; a supervisor that restarts reads the file, so decisions already made
 stand, and a stop decided but not carried out (a crash in between) is carried out then.
+A run the trainer evicted because it diverged is handed to ASHA as such (`diverged_at`,
+from its `evicted.txt`): the worst at its next rung, rather than a run that never gets
+there.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench import layout, run_control
+from workbench.clock import unix_time
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.file_tail import AppendedLines
 from workbench.metrics import parse_record
@@ -47,7 +51,7 @@ class _FollowedRun:
     config_signature: tuple[int, int] | None = None
     max_steps: int | None = None
     # What ASHA saw last time; a run with the same points and flags has nothing new.
-    seen: tuple[int, int | None, bool, bool] | None = None
+    seen: tuple[int, int | None, bool, bool, float | None] | None = None
 
 
 class EarlyStopping:
@@ -98,12 +102,15 @@ class EarlyStopping:
                 continue  # no valid orch.toml: not a run the trainer would take
             self._warn_if_metric_missing(run.name, followed, max_steps)
             finished = run_control.is_finished(run)
-            evicted = run.name in pending or run_control.read_eviction(run) is not None
-            seen = (len(followed.points), max_steps, finished, evicted)
+            eviction = run_control.read_eviction(run)
+            evicted = run.name in pending or eviction is not None
+            diverged_at = _diverged_at(eviction, followed)
+            seen = (len(followed.points), max_steps, finished, evicted, diverged_at)
             if seen == followed.seen:
                 continue  # nothing new: whatever it could be judged on, it was
             followed.seen = seen
-            curves.append(RunCurve(run.name, tuple(followed.points), max_steps, finished, evicted))
+            points = tuple(followed.points)
+            curves.append(RunCurve(run.name, points, max_steps, finished, evicted, diverged_at))
         new = advance(self.record.results, curves, self.spec)
         for result in new:
             self._log_decision(result)
@@ -189,6 +196,14 @@ class EarlyStopping:
             )
 
     def _log_decision(self, result: RungResult) -> None:
+        if result.decision == "diverged":
+            log.info(
+                "%s: asha rung %d (step %d): diverged before it, counted there as the worst",
+                result.run_id,
+                result.rung,
+                result.step,
+            )
+            return
         if result.decision == "stop":
             log.info("%s: %s", result.run_id, result.reason(self.spec.metric, self.spec.mode))
             return
@@ -214,3 +229,14 @@ def describe(spec: AshaSpec, max_steps: int) -> str:
         f"asha on {spec.metric} ({spec.mode}), rungs at steps {where}; {keep} of the runs at "
         f"a rung go on once {spec.min_runs} have reached it"
     )
+
+
+def _diverged_at(eviction: run_control.Eviction | None, followed: _FollowedRun) -> float | None:
+    """When the run was evicted for divergence (unix seconds), or None if it was not: its
+    `evicted_at`, else (a file written by hand) the time of its last record of the metric."""
+    if eviction is None or not run_control.is_divergence(eviction.reason):
+        return None
+    when = unix_time(eviction.evicted_at)
+    if when is None:
+        when = followed.points[-1].time if followed.points else 0.0
+    return when

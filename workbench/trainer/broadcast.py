@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 
 from workbench import layout
 from workbench.models.resolve import loadable_base
+from workbench.trainer.divergence import check_finite
 
 PEFT_PREFIX = "base_model.model."
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -43,7 +44,10 @@ def write_adapter(
 
     `base_model` is the recipe's `[model] base` (`builtin:tiny-reverse`, a directory, a hub
     id); adapter_config.json names it as peft and vLLM load it (`loadable_base`).
+    Raises `NonFiniteWeights` (and writes nothing) when a weight is nan or infinite: vLLM
+    would serve it, and every completion of it would be garbage.
     """
+    check_finite(state_dict, "adapter weights")
     with layout.staged_directory(directory) as staging:
         LoraConfig(
             r=rank,

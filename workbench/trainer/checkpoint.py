@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from workbench import layout
+from workbench.trainer.divergence import check_finite
 from workbench.trainer.runs import MultiRunManager, Progress
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,16 @@ def remove_killed_writes(experiment: Path) -> None:
         layout.remove_staging(layout.broadcasts_dir(run))
         for _, step in layout.list_step_dirs(layout.checkpoints_dir(run)):
             layout.remove_staging(step, PART)
+
+
+def _state_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of an optimizer's state dict (AdamW: each parameter's moments and step)."""
+    return {
+        f"{param}.{key}": value
+        for param, entries in state.get("state", {}).items()
+        for key, value in entries.items()
+        if isinstance(value, torch.Tensor)
+    }
 
 
 class PerRunState(Protocol):
@@ -92,7 +103,9 @@ class RunCheckpointer:
         return self.save(idx) if force or due else None
 
     def save(self, idx: int) -> Path | None:
-        """Master only: write the run's checkpoint at its current step."""
+        """Master only: write the run's checkpoint at its current step. Raises
+        `NonFiniteWeights` (and writes nothing) when its adapter or AdamW state holds a nan
+        or an infinity: the run's latest checkpoint stays the last finite one."""
         manager = self.manager
         run = manager.get_run_dir(idx)
         if not run.is_dir():
@@ -103,9 +116,12 @@ class RunCheckpointer:
             name: param.detach().to("cpu").contiguous()
             for name, param in manager.get_named_parameters_for_run(idx)
         }
+        check_finite(params, "adapter weights")
+        optimizer = self.optimizer.state_dict_for_run(idx)
+        check_finite(_state_tensors(optimizer), "AdamW state")
         with layout.staged_directory(final) as staging:
             save_file(params, str(staging / ADAPTER_FILE))
-            torch.save(self.optimizer.state_dict_for_run(idx), staging / "optimizer.pt")
+            torch.save(optimizer, staging / "optimizer.pt")
             torch.save(self.scheduler.state_dict_for_run(idx), staging / "scheduler.pt")
             (staging / "progress.json").write_text(json.dumps(asdict(progress)))
         self._last_saved_step[idx] = progress.step

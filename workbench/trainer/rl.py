@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from workbench.trainer import distributed
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
 from workbench.trainer.compute import ComputePlan, packed_row_logprobs, prepare_model
+from workbench.trainer.divergence import DivergenceWatch, NonFiniteWeights, adapter_divergence
 from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lora_num_tokens
 from workbench.trainer.loss import compute_rl_loss
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
@@ -51,6 +52,7 @@ class Trainer:
     device: torch.device
     base_model: str
     compute: ComputePlan
+    divergence: DivergenceWatch = field(default_factory=DivergenceWatch)
     stop_requested: bool = False
 
 
@@ -124,12 +126,14 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
 
     def checkpoint_leaving_run(idx: int, run_id: str) -> None:
         # Master only, before the run's data is dropped: an evicted or finished run keeps
-        # its latest progress for `workbench restart`.
+        # its latest progress for `workbench restart` (a non-finite adapter is not kept:
+        # `save` refuses it, and its latest finite checkpoint stays the one to resume).
         checkpointer.save_if_due(idx, force=True)
         checkpointer.forget(idx)
 
     manager.register_creation_hook(resume_run)
     manager.register_forgotten_hook(checkpoint_leaving_run)
+    manager.register_deletion_hook(trainer.divergence.forget)
     return trainer
 
 
@@ -214,15 +218,26 @@ def publish_adapter(trainer: Trainer, idx: int) -> None:
 
 
 def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
-    """Master: broadcast each updated run's adapter, log its metrics, checkpoint if due."""
+    """Master: broadcast each updated run's adapter, log its metrics, checkpoint if due.
+
+    A run whose training diverged (`workbench.trainer.divergence`: its loss or gradient
+    norm not finite for several updates in a row, or its adapter not finite) is evicted
+    instead, its metrics still logged; its adapter of this update is not broadcast."""
     manager = trainer.manager
     for idx in manager.ready_to_update_idxs:
         run = manager.get_run_dir(idx)
         if not run.is_dir():
             continue  # deleted while it trained; the next discovery forgets it
         progress = manager.progress[idx]
+        diverged = trainer.divergence.observe(
+            idx, progress.step, stats.loss[idx], stats.grad_norm[idx]
+        )
         try:
-            publish_adapter(trainer, idx)
+            if diverged is None:
+                try:
+                    publish_adapter(trainer, idx)
+                except NonFiniteWeights as err:
+                    diverged = adapter_divergence(progress.step, err)
             append_metrics(
                 run,
                 "trainer",
@@ -245,10 +260,15 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
                 progress.total_tokens,
                 step_s,
             )
-            trainer.checkpointer.save_if_due(idx)
+            if diverged is None:
+                trainer.checkpointer.save_if_due(idx)
+        except NonFiniteWeights as err:  # its checkpoint: the AdamW state is not finite
+            diverged = adapter_divergence(progress.step, err)
         except OSError as err:
             # Disk full or the directory vanished: this run cannot go on, the others can.
             manager.evict_run(idx, f"the trainer could not write for this run: {err}")
+        if diverged is not None:
+            manager.evict_run(idx, diverged)
 
 
 # ---------------------------------------------------------------------- the loop
@@ -277,7 +297,10 @@ def iterate(trainer: Trainer) -> str:
     if payload["stop"]:
         if manager.is_master:
             for idx in manager.used_idxs:
-                trainer.checkpointer.save_if_due(idx, force=True)
+                try:
+                    trainer.checkpointer.save_if_due(idx, force=True)
+                except NonFiniteWeights as err:  # its latest finite checkpoint stays
+                    logger.error("%s: %s", manager.idx_2_id[idx], err)
         logger.info("stopping: checkpoints written")
         return "stopped"
     if not manager.ready_to_update_idxs:

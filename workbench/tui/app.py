@@ -172,7 +172,7 @@ class WorkbenchApp(App[None]):
     def _evict_requested(self, message: EvictRun) -> None:
         run_id = message.run_id
         run = self.snapshot.run(run_id) if self.snapshot else None
-        if run is not None and run.status == "evicted":
+        if run is not None and run.status in ("evicted", "diverged"):
             self.notify(f"{run_id} is already evicted: {run.reason}", severity="warning")
             return
 

@@ -12,7 +12,9 @@ whose sigmoid fit of the eval curve is reliable come first, by its predicted asy
 
 A run early stopping evicted (and nobody restarted since) is marked `EARLY_STOPPED`
 rather than `evicted`: `evicted` on the leaderboard means evicted by anyone else (by hand
-from the TUI or `workbench evict`, or by the trainer or orchestrator after an error).
+from the TUI or `workbench evict`, or by the trainer or orchestrator after an error),
+except a run the trainer evicted because its training diverged: `diverged`, its status,
+ranked last.
 """
 
 from __future__ import annotations

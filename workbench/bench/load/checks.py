@@ -24,7 +24,7 @@ from workbench.orchestrator.__main__ import EXIT_EVICTED
 from workbench.status import RunStatus
 from workbench.supervisor.lifecycle import STARTED_STATES
 
-ENDED = ("evicted", "finished", "rejected")
+ENDED = ("evicted", "diverged", "finished", "rejected")
 # How an orchestrator may end by itself: done, or evicted (it saw control/evicted.txt).
 ORCHESTRATOR_EXITS_OK = (0, EXIT_EVICTED)
 
@@ -63,7 +63,7 @@ def lost_runs(
         if status is None:
             lost.append(f"{run_id}: its directory is gone")
             continue
-        if status.status in ("evicted", "finished"):
+        if status.status in ("evicted", "diverged", "finished"):
             continue
         if status.status not in ("active", "waiting"):
             lost.append(f"{run_id}: {status.status}: {status.reason}")

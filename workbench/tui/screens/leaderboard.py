@@ -50,7 +50,8 @@ def leaderboard_top_bar(snapshot: ExperimentSnapshot, board: Leaderboard) -> Tex
     text.append(f" {snapshot.experiment.name}  ", style="bold")
     text.append("leaderboard")
     counts = [f"{len(board.rows)} runs"]
-    for state, words in ((EARLY_STOPPED, "stopped early"), ("evicted", "evicted")):
+    states = ((EARLY_STOPPED, "stopped early"), ("evicted", "evicted"), ("diverged", "diverged"))
+    for state, words in states:
         count = sum(1 for row in board.rows if row.state == state)
         if count:
             counts.append(f"{count} {words}")
@@ -88,6 +89,8 @@ def _why_stopped(row: LeaderboardRow) -> str | None:
         return f"stopped early: {row.reason}"
     if row.state == "evicted":
         return f"evicted by {row.evicted_by}: {row.reason}" if row.evicted_by else row.reason
+    if row.state == "diverged":
+        return row.reason  # `diverged: gradient norm nan at updates 3-5; ...`
     if row.state == "rejected":
         return f"rejected: {row.reason}"
     return None

@@ -49,7 +49,7 @@ WIDE_LAYOUT_COLUMNS = 120
 
 
 # Order of the run counts in the top bar: work in progress first, problems last.
-_STATUS_ORDER = ("active", "waiting", "finished", "evicted", "rejected")
+_STATUS_ORDER = ("active", "waiting", "finished", "evicted", "diverged", "rejected")
 
 
 def top_bar_text(snapshot: ExperimentSnapshot) -> Text:

@@ -93,11 +93,13 @@ class RunDetailScreen(Screen[None]):
         summary.update(run_summary(run, self.clock()))
         reason.display = bool(run.reason)
         if run.reason:
-            label = {"evicted": "eviction reason", "rejected": "rejected config"}.get(
-                run.status, "note"
-            )
+            label = {
+                "evicted": "eviction reason",
+                "diverged": "eviction reason",
+                "rejected": "rejected config",
+            }.get(run.status, "note")
             reason.update(Text.assemble((f"{label}: ", "bold"), run.reason))
-            reason.set_class(run.status in ("evicted", "rejected"), "-problem")
+            reason.set_class(run.status in ("evicted", "diverged", "rejected"), "-problem")
         self.query_one("#reward-chart", CurveChart).values = run.rewards
         self.query_one("#eval-chart", StepCurveChart).points = run.evals
         self.query_one("#loss-chart", CurveChart).values = run.losses

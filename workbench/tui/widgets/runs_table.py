@@ -23,6 +23,7 @@ STATUS_STYLES = {
     "waiting": "yellow",
     "finished": "cyan",
     "evicted": "magenta",
+    "diverged": "bold red",
     "rejected": "bold red",
 }
 
