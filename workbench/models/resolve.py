@@ -3,8 +3,9 @@
 `builtin:NAME` is a model this project makes itself (no hub needed): written into the cache on
 first use (its shipped weights copied, or built from a seed), then reused. Anything else (a
 local directory, a hub id) passes through unchanged.
-`base_model_problem` and `prompt_tokenizer` answer, without building or downloading
-anything, whether a base can be loaded here and how vLLM will tokenize its prompts.
+`base_model_problem`, `prompt_tokenizer` and `linear_layer_names` answer, without building or
+downloading anything, whether a base can be loaded here, how vLLM will tokenize its prompts
+and which layers LoRA can adapt.
 
 Cache: `$WORKBENCH_CACHE_DIR/models/` if that variable is set, else the platform's user cache
 (`~/.cache/workbench/models/` on Linux). A built model lives in `NAME-<hash>/`, the hash
@@ -74,6 +75,9 @@ class BuiltinModel(Protocol):
 
     def version_hash(self, spec: Any) -> str:
         """Short hash of everything that determines the built files."""
+
+    def model_config(self, spec: Any) -> Any:
+        """The transformers config of `spec`'s model, known without building it."""
 
     def describe_build(self, spec: Any) -> str:
         """What writing `spec`'s model into the cache involves, told to the user waiting on
@@ -175,6 +179,35 @@ def prompt_tokenizer(base: str) -> Any | None:
     if not hub.is_cached(base):
         return None
     return AutoTokenizer.from_pretrained(base, local_files_only=True)
+
+
+@functools.cache
+def linear_layer_names(base: str) -> list[str] | None:
+    """The names of the base model's linear layers, by the last part of their module path (as
+    `[trainer] target_modules` names them), from its config alone: the model is made on the
+    meta device, so no weights are read or allocated. From local files only, as
+    `prompt_tokenizer`; None for a hub model that is not cached. Errors propagate."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if is_builtin(base):
+        builtin = get_builtin(base.removeprefix(BUILTIN_PREFIX))
+        config = builtin.model_config(builtin.default_spec())
+    elif (local := Path(base).expanduser()).is_dir():
+        config = AutoConfig.from_pretrained(local)
+    elif hub.is_cached(base):
+        config = AutoConfig.from_pretrained(base, local_files_only=True)
+    else:
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear)
+        }
+    )
 
 
 def builtin_model_dir(base: str, spec: Any = None) -> Path:
