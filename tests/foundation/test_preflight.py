@@ -405,6 +405,15 @@ def test_prompt_lengths_are_measured_on_a_bounded_number_of_prompts(
     assert f"the first {MAX_PROMPTS_MEASURED} of the run's 1000000000 eval prompts" in evals
 
 
+def test_texts_too_long_for_any_context_are_refused_before_any_is_made(tmp_path: Path):
+    lengths = "env_args = { min_length = 9, max_length = 1000000000 }"
+    text = recipe_text(tmp_path).replace("env_args = { min_length = 9, max_length = 9 }", lengths)
+    started = time.monotonic()
+    line, message = problems(tmp_path, text)["defaults.env_args"]
+    assert time.monotonic() - started < 60
+    assert line == 17 and "texts are at most 10000 characters long" in message
+
+
 def test_up_writes_nothing_when_a_check_of_the_model_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
