@@ -360,6 +360,33 @@ def default_max_loras(max_concurrent_runs: int) -> int:
     return max_concurrent_runs * MAX_ADAPTERS_IN_FLIGHT
 
 
+# The adapter ranks vLLM's server takes for --max-lora-rank (`MaxLoRARanks` in
+# vllm/config/lora.py, argparse choices): any other value stops it at startup.
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def served_lora_rank(rank: int) -> int | None:
+    """The smallest --max-lora-rank vLLM takes that serves adapters of `rank`; None when
+    `rank` is above every one."""
+    return next((served for served in VLLM_MAX_LORA_RANKS if served >= rank), None)
+
+
+def served_rank_problem(rank: int, served: int | None, *, whose: str) -> str | None:
+    """Why vLLM, started with --max-lora-rank `served` (None: no value serves `rank`), could
+    not load adapters of `rank`; or None."""
+    if served is None:
+        return (
+            f"{whose} rank {rank}, above {VLLM_MAX_LORA_RANKS[-1]}, the largest adapter rank "
+            "vLLM serves; lower it"
+        )
+    if rank <= served:
+        return None
+    return (
+        f"{whose} rank {rank}, above [inference] max_lora_rank = {served}: vLLM would refuse "
+        f"to load them; raise max_lora_rank to {served_lora_rank(rank)} or lower the rank"
+    )
+
+
 def lora_rank_problem(run_rank: int | None, trainer_rank: int) -> str | None:
     """Why a run's `lora.rank` cannot have a trainer slot of `trainer_rank`, or None."""
     if run_rank is None or run_rank <= trainer_rank:
@@ -398,7 +425,13 @@ class InferenceSection(StrictModel):
         "and an older one while an eval of it runs beside training. Default: "
         "`max_concurrent_runs` x 2, enough for every trainer slot",
     )
-    max_lora_rank: int | None = Field(None, ge=1, description="default: the trainer's rank")
+    max_lora_rank: int | None = Field(
+        None,
+        ge=1,
+        description="the largest adapter rank vLLM serves: one of "
+        f"{', '.join(map(str, VLLM_MAX_LORA_RANKS))} (vLLM takes no other); default: the "
+        "smallest of those at least the trainer's rank",
+    )
     max_model_len: int = Field(
         512, ge=16, description="longest prompt plus completion vLLM accepts, in tokens"
     )
@@ -419,6 +452,18 @@ class InferenceSection(StrictModel):
     startup_timeout_s: float = Field(
         600.0, gt=0, description="give up, quoting vLLM's log, if not ready by then"
     )
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _a_rank_vllm_takes(cls, rank: int | None) -> int | None:
+        if rank is not None and rank not in VLLM_MAX_LORA_RANKS:
+            raise ValueError(
+                f"vLLM takes a max_lora_rank of {', '.join(map(str, VLLM_MAX_LORA_RANKS))} "
+                f"only, and would not start with {rank}; use {served_lora_rank(rank) or 512}, "
+                "or leave it out"
+            )
+        return rank
+
     extra_args: list[str] = Field(
         default_factory=list, description="passed to vLLM's server as they are"
     )

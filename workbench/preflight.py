@@ -43,6 +43,7 @@ from workbench.config import (
     lora_rank_problem,
     nest_dotted,
     problem_at,
+    served_rank_problem,
 )
 from workbench.envs import (
     Environment,
@@ -113,6 +114,10 @@ def recipe_problems(recipe: Recipe, text: str | None) -> list[ConfigProblem]:
             problems.append(problem_at(targets[0], targets[1], text))
     for loc, message in machine_problems(recipe):
         problems.append(problem_at(loc, message, text))
+    if recipe.max_lora_rank is None:
+        rank = recipe.trainer.lora.rank
+        served = served_rank_problem(rank, None, whose="the trainer's adapter slots have")
+        problems.append(problem_at(("trainer", "lora", "rank"), str(served), text))
     checker = RunChecker(recipe, tokenizer)
     where: _KeyLocator | None = None  # made for the first finding: it reads the sweep's keys
     configs = recipe.run_configs()
@@ -269,6 +274,12 @@ class RunChecker:
         rank = lora_rank_problem(config.lora.rank, self.recipe.trainer.lora.rank)
         if rank is not None:
             findings.append(("lora.rank", rank))
+        served = self.recipe.max_lora_rank
+        if rank is None and served is not None:
+            run_rank = config.lora.rank or self.recipe.trainer.lora.rank
+            problem = served_rank_problem(run_rank, served, whose="the run's adapters have")
+            if problem is not None:
+                findings.append(("lora.rank", problem))
         env, problem = _environment(config, self._environments)
         if problem is not None:
             findings.append(problem)

@@ -338,6 +338,23 @@ def test_the_layers_of_a_large_model_are_known_without_allocating_its_weights(tm
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1024 * 1024  # KiB
 
 
+def test_adapter_ranks_are_ones_vllm_serves(tmp_path: Path):
+    # vLLM's --max-lora-rank takes 1, 8, 16, 32, ... only: a trainer rank of 4 is served
+    # under 8, where it used to be passed as 4 and stop vLLM at startup.
+    small = recipe_text(tmp_path).replace("rank = 8, alpha = 16", "rank = 4, alpha = 8")
+    _, recipe = read_recipe(write(tmp_path, small))
+    assert recipe.inference_config().max_lora_rank == 8
+    huge = recipe_text(tmp_path).replace("rank = 8, alpha = 16", "rank = 600, alpha = 16")
+    line, message = problems(tmp_path, huge)["trainer.lora.rank"]
+    assert line == 13 and "rank 600, above 512, the largest adapter rank vLLM serves" in message
+    odd = recipe_text(tmp_path).replace("[inference]", "[inference]\nmax_lora_rank = 12")
+    line, message = problems(tmp_path, odd)["inference.max_lora_rank"]
+    assert line == 9 and "would not start with 12; use 16" in message
+    below = recipe_text(tmp_path).replace("[inference]", "[inference]\nmax_lora_rank = 1")
+    line, message = problems(tmp_path, below)["defaults.lora.rank"]
+    assert "the run's adapters have rank 8, above [inference] max_lora_rank = 1" in message
+
+
 def with_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
     monkeypatch.setattr(supervisor_plan, "detect_gpu_count", lambda: count)
 
