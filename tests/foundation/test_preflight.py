@@ -332,10 +332,11 @@ def test_the_layers_of_a_large_model_are_known_without_allocating_its_weights(tm
     text = recipe_text(tmp_path, str(model_dir(tmp_path, config))).replace(
         "max_concurrent_runs = 2", 'max_concurrent_runs = 2\ntarget_modules = ["qkv_proj"]'
     )
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     _, message = problems(tmp_path, text)["trainer.target_modules"]
     assert "'qkv_proj' is not a linear layer" in message
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1024 * 1024  # KiB
+    # The look is taken in a child process (torch stays out of `workbench up`), which never
+    # held more than torch and transformers take.
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 4 * 1024 * 1024  # KiB
 
 
 def test_adapter_ranks_are_ones_vllm_serves(tmp_path: Path):
