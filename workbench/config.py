@@ -75,9 +75,11 @@ LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_
 
 
 class StrictModel(BaseModel):
-    """Unknown keys are errors: a typo must not silently fall back to a default."""
+    """Unknown keys are errors: a typo must not silently fall back to a default. No float
+    setting takes inf or nan (TOML spells them `inf`, `nan`): a learning rate, a clip norm or
+    a timeout of either is a mistake that would surface only once the runs are going."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LoraConfig(StrictModel):
@@ -105,6 +107,13 @@ GREEDY_TRAINING = (
     "0 is greedy decoding: every completion of a prompt would be the same text, so every "
     "advantage (its reward minus its group's mean) is 0 and the run learns nothing; use a "
     "temperature above 0 (greedy is for evals: eval.sampling.temperature = 0)"
+)
+
+
+GROUP_OF_ONE = (
+    "1 makes groups of one completion: a completion's advantage is its reward minus its "
+    "group's mean, so every advantage is 0 and the run learns nothing; use 2 or more "
+    "(a single eval completion per prompt is eval.rollouts_per_prompt = 1, its default)"
 )
 
 
@@ -180,14 +189,35 @@ class EvalConfig(StrictModel):
 
 class OptimizerConfig(StrictModel):
     weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's (beta1, beta2)")
-    eps: float = Field(1e-8, gt=0, description="AdamW's epsilon")
+    betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="AdamW's (beta1, beta2), each in [0, 1)"
+    )
+    eps: float = Field(
+        1e-8,
+        gt=0,
+        description="AdamW's epsilon; above 0, since an adapter's first gradients may be 0 "
+        "(its B matrix starts at 0) and 0 / 0 is nan",
+    )
     max_norm: float = Field(
         1.0,
         gt=0,
         description="gradient clipping norm; each run is clipped by its own norm, so one "
         "run's large loss cannot shrink another's update",
     )
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_adamw_takes(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        # torch's AdamW refuses a beta outside [0, 1) (torch/optim/adam.py) when the
+        # trainer makes the run's optimizer, after launch: said here instead.
+        for number, beta in enumerate(betas, start=1):
+            if not 0 <= beta < 1:
+                raise ValueError(
+                    f"beta{number} = {beta:g} is outside [0, 1), where AdamW takes it: each "
+                    "beta is the weight of the old average in a running average (of gradients, "
+                    "then of their squares), e.g. [0.9, 0.999]"
+                )
+        return betas
 
 
 class SchedulerConfig(StrictModel):
@@ -210,8 +240,9 @@ class LossConfig(StrictModel):
     mask_ratio_low: float = Field(
         0.125,
         gt=0,
+        lt=1,
         description="mask a token of negative advantage whose importance ratio (trainer / "
-        "inference probability) fell below this",
+        "inference probability) fell below this; below 1, the ratio of an unchanged policy",
     )
     mask_ratio_high: float = Field(
         8.0,
@@ -249,7 +280,8 @@ class OrchestratorConfig(StrictModel):
         8,
         ge=1,
         description="completions of each prompt; a completion's advantage is its reward "
-        "minus its group's mean",
+        "minus its group's mean. At least 2: a group of one has an advantage of 0, so "
+        "nothing is learnt",
     )
     lr: float = Field(3e-4, gt=0, description="the run's learning rate (the schedule's peak)")
     async_level: int = Field(
@@ -291,6 +323,13 @@ class OrchestratorConfig(StrictModel):
         description="scoring the policy on the environment's held-out prompts",
     )
 
+    @field_validator("rollouts_per_prompt", mode="before")
+    @classmethod
+    def _groups_of_two_or_more(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value == 1:
+            raise ValueError(GROUP_OF_ONE)
+        return value
+
     @model_validator(mode="after")
     def _batch_holds_whole_groups(self) -> OrchestratorConfig:
         if self.batch_size % self.rollouts_per_prompt:
@@ -319,6 +358,33 @@ MAX_ADAPTERS_IN_FLIGHT = 2
 def default_max_loras(max_concurrent_runs: int) -> int:
     """`[inference] max_loras` when the recipe leaves it out: room for every trainer slot."""
     return max_concurrent_runs * MAX_ADAPTERS_IN_FLIGHT
+
+
+# The adapter ranks vLLM's server takes for --max-lora-rank (`MaxLoRARanks` in
+# vllm/config/lora.py, argparse choices): any other value stops it at startup.
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def served_lora_rank(rank: int) -> int | None:
+    """The smallest --max-lora-rank vLLM takes that serves adapters of `rank`; None when
+    `rank` is above every one."""
+    return next((served for served in VLLM_MAX_LORA_RANKS if served >= rank), None)
+
+
+def served_rank_problem(rank: int, served: int | None, *, whose: str) -> str | None:
+    """Why vLLM, started with --max-lora-rank `served` (None: no value serves `rank`), could
+    not load adapters of `rank`; or None."""
+    if served is None:
+        return (
+            f"{whose} rank {rank}, above {VLLM_MAX_LORA_RANKS[-1]}, the largest adapter rank "
+            "vLLM serves; lower it"
+        )
+    if rank <= served:
+        return None
+    return (
+        f"{whose} rank {rank}, above [inference] max_lora_rank = {served}: vLLM would refuse "
+        f"to load them; raise max_lora_rank to {served_lora_rank(rank)} or lower the rank"
+    )
 
 
 def lora_rank_problem(run_rank: int | None, trainer_rank: int) -> str | None:
@@ -359,7 +425,13 @@ class InferenceSection(StrictModel):
         "and an older one while an eval of it runs beside training. Default: "
         "`max_concurrent_runs` x 2, enough for every trainer slot",
     )
-    max_lora_rank: int | None = Field(None, ge=1, description="default: the trainer's rank")
+    max_lora_rank: int | None = Field(
+        None,
+        ge=1,
+        description="the largest adapter rank vLLM serves: one of "
+        f"{', '.join(map(str, VLLM_MAX_LORA_RANKS))} (vLLM takes no other); default: the "
+        "smallest of those at least the trainer's rank",
+    )
     max_model_len: int = Field(
         512, ge=16, description="longest prompt plus completion vLLM accepts, in tokens"
     )
@@ -380,9 +452,25 @@ class InferenceSection(StrictModel):
     startup_timeout_s: float = Field(
         600.0, gt=0, description="give up, quoting vLLM's log, if not ready by then"
     )
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _a_rank_vllm_takes(cls, rank: int | None) -> int | None:
+        if rank is not None and rank not in VLLM_MAX_LORA_RANKS:
+            raise ValueError(
+                f"vLLM takes a max_lora_rank of {', '.join(map(str, VLLM_MAX_LORA_RANKS))} "
+                f"only, and would not start with {rank}; use {served_lora_rank(rank) or 512}, "
+                "or leave it out"
+            )
+        return rank
+
     extra_args: list[str] = Field(
         default_factory=list, description="passed to vLLM's server as they are"
     )
+
+
+# An idle trainer sleeps this long at most between looks for runs and batches.
+MAX_POLL_INTERVAL_S = 60.0
 
 
 class TrainerSection(StrictModel):
@@ -395,7 +483,10 @@ class TrainerSection(StrictModel):
     )
     target_modules: list[str] = Field(
         default_factory=lambda: list(LORA_TARGET_MODULES),
-        description="the linear layers that get adapters, by the last part of their name",
+        min_length=1,
+        description="the linear layers that get adapters, by the last part of their name; "
+        "each must name linear layers of the base model (the default: those of it that it "
+        "names)",
     )
     gpus: list[int] = Field(
         default_factory=list,
@@ -410,7 +501,11 @@ class TrainerSection(StrictModel):
         "stay float32 whatever it is (as peft keeps them), and the LoRA matmuls run in it",
     )
     poll_interval_s: float = Field(
-        0.2, gt=0, description="how often an idle trainer looks for runs and batches"
+        0.2,
+        gt=0,
+        le=MAX_POLL_INTERVAL_S,
+        description="how often an idle trainer looks for runs and batches, in seconds; at "
+        f"most {MAX_POLL_INTERVAL_S:g}, since a new run or batch waits up to that long",
     )
     attention: Literal["auto", "per_sample", "varlen", "flash", "flex", "dense"] = Field(
         "auto",
@@ -559,6 +654,12 @@ def parse_toml(text: str, path: Path | str | None = None) -> tomlkit.TOMLDocumen
         raise ConfigError(
             path, [ConfigProblem(key="", message=f"not valid TOML: {message}", line=err.line)]
         ) from None
+    except tomlkit.exceptions.KeyAlreadyPresent as err:
+        # tomlkit's error for a key written twice in a [[runs]] table after the first: no line
+        message = f"not valid TOML: {err} (a key is written twice in one table; keep one)"
+        raise ConfigError(
+            path, [ConfigProblem(key="", message=message, line=_repeated_key_line(text))]
+        ) from None
 
 
 def read_toml(path: Path) -> tuple[tomlkit.TOMLDocument, str]:
@@ -699,6 +800,8 @@ def explain_error(item: dict[str, Any], model_cls: type[BaseModel], loc: tuple) 
     got = item.get("input")
     shown = repr(got) if not isinstance(got, dict) else "a table"
     message = item["msg"]
+    if kind == "finite_number":
+        return f"must be a finite number (got {shown}): inf and nan are no setting's value"
     if message.startswith("Value error, "):
         return message.removeprefix("Value error, ")
     return f"{message} (got {shown})"
@@ -796,6 +899,21 @@ def _key_lines(text: str) -> dict[tuple, int]:
         elif match := _KEY.match(line):
             lines.setdefault((*table, *_split_key(match.group(1))), number)
     return lines
+
+
+def _repeated_key_line(text: str) -> int | None:
+    """The line of the first key written a second time in the same table, if any."""
+    seen: set[tuple[int, tuple[str, ...]]] = set()
+    table = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if _ARRAY_TABLE.match(line) or _TABLE.match(line):
+            table += 1  # every header opens a table of its own
+        elif match := _KEY.match(line):
+            marker = (table, _split_key(match.group(1)))
+            if marker in seen:
+                return number
+            seen.add(marker)
+    return None
 
 
 def _line_of(loc: tuple, text: str | None) -> int | None:

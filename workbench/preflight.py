@@ -7,11 +7,15 @@ the processes will meet it:
 - the recipe has runs (else the supervisor would start with nothing to do);
 - `[model] base` can be loaded here: a known builtin, a model directory, a hub id that is
   cached or can be downloaded (`workbench.models.resolve.base_model_problem`);
+- `[trainer] target_modules` names linear layers of the base model (its config made on the
+  meta device: no weights read), and the trainer's dtype computes on this machine;
+- the GPU lists name GPUs this machine has, and a fixed `[inference] port` is free;
 - each run's environment exists and takes its `env_args`, and its task space can hold
   out eval prompts; its `lora.rank` fits the trainer's adapter slots;
 - each run's longest prompt (rendered by the base model's chat template and tokenizer, as
   vLLM renders it) plus its `max_tokens` fits vLLM's `max_model_len`, and a training
-  sample fits the trainer's `seq_len`;
+  sample fits the trainer's `seq_len`: at most `MAX_PROMPTS_MEASURED` prompts of each
+  split are measured, whatever the batch size or the number of eval prompts;
 - vLLM's `max_loras` holds every adapter version in flight: the runs that can train at
   once, each with its newest adapter and, while an eval of it runs, an older one.
 
@@ -39,6 +43,7 @@ from workbench.config import (
     lora_rank_problem,
     nest_dotted,
     problem_at,
+    served_rank_problem,
 )
 from workbench.envs import (
     Environment,
@@ -47,12 +52,34 @@ from workbench.envs import (
     environment_class,
     get_environment,
 )
-from workbench.models.resolve import base_model_problem, prompt_tokenizer
+from workbench.models.resolve import base_model_problem, linear_layer_names, prompt_tokenizer
 from workbench.recipe import Recipe, RunSpec
+from workbench.supervisor import plan as supervisor_plan
 from workbench.sweep.checks import read_params
 
 # Training prompts measured per run (at least a step's worth): the first ones it will use.
 TRAINING_PROMPTS_MEASURED = 256
+# The most prompts of one split measured per run, so that the checks take the same time
+# whatever batch_size or eval.num_prompts say (eval.num_prompts = 50000 took 16 s before):
+# 4096 reverse_text prompts are drawn and rendered in 0.3 s with builtin:tiny-reverse's
+# tokenizer on a loaded 2-core machine.
+MAX_PROMPTS_MEASURED = 4096
+
+# float16 on the CPU: a run went to loss nan at its second update, and vLLM then answered
+# every request with 400 "Out of range float values are not JSON compliant". The trainer
+# alone does not show it: 8 updates of builtin:tiny-reverse on this project's 2-core CPU
+# machine (reverse_text, 8 prompts x 8 completions the model sampled itself, lr 3e-3) stay
+# finite in float16 and follow float32 (update 5: loss -0.009160 against -0.009145; grad
+# norms within 10%), so vLLM's float16 CPU kernels are the likelier source. Either way
+# float16 has 5 exponent bits (above 65504 overflows) and nothing here scales the loss;
+# bfloat16 has float32's range.
+FLOAT16_ON_CPU = (
+    "float16 without a GPU: {what} would compute in it on the CPU, where a run went to loss "
+    "nan at its second update and vLLM then failed every request (its log-probs were not "
+    "finite); float16's range is narrow (above 65504 overflows) and nothing scales the "
+    'loss. Use dtype = "bfloat16" (float32\'s range in half the memory) or "float32" on '
+    "the CPU"
+)
 
 Finding = tuple[str, str]  # (dotted key of a run's config, what is wrong)
 
@@ -81,6 +108,16 @@ def recipe_problems(recipe: Recipe, text: str | None) -> list[ConfigProblem]:
         tokenizer, model = _tokenizer(recipe.model.base)
     if model is not None:
         problems.append(problem_at(("model", "base"), model, text))
+    else:
+        targets = target_modules_problem(recipe)
+        if targets is not None:
+            problems.append(problem_at(targets[0], targets[1], text))
+    for loc, message in machine_problems(recipe):
+        problems.append(problem_at(loc, message, text))
+    if recipe.max_lora_rank is None:
+        rank = recipe.trainer.lora.rank
+        served = served_rank_problem(rank, None, whose="the trainer's adapter slots have")
+        problems.append(problem_at(("trainer", "lora", "rank"), str(served), text))
     checker = RunChecker(recipe, tokenizer)
     where: _KeyLocator | None = None  # made for the first finding: it reads the sweep's keys
     configs = recipe.run_configs()
@@ -102,6 +139,65 @@ def recipe_problems(recipe: Recipe, text: str | None) -> list[ConfigProblem]:
         )
         if loras is not None:
             problems.append(problem_at(("inference", "max_loras"), loras, text))
+    return problems
+
+
+def target_modules_problem(recipe: Recipe) -> tuple[tuple[str, ...], str] | None:
+    """Why `[trainer] target_modules` would give the base model no adapter, or not the ones
+    it names, as (location, message); None when they are linear layers of the model, or the
+    model's layers cannot be known here (a hub model not cached: nothing is downloaded)."""
+    base, trainer = recipe.model.base, recipe.trainer
+    try:
+        linears = linear_layer_names(base)
+    except Exception:  # a config transformers cannot build: the trainer says why
+        return None
+    if linears is None:
+        return None
+    names = ", ".join(linears)
+    unknown = [module for module in trainer.target_modules if module not in linears]
+    if "target_modules" in trainer.model_fields_set:
+        if not unknown:
+            return None
+        listed = ", ".join(repr(module) for module in unknown)
+        verb = "is not a linear layer" if len(unknown) == 1 else "are not linear layers"
+        return (
+            ("trainer", "target_modules"),
+            f"{listed} {verb} of {base}, whose linear layers are named (by the last part of "
+            f"their module path) {names}; a name that matches none gives no layer an "
+            "adapter",
+        )
+    if len(unknown) < len(trainer.target_modules):
+        return None  # the default names some of the model's layers: those get adapters
+    return (
+        ("trainer",),
+        f"none of the default target_modules ({', '.join(trainer.target_modules)}) is a "
+        f"linear layer of {base}, so no layer would get an adapter; its linear layers are "
+        f"named {names}: set [trainer] target_modules to those that should",
+    )
+
+
+def machine_problems(recipe: Recipe) -> list[tuple[tuple[str, ...], str]]:
+    """What the recipe asks of this machine that it cannot give, as (location, message): GPUs
+    it does not have, a fixed port in use, float16 without a GPU."""
+    problems: list[tuple[tuple[str, ...], str]] = []
+    gpu_count = supervisor_plan.detect_gpu_count()
+    inference, trainer = recipe.inference, recipe.trainer
+    for key, message in supervisor_plan.device_problems(
+        inference.gpus, trainer.gpus, trainer.nproc_per_node, gpu_count
+    ):
+        problems.append((tuple(key.split(".")), message))
+    if inference.port:
+        port = supervisor_plan.port_problem(inference.port, inference.host)
+        if port is not None:
+            problems.append((("inference", "port"), port))
+    if gpu_count == 0:
+        # vLLM's "auto" is the trainer's dtype; "half" is its other name for float16.
+        served = recipe.inference_config().inference.dtype in ("float16", "half")
+        if trainer.dtype == "float16":
+            what = "the trainer and vLLM" if served else "the trainer"
+            problems.append((("trainer", "dtype"), FLOAT16_ON_CPU.format(what=what)))
+        elif served:
+            problems.append((("inference", "dtype"), FLOAT16_ON_CPU.format(what="vLLM")))
     return problems
 
 
@@ -193,6 +289,12 @@ class RunChecker:
         rank = lora_rank_problem(config.lora.rank, self.recipe.trainer.lora.rank)
         if rank is not None:
             findings.append(("lora.rank", rank))
+        served = self.recipe.max_lora_rank
+        if rank is None and served is not None:
+            run_rank = config.lora.rank or self.recipe.trainer.lora.rank
+            problem = served_rank_problem(run_rank, served, whose="the run's adapters have")
+            if problem is not None:
+                findings.append(("lora.rank", problem))
         env, problem = _environment(config, self._environments)
         if problem is not None:
             findings.append(problem)
@@ -205,7 +307,7 @@ class RunChecker:
 
     def _length_findings(self, config: OrchestratorConfig, env: Environment) -> list[Finding]:
         inference, trainer = self.recipe.inference, self.recipe.trainer
-        count = max(TRAINING_PROMPTS_MEASURED, config.prompts_per_step)
+        count = min(max(TRAINING_PROMPTS_MEASURED, config.prompts_per_step), MAX_PROMPTS_MEASURED)
         prompt = self._longest_prompt(config, env, "train", count)
         total = prompt + config.sampling.max_tokens
         measured = f"the longest of the run's first {count} training prompts is {prompt} tokens"
@@ -240,7 +342,14 @@ class RunChecker:
                 )
             )
         if config.eval.interval > 0:
-            eval_prompt = self._longest_prompt(config, env, "eval", config.eval.num_prompts)
+            eval_count = min(config.eval.num_prompts, MAX_PROMPTS_MEASURED)
+            eval_prompt = self._longest_prompt(config, env, "eval", eval_count)
+            eval_measured = (
+                f"the longest of the run's {eval_count} eval prompts"
+                if eval_count == config.eval.num_prompts
+                else f"the longest of the first {eval_count} of the run's "
+                f"{config.eval.num_prompts} eval prompts"
+            )
             eval_tokens = config.eval.sampling.max_tokens or config.sampling.max_tokens
             eval_total = eval_prompt + eval_tokens
             # Said once: an eval no longer than training is covered by the finding above.
@@ -255,8 +364,7 @@ class RunChecker:
                 findings.append(
                     (
                         key,
-                        f"the longest of the run's {config.eval.num_prompts} eval prompts is "
-                        f"{eval_prompt} tokens; with {eval_tokens} to generate an eval request "
+                        f"{eval_measured} is {eval_prompt} tokens; with {eval_tokens} to generate an eval request "
                         f"takes up to {eval_total}, above [inference] max_model_len = "
                         f"{inference.max_model_len}: raise max_model_len to {eval_total} or "
                         "lower the eval's max_tokens",

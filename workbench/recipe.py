@@ -25,6 +25,7 @@ import tomlkit
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from workbench.config import (
+    VLLM_MAX_LORA_RANKS,
     ConfigError,
     ConfigProblem,
     ExperimentSection,
@@ -44,6 +45,7 @@ from workbench.config import (
     problem_at,
     problems_from_validation,
     read_toml,
+    served_lora_rank,
 )
 from workbench.envs import EnvironmentConfigError, environment_class
 from workbench.sweep.expand import PlannedRun, plan_sweep
@@ -126,6 +128,12 @@ class Recipe(StrictModel):
         """`[inference] max_loras`, or by default enough for every trainer slot."""
         return self.inference.max_loras or default_max_loras(self.trainer.max_concurrent_runs)
 
+    @property
+    def max_lora_rank(self) -> int | None:
+        """`[inference] max_lora_rank`, or by default the smallest rank vLLM takes that
+        serves the trainer's adapters; None when no rank vLLM takes does."""
+        return self.inference.max_lora_rank or served_lora_rank(self.trainer.lora.rank)
+
     def inference_config(self) -> InferenceConfig:
         # vLLM's "auto" would downcast a float32 model to bfloat16 on CPU; sampling in the
         # trainer's precision keeps the importance ratio near 1 for unchanged weights.
@@ -136,7 +144,7 @@ class Recipe(StrictModel):
             output_dir=self.output_dir,
             model=self.model,
             inference=inference,
-            max_lora_rank=self.inference.max_lora_rank or self.trainer.lora.rank,
+            max_lora_rank=self.max_lora_rank or VLLM_MAX_LORA_RANKS[-1],
         )
 
 

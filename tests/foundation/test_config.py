@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pytest
 import tomlkit
+from pydantic import BaseModel
 
 from workbench import layout
 from workbench.config import (
@@ -16,7 +18,7 @@ from workbench.config import (
     read_toml,
 )
 from workbench.experiment import create_experiment
-from workbench.recipe import load_recipe
+from workbench.recipe import Recipe, load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -243,3 +245,140 @@ def test_training_temperature_0_is_refused_saying_greedy_completions_teach_nothi
     assert "greedy decoding" in str(error) and "advantage" in str(error)
     # Greedy evals stay the default: the eval table has its own temperature.
     assert OrchestratorConfig().eval.sampling.temperature == 0
+
+
+# ---------------------------------------------------------------- numbers
+
+
+def test_a_key_written_twice_in_a_run_is_an_error_at_its_second_line(tmp_path: Path):
+    # tomlkit raises another error than for a key repeated elsewhere, with no line of its own
+    path = write(tmp_path, GOOD_RECIPE.replace("lr = 1e-3", "lr = 1e-3\nlr = 3e-3"))
+    [problem] = problem_of(path).problems
+    assert problem.line == 21 and 'Key "lr" already exists' in problem.message
+
+
+def line_of(text: str, needle: str) -> int:
+    return next(n for n, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def float_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every float setting of a config model, by key path: found by walking the models, so a
+    float field added later is covered too (plain, optional, or in a tuple)."""
+    keys = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        members = typing.get_args(annotation) or (annotation,)
+        nested = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        if nested:
+            keys += float_keys(nested[0], (*prefix, name))
+        elif float in members:
+            keys.append((*prefix, name))
+    return keys
+
+
+RECIPE_FLOATS = [
+    (section, *key)
+    for section in ("inference", "trainer", "defaults", "tracking")
+    for key in float_keys(Recipe.model_fields[section].annotation)
+]
+
+
+def test_the_walk_finds_the_float_settings_a_user_meets():
+    found = {".".join(key) for key in RECIPE_FLOATS}
+    assert {
+        "defaults.lr",
+        "defaults.optim.betas",
+        "defaults.optim.eps",
+        "defaults.optim.weight_decay",
+        "defaults.optim.max_norm",
+        "defaults.sampling.temperature",
+        "defaults.sampling.top_p",
+        "defaults.eval.sampling.temperature",
+        "defaults.loss.kl_coef",
+        "defaults.scheduler.min_lr_ratio",
+        "defaults.lora.alpha",
+        "trainer.lora.alpha",
+        "trainer.poll_interval_s",
+        "inference.startup_timeout_s",
+        "inference.gpu_memory_utilization",
+    } <= found
+
+
+@pytest.mark.parametrize("spelled", ["inf", "-inf", "nan"])
+@pytest.mark.parametrize("key", RECIPE_FLOATS, ids=".".join)
+def test_no_float_setting_takes_inf_or_nan(tmp_path: Path, key: tuple[str, ...], spelled: str):
+    section, *inner = key
+    annotation = Recipe.model_fields[section].annotation
+    for part in inner[:-1]:
+        annotation = annotation.model_fields[part].annotation
+    is_tuple = typing.get_origin(annotation.model_fields[inner[-1]].annotation) is tuple
+    value = f"[0.9, {spelled}]" if is_tuple else spelled
+    text = f'[model]\nbase = "builtin:tiny-reverse"\n\n[{section}]\n{".".join(inner)} = {value}\n'
+    error = problem_of(write(tmp_path, text))
+    [problem] = error.problems
+    assert problem.key.startswith(".".join(key)) and problem.line == 5
+    assert f"must be a finite number (got {spelled})" in problem.message
+
+
+def test_a_run_or_a_sweep_value_of_inf_is_found_at_its_own_line(tmp_path: Path):
+    text = GOOD_RECIPE.replace("lr = 1e-3", "lr = inf") + "\n[sweep.grid]\nlr = [1e-3, nan]\n"
+    error = problem_of(write(tmp_path, text))
+    by_key = {p.key: p for p in error.problems}
+    assert by_key["runs[1].lr"].line == line_of(text, "lr = inf")
+    assert by_key["sweep.grid.lr"].line == line_of(text, "lr = [1e-3, nan]")
+    assert "value 2 of 2 (nan): must be a finite number" in by_key["sweep.grid.lr"].message
+
+
+def test_sweep_distribution_bounds_are_finite(tmp_path: Path):
+    text = GOOD_RECIPE + (
+        '\n[sweep]\nnum_samples = 2\n\n[sweep.random]\n"loss.kl_coef" = '
+        '{ distribution = "uniform", low = 0.0, high = inf }\n'
+    )
+    [problem] = problem_of(write(tmp_path, text)).problems
+    assert problem.key == "sweep.random.loss.kl_coef.high"
+    assert problem.line == line_of(text, '"loss.kl_coef"')
+    assert "must be a finite number (got inf)" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("optim = { betas = [1.5, 0.999] }", "beta1 = 1.5 is outside [0, 1), where AdamW takes it"),
+        ("optim = { betas = [0.9, 1.0] }", "beta2 = 1 is outside [0, 1)"),
+        ("optim = { betas = [-0.1, 0.999] }", "beta1 = -0.1 is outside [0, 1)"),
+        ("optim = { eps = 0.0 }", "greater than 0"),
+        ("optim = { weight_decay = -0.01 }", "greater than or equal to 0"),
+        ("lr = 0.0", "greater than 0"),
+        ("scheduler = { min_lr_ratio = 1.5 }", "less than or equal to 1"),
+        ("loss = { mask_ratio_low = 1.0 }", "less than 1"),
+    ],
+)
+def test_optimizer_and_loss_numbers_are_bounded_as_torch_and_the_loss_take_them(
+    tmp_path: Path, setting: str, expected: str
+):
+    path = write(tmp_path, GOOD_RECIPE.replace("lr = 1e-3", setting))
+    [problem] = problem_of(path).problems
+    assert problem.key.startswith(f"runs[1].{setting.split()[0]}") and problem.line == 20
+    assert expected in problem.message
+
+
+def test_groups_of_one_completion_are_refused_saying_nothing_is_learnt(tmp_path: Path):
+    path = write(tmp_path, GOOD_RECIPE.replace("lr = 1e-3", "lr = 1e-3\nrollouts_per_prompt = 1"))
+    [problem] = problem_of(path).problems
+    assert problem.key == "runs[1].rollouts_per_prompt" and problem.line == 21
+    assert "every advantage is 0" in problem.message and "learns nothing" in problem.message
+    # One eval completion per prompt stays the default: evals need no group.
+    assert OrchestratorConfig().eval.rollouts_per_prompt == 1
+    with pytest.raises(ValueError, match="groups of one completion"):
+        OrchestratorConfig(batch_size=8, rollouts_per_prompt=1)
+
+
+def test_trainer_numbers_that_would_stop_it_are_refused(tmp_path: Path):
+    text = GOOD_RECIPE.replace(
+        "max_concurrent_runs = 2",
+        "max_concurrent_runs = 2\npoll_interval_s = 1e10\ntarget_modules = []",
+    )
+    by_key = {p.key: p for p in problem_of(write(tmp_path, text)).problems}
+    assert by_key["trainer.poll_interval_s"].line == line_of(text, "poll_interval_s")
+    assert "less than or equal to 60" in by_key["trainer.poll_interval_s"].message
+    assert "at least 1 item" in by_key["trainer.target_modules"].message

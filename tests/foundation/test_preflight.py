@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,9 +25,12 @@ from workbench import run_control
 from workbench.bench import standins
 from workbench.cli import app
 from workbench.config import ConfigError
+from workbench.envs import Environment
 from workbench.experiment import create_experiment
 from workbench.models.char_tokenizer import build_char_tokenizer, save_char_tokenizer
 from workbench.ports import free_port
+from workbench.preflight import MAX_PROMPTS_MEASURED
+from workbench.supervisor import plan as supervisor_plan
 from workbench.supervisor.client import running_supervisor_pid
 from workbench.supervisor.control_socket import ControlError, new_run_config
 from workbench.supervisor.launch import PLAN_ENV, stop_experiment
@@ -253,6 +259,8 @@ def test_runs_add_checks_the_new_run_against_the_experiment(tmp_path: Path):
 
     assert "run_c settings: env: unknown environment 'x'" in refusal({"env": "x"})
     assert "run_c settings: lora.rank: rank 9" in refusal({"lora.rank": 9})
+    assert "run_c settings: lr: must be a finite number" in refusal({"lr": float("inf")})
+    assert "every advantage is 0" in refusal({"rollouts_per_prompt": 1, "batch_size": 4})
     too_long = refusal({"sampling.max_tokens": 600})
     assert "run_c settings: sampling.max_tokens:" in too_long and "max_model_len = 512" in too_long
     # Two runs with evals fill max_loras = 4; a third may take a slot once one frees.
@@ -265,6 +273,184 @@ def test_runs_add_checks_the_new_run_against_the_experiment(tmp_path: Path):
     run_control.write_eviction(experiment / "run_a", "made room", by="user")
     assert new_run_config(experiment, "c", {})[0] == "run_c"
     assert not (experiment / "run_c").exists()
+
+
+# ---------------------------------------------------------------- numbers
+
+
+def test_target_modules_are_checked_against_the_base_models_linear_layers(tmp_path: Path):
+    modules = 'target_modules = ["q_proj", "nope_proj"]'
+    text = recipe_text(tmp_path).replace(
+        "max_concurrent_runs = 2", f"max_concurrent_runs = 2\n{modules}"
+    )
+    line, message = problems(tmp_path, text)["trainer.target_modules"]
+    assert line == 13
+    assert "'nope_proj' is not a linear layer of builtin:tiny-reverse" in message
+    assert "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj" in message
+    read_recipe(write(tmp_path, text.replace(', "nope_proj"', ', "lm_head"')))
+
+
+def model_dir(tmp_path: Path, config) -> Path:
+    """A model directory with a config and a tokenizer, and no weights: the check of
+    target_modules reads the config alone."""
+    directory = tmp_path / "model"
+    config.save_pretrained(directory)
+    save_char_tokenizer(build_char_tokenizer(), directory)
+    return directory
+
+
+def test_default_target_modules_matching_no_layer_of_the_model_are_found(tmp_path: Path):
+    from transformers import GPTNeoXConfig
+
+    config = GPTNeoXConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+    )
+    text = recipe_text(tmp_path, str(model_dir(tmp_path, config)))
+    line, message = problems(tmp_path, text)["trainer"]
+    assert line == 11 and "none of the default target_modules (q_proj, k_proj" in message
+    assert "dense, dense_4h_to_h, dense_h_to_4h, lm_head, query_key_value" in message
+    modules = '\ntarget_modules = ["query_key_value", "dense"]'
+    read_recipe(
+        write(
+            tmp_path, text.replace("max_concurrent_runs = 2", "max_concurrent_runs = 2" + modules)
+        )
+    )
+
+
+def test_the_layers_of_a_large_model_are_known_without_allocating_its_weights(tmp_path: Path):
+    from transformers import LlamaConfig
+
+    # A 70B Llama: 280 GB in float32, were its weights made.
+    config = LlamaConfig(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
+    text = recipe_text(tmp_path, str(model_dir(tmp_path, config))).replace(
+        "max_concurrent_runs = 2", 'max_concurrent_runs = 2\ntarget_modules = ["qkv_proj"]'
+    )
+    _, message = problems(tmp_path, text)["trainer.target_modules"]
+    assert "'qkv_proj' is not a linear layer" in message
+    # The look is taken in a child process (torch stays out of `workbench up`), which never
+    # held more than torch and transformers take.
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 4 * 1024 * 1024  # KiB
+
+
+def test_adapter_ranks_are_ones_vllm_serves(tmp_path: Path):
+    # vLLM's --max-lora-rank takes 1, 8, 16, 32, ... only: a trainer rank of 4 is served
+    # under 8, where it used to be passed as 4 and stop vLLM at startup.
+    small = recipe_text(tmp_path).replace("rank = 8, alpha = 16", "rank = 4, alpha = 8")
+    _, recipe = read_recipe(write(tmp_path, small))
+    assert recipe.inference_config().max_lora_rank == 8
+    huge = recipe_text(tmp_path).replace("rank = 8, alpha = 16", "rank = 600, alpha = 16")
+    line, message = problems(tmp_path, huge)["trainer.lora.rank"]
+    assert line == 13 and "rank 600, above 512, the largest adapter rank vLLM serves" in message
+    odd = recipe_text(tmp_path).replace("[inference]", "[inference]\nmax_lora_rank = 12")
+    line, message = problems(tmp_path, odd)["inference.max_lora_rank"]
+    assert line == 9 and "would not start with 12; use 16" in message
+    below = recipe_text(tmp_path).replace("[inference]", "[inference]\nmax_lora_rank = 1")
+    line, message = problems(tmp_path, below)["defaults.lora.rank"]
+    assert "the run's adapters have rank 8, above [inference] max_lora_rank = 1" in message
+
+
+def with_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    monkeypatch.setattr(supervisor_plan, "detect_gpu_count", lambda: count)
+
+
+def test_float16_without_a_gpu_is_refused_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    text = recipe_text(tmp_path).replace(
+        "max_concurrent_runs = 2", 'max_concurrent_runs = 2\ndtype = "float16"'
+    )
+    with_gpus(monkeypatch, 0)
+    line, message = problems(tmp_path, text)["trainer.dtype"]
+    assert line == 13 and "float16 without a GPU: the trainer and vLLM" in message
+    assert "loss nan" in message and 'dtype = "bfloat16"' in message
+    served = recipe_text(tmp_path).replace("[inference]", '[inference]\ndtype = "half"')
+    line, message = problems(tmp_path, served)["inference.dtype"]
+    assert line == 9 and "float16 without a GPU: vLLM" in message
+    with_gpus(monkeypatch, 1)
+    read_recipe(write(tmp_path, text))
+
+
+def test_gpus_the_machine_lacks_and_a_port_in_use_are_found_before_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        text = recipe_text(tmp_path).replace("[inference]", f"[inference]\nport = {port}")
+        text = text.replace("max_concurrent_runs = 2", "max_concurrent_runs = 2\ngpus = [5]")
+        with_gpus(monkeypatch, 2)
+        found = problems(tmp_path, text)
+    assert found["inference.port"][0] == 9 and f"port {port}" in found["inference.port"][1]
+    assert "already in use" in found["inference.port"][1]
+    line, message = found["trainer.gpus"]
+    assert line == 14 and "[trainer] gpus lists [5], but this machine has 2 GPU(s)" in message
+    with_gpus(monkeypatch, 0)  # without GPUs the lists are ignored; the port is free again
+    read_recipe(write(tmp_path, text))
+
+
+def test_prompt_lengths_are_measured_on_a_bounded_number_of_prompts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    drawn: list[int] = []
+    sample_prompts = Environment.sample_prompts
+
+    def counted(self, n, **kwargs):
+        drawn.append(n)
+        return sample_prompts(self, n, **kwargs)
+
+    monkeypatch.setattr(Environment, "sample_prompts", counted)
+    huge = (
+        "max_steps = 5\nbatch_size = 8000000000\neval.num_prompts = 1000000000\n"
+        "eval.sampling.max_tokens = 100"
+    )
+    text = recipe_text(tmp_path).replace("max_steps = 5", huge)
+    text = text.replace("max_model_len = 512", "max_model_len = 40")
+    started = time.monotonic()
+    found = problems(tmp_path, text)
+    assert time.monotonic() - started < 60
+    assert drawn and max(drawn) == MAX_PROMPTS_MEASURED
+    training = found["defaults.sampling.max_tokens"][1]
+    assert f"the longest of the run's first {MAX_PROMPTS_MEASURED} training prompts" in training
+    evals = found["defaults.eval.sampling.max_tokens"][1]
+    assert f"the first {MAX_PROMPTS_MEASURED} of the run's 1000000000 eval prompts" in evals
+
+
+def test_texts_too_long_for_any_context_are_refused_before_any_is_made(tmp_path: Path):
+    lengths = "env_args = { min_length = 9, max_length = 1000000000 }"
+    text = recipe_text(tmp_path).replace("env_args = { min_length = 9, max_length = 9 }", lengths)
+    started = time.monotonic()
+    line, message = problems(tmp_path, text)["defaults.env_args"]
+    assert time.monotonic() - started < 60
+    assert line == 17 and "texts are at most 10000 characters long" in message
+
+
+def test_up_writes_nothing_when_a_check_of_the_model_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(PLAN_ENV, standins.PLAN_REFERENCE)  # were it to start: stand-ins
+    text = recipe_text(tmp_path).replace(
+        "max_concurrent_runs = 2", 'max_concurrent_runs = 2\ntarget_modules = ["nope_proj"]'
+    )
+    text = text.replace("lr = 1e-3", "lr = inf")
+    recipe = write(tmp_path, text)
+    experiment = tmp_path / "outputs" / "pre"
+    try:
+        result = CliRunner().invoke(app, ["up", str(recipe), "--detach"])
+    finally:
+        if running_supervisor_pid(experiment) is not None:
+            stop_experiment(experiment)
+    assert result.exit_code == 2, result.output
+    assert f"{recipe}, line 26: runs[1].lr: must be a finite number (got inf)" in result.output
+    assert not experiment.exists()
 
 
 # ---------------------------------------------------------------- hub ids

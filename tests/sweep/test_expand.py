@@ -265,6 +265,24 @@ def test_each_grid_value_is_checked_as_the_runs_config(tmp_path: Path):
     assert "value 2 of 2 (-1)" in problem.message and "greater than 0" in problem.message
 
 
+def test_swept_values_are_checked_as_the_keys_they_set_each_at_its_line(tmp_path: Path):
+    body = (
+        "[sweep.grid]\nlr = [1e-3, inf]\n"
+        '"optim.betas" = [[0.9, 0.999], [1.5, 0.999]]\n'
+        "rollouts_per_prompt = [1, 8]\n"
+    )
+    error = problems(tmp_path, body)
+    by_key = {p.key: p for p in error.problems}
+    text = HEAD + body
+    assert by_key["sweep.grid.lr"].line == line_of(text, "lr = [")
+    assert "value 2 of 2 (inf): must be a finite number" in by_key["sweep.grid.lr"].message
+    betas = by_key["sweep.grid.optim.betas"]
+    assert betas.line == line_of(text, '"optim.betas"')
+    assert "value 2 of 2 ([1.5, 0.999]): beta1 = 1.5 is outside [0, 1)" in betas.message
+    groups = by_key["sweep.grid.rollouts_per_prompt"]
+    assert "value 1 of 2 (1): 1 makes groups of one completion" in groups.message
+
+
 def test_bad_distributions_are_named_with_their_key(tmp_path: Path):
     body = (
         "[sweep]\nnum_samples = 2\n\n[sweep.random]\n"

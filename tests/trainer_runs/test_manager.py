@@ -225,7 +225,8 @@ def test_raising_validation_hook_rejects_only_that_run(experiment: Path):
     bad = make_run(experiment, "run_huge", "lr = 0.5\n")
     refresh(manager)
     assert list(manager.id_2_idx) == ["run_ok"]
-    assert "learning rate above 0.1" in run_control.read_validation_error(bad)
+    first_line = run_control.read_validation_error(bad).splitlines()[0]
+    assert "ValueError: learning rate above 0.1 is not supported" in first_line
 
 
 def test_validation_hook_returning_false_rejects_with_its_message(experiment: Path):
@@ -252,7 +253,27 @@ def test_failing_creation_hook_rejects_the_run_without_stopping_the_trainer(expe
     refresh(manager)
     refresh(manager)
     assert list(manager.id_2_idx) == ["run_fine"]
-    assert "optimizer state is corrupt" in run_control.read_validation_error(broken)
+    # The first line is the one status and the TUI show: the exception's own message is on
+    # it, not only in the traceback below it.
+    reason = run_control.read_validation_error(broken)
+    first_line, rest = reason.split("\n", 1)
+    assert first_line.startswith("setting up run run_broken in the trainer failed: ")
+    assert "RuntimeError: optimizer state is corrupt" in first_line
+    assert "creation hook" in first_line and "broken_setup" in first_line
+    assert "Traceback" in rest
+
+
+def test_failing_discovered_hook_rejects_the_run_with_the_exceptions_message(experiment: Path):
+    manager = MultiRunManager(experiment, max_runs=2)
+
+    def refuse(idx, run_id, config):
+        raise KeyError("no slot state")
+
+    manager.register_discovered_hook(refuse)
+    run = make_run(experiment, "run_a")
+    refresh(manager)
+    first_line = run_control.read_validation_error(run).splitlines()[0]
+    assert "KeyError: 'no slot state'" in first_line and "discovered hook" in first_line
 
 
 def test_hooks_run_in_the_documented_order(experiment: Path):

@@ -265,11 +265,22 @@ def similarity(answer: str | None, reference: str) -> float:
     return difflib.SequenceMatcher(None, answer, reference).ratio()
 
 
+# The longest text `random_text` makes. The pre-launch checks draw hundreds of prompts: at
+# max_length = 100000 they took a minute to find that the prompts fit no context, and at
+# 10**9 they would take hours and gigabytes.
+MAX_TEXT_LENGTH = 10_000
+
+
 def random_text(rng: random.Random, alphabet: str, min_length: int, max_length: int) -> str:
     """A random string over `alphabet` whose length is uniform in [min_length, max_length].
 
     Whitespace never starts or ends the text, so stripping a completion cannot hurt it.
     """
+    if max_length > MAX_TEXT_LENGTH:
+        raise EnvironmentConfigError(
+            f"max_length = {max_length}: texts are at most {MAX_TEXT_LENGTH} characters long "
+            "(longer ones fit no model's context for a task like this)"
+        )
     length = rng.randint(min_length, max_length)
     chars = [rng.choice(alphabet) for _ in range(length)]
     solid = [c for c in alphabet if not c.isspace()]

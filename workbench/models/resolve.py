@@ -3,8 +3,9 @@
 `builtin:NAME` is a model this project makes itself (no hub needed): written into the cache on
 first use (its shipped weights copied, or built from a seed), then reused. Anything else (a
 local directory, a hub id) passes through unchanged.
-`base_model_problem` and `prompt_tokenizer` answer, without building or downloading
-anything, whether a base can be loaded here and how vLLM will tokenize its prompts.
+`base_model_problem`, `prompt_tokenizer` and `linear_layer_names` answer, without building or
+downloading anything, whether a base can be loaded here, how vLLM will tokenize its prompts
+and which layers LoRA can adapt.
 
 Cache: `$WORKBENCH_CACHE_DIR/models/` if that variable is set, else the platform's user cache
 (`~/.cache/workbench/models/` on Linux). A built model lives in `NAME-<hash>/`, the hash
@@ -19,8 +20,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +78,9 @@ class BuiltinModel(Protocol):
 
     def version_hash(self, spec: Any) -> str:
         """Short hash of everything that determines the built files."""
+
+    def model_config(self, spec: Any) -> Any:
+        """The transformers config of `spec`'s model, known without building it."""
 
     def describe_build(self, spec: Any) -> str:
         """What writing `spec`'s model into the cache involves, told to the user waiting on
@@ -177,6 +184,63 @@ def prompt_tokenizer(base: str) -> Any | None:
     return AutoTokenizer.from_pretrained(base, local_files_only=True)
 
 
+# The most a look at the base model's layers may take: torch and transformers are imported,
+# the model made on the meta device (about 3 s on an idle 2-core machine, 30 s under load).
+LAYERS_TIMEOUT_S = 120.0
+
+
+@functools.cache
+def linear_layer_names(base: str) -> list[str] | None:
+    """The names of the base model's linear layers, by the last part of their module path (as
+    `[trainer] target_modules` names them), from its config alone: the model is made on the
+    meta device, so no weights are read or allocated. From local files only, as
+    `prompt_tokenizer`; None for a hub model that is not cached.
+
+    Done in a child process, given at most `LAYERS_TIMEOUT_S`: torch and transformers take
+    some 400 MB that `workbench up`, which goes on following the experiment, should not keep.
+    Raises RuntimeError when the child fails or runs out of time."""
+    root = str(Path(__file__).resolve().parents[2])  # this checkout's workbench, in the child
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "workbench.models.resolve", "linear-layers", base],
+            capture_output=True,
+            text=True,
+            timeout=LAYERS_TIMEOUT_S,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"no answer in {LAYERS_TIMEOUT_S:g} s") from None
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"exit status {result.returncode}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _linear_layer_names_here(base: str) -> list[str] | None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if is_builtin(base):
+        builtin = get_builtin(base.removeprefix(BUILTIN_PREFIX))
+        config = builtin.model_config(builtin.default_spec())
+    elif (local := Path(base).expanduser()).is_dir():
+        config = AutoConfig.from_pretrained(local)
+    elif hub.is_cached(base):
+        config = AutoConfig.from_pretrained(base, local_files_only=True)
+    else:
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear)
+        }
+    )
+
+
 def builtin_model_dir(base: str, spec: Any = None) -> Path:
     """Where `builtin:NAME` is (or will be) cached, without building it."""
     builtin = get_builtin(base.removeprefix(BUILTIN_PREFIX))
@@ -263,3 +327,10 @@ def _remove_leftovers(final: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
     if final.exists() and not layout.is_stable(final):
         shutil.rmtree(final, ignore_errors=True)
+
+
+if __name__ == "__main__":  # `linear-layers BASE`: what `linear_layer_names` asks a child
+    if sys.argv[1:2] == ["linear-layers"] and len(sys.argv) == 3:
+        print(json.dumps(_linear_layer_names_here(sys.argv[2])))
+    else:
+        sys.exit(f"usage: python -m {__spec__.name} linear-layers BASE")

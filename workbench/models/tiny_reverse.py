@@ -108,6 +108,9 @@ class TinyReverse:
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8"))
         return digest.hexdigest()[:12]
 
+    def model_config(self, spec: TinyReverseSpec) -> LlamaConfig:
+        return llama_config(spec)
+
     def ships(self, spec: TinyReverseSpec) -> bool:
         """Whether the package holds the weights `spec` builds (the default spec's)."""
         info = shipped_build_info(self.shipped_dir)

@@ -123,15 +123,23 @@ def choose_port(requested: int, host: str, what: str) -> int:
     """`requested`, checked free, or a free port when `requested` is 0."""
     if requested == 0:
         return free_port(host)
+    problem = port_problem(requested, host)
+    if problem is not None:
+        raise PlanError(f"{what}: {problem}")
+    return requested
+
+
+def port_problem(requested: int, host: str) -> str | None:
+    """Why a server cannot listen on `host:requested` now (a port other than 0), or None."""
     err = bind_error(host, requested)
     if err is not None and err.errno == errno.EADDRINUSE:
-        raise PlanError(
-            f"{what}: port {requested} on {host} is already in use; stop whatever "
-            "listens there or set the port to 0 in the recipe to pick a free one"
+        return (
+            f"port {requested} on {host} is already in use; stop whatever listens there "
+            "or set the port to 0 in the recipe to pick a free one"
         )
     if err is not None:
-        raise PlanError(f"{what}: cannot use {host}:{requested}: {err.strerror}")
-    return requested
+        return f"cannot use {host}:{requested}: {err.strerror}"
+    return None
 
 
 def detect_gpu_count() -> int:
@@ -156,18 +164,9 @@ def assign_devices(
     """Inference first, trainer next; share when there are not enough GPUs; none on CPU."""
     if gpu_count == 0:
         return DeviceAssignment(None, None)
-    for what, gpus in (("[inference] gpus", inference_gpus), ("[trainer] gpus", trainer_gpus)):
-        bad = [gpu for gpu in gpus if not 0 <= gpu < gpu_count]
-        if bad:
-            raise PlanError(
-                f"recipe {what} lists {bad}, but this machine has {gpu_count} GPU(s) "
-                f"(0-{gpu_count - 1}); fix the list or leave it empty to assign automatically"
-            )
-    if trainer_gpus and len(trainer_gpus) < trainer_ranks:
-        raise PlanError(
-            f"recipe [trainer] nproc_per_node = {trainer_ranks} needs that many GPUs, but "
-            f"[trainer] gpus lists {trainer_gpus}; list more GPUs or lower nproc_per_node"
-        )
+    problems = device_problems(inference_gpus, trainer_gpus, trainer_ranks, gpu_count)
+    if problems:
+        raise PlanError(f"recipe {problems[0][1]}")
     inference = list(inference_gpus) or [0]
     if trainer_gpus:
         trainer = list(trainer_gpus)
@@ -178,6 +177,37 @@ def assign_devices(
         else:  # not enough GPUs to keep them apart: share, as on a single-GPU box
             trainer = list(range(gpu_count))[:trainer_ranks]
     return DeviceAssignment(inference, trainer)
+
+
+def device_problems(
+    inference_gpus: list[int], trainer_gpus: list[int], trainer_ranks: int, gpu_count: int
+) -> list[tuple[str, str]]:
+    """What is wrong with the recipe's GPU lists on a machine with `gpu_count` GPUs, as
+    (dotted key, message); none without GPUs, where the lists are ignored."""
+    if gpu_count == 0:
+        return []
+    problems = []
+    for key, gpus in (("inference.gpus", inference_gpus), ("trainer.gpus", trainer_gpus)):
+        bad = [gpu for gpu in gpus if not 0 <= gpu < gpu_count]
+        if bad:
+            section, name = key.split(".")
+            problems.append(
+                (
+                    key,
+                    f"[{section}] {name} lists {bad}, but this machine has {gpu_count} GPU(s) "
+                    f"(0-{gpu_count - 1}); fix the list or leave it empty to assign "
+                    "automatically",
+                )
+            )
+    if trainer_gpus and len(trainer_gpus) < trainer_ranks:
+        problems.append(
+            (
+                "trainer.gpus",
+                f"[trainer] nproc_per_node = {trainer_ranks} needs that many GPUs, but "
+                f"[trainer] gpus lists {trainer_gpus}; list more GPUs or lower nproc_per_node",
+            )
+        )
+    return problems
 
 
 def shared_cpu_env(gpu_count: int, threads: int | None = None) -> dict[str, str]:

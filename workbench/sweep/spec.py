@@ -34,7 +34,9 @@ DEFAULT_MAX_RUNS = 64
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown keys are errors, and no bound is inf or nan (as in every recipe section)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- distributions

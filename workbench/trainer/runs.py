@@ -245,10 +245,9 @@ class MultiRunManager:
         for hook in self._validation_hooks:
             try:
                 ok, message = hook(config)
-            except Exception:
-                return None, (
-                    f"{config_path}: validation hook {_hook_name(hook)} raised:\n"
-                    + traceback.format_exc(limit=5)
+            except Exception as err:
+                return None, f"{config_path}: " + _hook_failure(
+                    f"validation hook {_hook_name(hook)}", err
                 )
             if not ok:
                 return None, f"{config_path}: {message or 'rejected by ' + _hook_name(hook)}"
@@ -270,10 +269,8 @@ class MultiRunManager:
         for hook in self._discovered_hooks:
             try:
                 hook(idx, run_id, config)
-            except Exception:
-                error = f"discovered hook {_hook_name(hook)} raised:\n" + traceback.format_exc(
-                    limit=5
-                )
+            except Exception as err:
+                error = _hook_failure(f"discovered hook {_hook_name(hook)}", err)
                 self._forget(idx, run_id, call_hooks=False)
                 stat = layout.orch_config_path(path).stat()
                 self._reject(run_id, path, error, stat)
@@ -340,10 +337,9 @@ class MultiRunManager:
             for hook in self._creation_hooks:
                 try:
                     hook(idx, run_id)
-                except Exception:
-                    message = (
-                        f"setting up run {run_id} in the trainer failed (creation hook "
-                        f"{_hook_name(hook)}):\n" + traceback.format_exc(limit=5)
+                except Exception as err:
+                    message = f"setting up run {run_id} in the trainer failed: " + _hook_failure(
+                        f"creation hook {_hook_name(hook)}", err
                     )
                     logger.error(message)
                     self._failed_creation[idx] = message
@@ -464,6 +460,13 @@ class MultiRunManager:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _hook_failure(hook: str, err: Exception) -> str:
+    """A hook's failure as a run's reason: the exception's own message on the first line,
+    which is the line status and the TUI show, then where it was raised."""
+    first = f"{type(err).__name__}: {err}".strip().splitlines()[0]
+    return f"{first} (raised by the {hook})\n" + traceback.format_exc(limit=5)
 
 
 def _hook_name(hook: Callable[..., Any]) -> str:
