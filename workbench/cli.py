@@ -47,6 +47,7 @@ from workbench.supervisor.client import (
     evict_and_tell,
     running_supervisor_pid,
 )
+from workbench.supervisor.plan import detect_gpu_count, recipe_devices
 from workbench.up import (
     LaunchError,
     RecipeError,
@@ -116,12 +117,14 @@ def up(
     A second `up` on an experiment whose supervisor is running is refused, naming its pid.
     Running `up` again after `down` resumes every run from its last checkpoint.
 
-    With --dry-run, the runs are printed (id and the values each sets over [defaults]) and
-    nothing is written or started; `workbench sweep plan RECIPE` does the same.
+    With --dry-run, the runs are printed (id and the values each sets over [defaults]) with
+    which GPUs run vLLM and the trainer, and nothing is written or started; `workbench sweep
+    plan RECIPE` prints the runs too.
     """
     if dry_run:
         _, resolved = recipe_or_fail(recipe, max_steps)
         print_run_plan(recipe, resolved, as_json=False)
+        say(recipe_devices(resolved, detect_gpu_count())[1])
         say("nothing was written or started (--dry-run)")
         return
     try:

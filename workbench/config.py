@@ -437,7 +437,17 @@ class InferenceSection(StrictModel):
     )
     gpus: list[int] = Field(
         default_factory=list,
-        description="CUDA device ids for vLLM; empty: GPU 0; ignored on a machine without GPUs",
+        description="CUDA device ids for vLLM, tensor_parallel_size x data_parallel_size of "
+        "them; empty: the first that many; ignored on a machine without GPUs",
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="GPUs one copy of the model spans (vLLM's --tensor-parallel-size)"
+    )
+    data_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="copies of the model vLLM serves from, each on tensor_parallel_size GPUs "
+        "(vLLM's --data-parallel-size)",
     )
     gpu_memory_utilization: float = Field(
         0.45,

@@ -183,7 +183,11 @@ def machine_problems(recipe: Recipe) -> list[tuple[tuple[str, ...], str]]:
     gpu_count = supervisor_plan.detect_gpu_count()
     inference, trainer = recipe.inference, recipe.trainer
     for key, message in supervisor_plan.device_problems(
-        inference.gpus, trainer.gpus, trainer.nproc_per_node, gpu_count
+        inference.gpus,
+        trainer.gpus,
+        trainer.nproc_per_node,
+        gpu_count,
+        inference.tensor_parallel_size * inference.data_parallel_size,
     ):
         problems.append((tuple(key.split(".")), message))
     if inference.port:

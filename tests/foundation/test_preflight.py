@@ -396,6 +396,19 @@ def test_gpus_the_machine_lacks_and_a_port_in_use_are_found_before_launch(
     read_recipe(write(tmp_path, text))
 
 
+def test_vllm_parallelism_the_machine_cannot_give_is_found_at_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    text = recipe_text(tmp_path).replace(
+        "[inference]", "[inference]\ntensor_parallel_size = 2\ndata_parallel_size = 2"
+    )
+    with_gpus(monkeypatch, 2)
+    line, message = problems(tmp_path, text)["inference.tensor_parallel_size"]
+    assert line == 9 and "= 4 GPUs for vLLM, but this machine has 2" in message
+    with_gpus(monkeypatch, 4)
+    read_recipe(write(tmp_path, text))
+
+
 def test_prompt_lengths_are_measured_on_a_bounded_number_of_prompts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

@@ -14,12 +14,15 @@ import pytest
 from workbench import layout, ports
 from workbench.config import load_inference_config, load_trainer_config
 from workbench.inference.endpoint import Endpoint, read_endpoint, write_endpoint
+from workbench.inference.server import parallel_args
 from workbench.lifeline import PARENT_PID_ENV
 from workbench.supervisor import paths, plan
 from workbench.supervisor.plan import (
     DeviceAssignment,
     PlanError,
     assign_devices,
+    describe_devices,
+    device_problems,
     load_plan_factory,
     module_problem,
     plan_from_recipe,
@@ -65,6 +68,38 @@ def test_gpus_go_to_inference_first_then_trainer_and_are_shared_when_too_few():
 def test_a_gpu_the_machine_does_not_have_is_an_error_naming_the_key():
     with pytest.raises(PlanError, match=r"\[trainer\] gpus lists \[5\].*2 GPU"):
         assign_devices([], [5], 1, 2)
+
+
+def test_vllms_tensor_and_data_parallelism_take_that_many_gpus_first_then_the_trainer():
+    # 8 GPUs, vLLM 2 x 2, trainer 4 ranks: apart
+    devices = assign_devices([], [], 4, 8, inference_size=4)
+    assert devices == DeviceAssignment([0, 1, 2, 3], [4, 5, 6, 7])
+    assert describe_devices(devices, 8, 4) == (
+        "8 GPU(s): inference on [0, 1, 2, 3] (4 for vLLM's parallelism), trainer on [4, 5, 6, 7]"
+    )
+    # 4 GPUs, vLLM on 2, trainer 4 ranks: not enough to keep apart, so they share
+    devices = assign_devices([], [], 4, 4, inference_size=2)
+    assert devices == DeviceAssignment([0, 1], [0, 1, 2, 3])
+    assert describe_devices(devices, 4, 2).endswith("(sharing [0, 1])")
+    assert assign_devices([6, 7], [], 2, 8, inference_size=2) == DeviceAssignment([6, 7], [0, 1])
+
+
+def test_gpus_that_do_not_add_up_are_refused_naming_the_keys():
+    ((key, message),) = device_problems([], [], 1, 2, inference_size=4)
+    assert key == "inference.tensor_parallel_size"
+    assert "= 4 GPUs for vLLM, but this machine has 2" in message
+    ((key, message),) = device_problems([0, 1, 2], [], 1, 8, inference_size=2)
+    assert key == "inference.gpus" and "lists 3 GPU(s) [0, 1, 2]" in message
+    ((key, message),) = device_problems([], [], 1, 0, inference_size=2)
+    assert key == "inference.tensor_parallel_size" and "no GPU" in message
+    assert device_problems([], [], 1, 0) == []  # the CPU machine's default
+    with pytest.raises(PlanError, match="tensor_parallel_size x data_parallel_size = 4"):
+        assign_devices([], [], 1, 2, inference_size=4)
+
+
+def test_vllm_gets_its_parallelism_flags_only_beyond_one_gpu():
+    assert parallel_args(1, 1) == []
+    assert parallel_args(2, 3) == ["--tensor-parallel-size", "2", "--data-parallel-size", "3"]
 
 
 def test_plan_with_two_gpus_sets_cuda_visible_devices_per_process(experiment: Path, monkeypatch):

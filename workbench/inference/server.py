@@ -168,8 +168,19 @@ def build_vllm_command(config: InferenceConfig, model: Path, port: int) -> list[
         "--logprobs-mode",
         "processed_logprobs",
         "--disable-log-stats",
+        *parallel_args(inference.tensor_parallel_size, inference.data_parallel_size),
         *inference.extra_args,
     ]
+
+
+def parallel_args(tensor_parallel_size: int, data_parallel_size: int) -> list[str]:
+    """vLLM's parallelism flags, only where they ask for more than one GPU."""
+    args = []
+    if tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    if data_parallel_size > 1:
+        args += ["--data-parallel-size", str(data_parallel_size)]
+    return args
 
 
 def server_environment(api_key: str, base: dict[str, str] | None = None) -> dict[str, str]:

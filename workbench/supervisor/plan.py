@@ -30,7 +30,7 @@ from workbench.config import ConfigError, model_to_toml
 from workbench.inference import endpoint
 from workbench.lifeline import PARENT_PID_ENV
 from workbench.ports import bind_error, free_port
-from workbench.recipe import load_recipe
+from workbench.recipe import Recipe, load_recipe
 from workbench.supervisor import paths
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec
@@ -159,15 +159,22 @@ class DeviceAssignment:
 
 
 def assign_devices(
-    inference_gpus: list[int], trainer_gpus: list[int], trainer_ranks: int, gpu_count: int
+    inference_gpus: list[int],
+    trainer_gpus: list[int],
+    trainer_ranks: int,
+    gpu_count: int,
+    inference_size: int = 1,
 ) -> DeviceAssignment:
-    """Inference first, trainer next; share when there are not enough GPUs; none on CPU."""
+    """Inference first (`inference_size` GPUs: tensor x data parallel), the trainer next;
+    share when there are not enough GPUs to keep them apart; none on CPU."""
     if gpu_count == 0:
         return DeviceAssignment(None, None)
-    problems = device_problems(inference_gpus, trainer_gpus, trainer_ranks, gpu_count)
+    problems = device_problems(
+        inference_gpus, trainer_gpus, trainer_ranks, gpu_count, inference_size
+    )
     if problems:
         raise PlanError(f"recipe {problems[0][1]}")
-    inference = list(inference_gpus) or [0]
+    inference = list(inference_gpus) or list(range(inference_size))
     if trainer_gpus:
         trainer = list(trainer_gpus)
     else:
@@ -180,11 +187,26 @@ def assign_devices(
 
 
 def device_problems(
-    inference_gpus: list[int], trainer_gpus: list[int], trainer_ranks: int, gpu_count: int
+    inference_gpus: list[int],
+    trainer_gpus: list[int],
+    trainer_ranks: int,
+    gpu_count: int,
+    inference_size: int = 1,
 ) -> list[tuple[str, str]]:
-    """What is wrong with the recipe's GPU lists on a machine with `gpu_count` GPUs, as
-    (dotted key, message); none without GPUs, where the lists are ignored."""
+    """What is wrong with the recipe's GPU lists and vLLM's parallelism on a machine with
+    `gpu_count` GPUs, as (dotted key, message). Without GPUs the lists are ignored, but
+    parallelism across GPUs cannot be had."""
+    parallel = (
+        f"[inference] tensor_parallel_size x data_parallel_size = {inference_size} GPUs for vLLM"
+    )
     if gpu_count == 0:
+        if inference_size > 1:
+            return [
+                (
+                    "inference.tensor_parallel_size",
+                    f"{parallel}, but this machine has no GPU; set both to 1",
+                )
+            ]
         return []
     problems = []
     for key, gpus in (("inference.gpus", inference_gpus), ("trainer.gpus", trainer_gpus)):
@@ -199,6 +221,21 @@ def device_problems(
                     "automatically",
                 )
             )
+    if inference_size > gpu_count:
+        problems.append(
+            (
+                "inference.tensor_parallel_size",
+                f"{parallel}, but this machine has {gpu_count}; lower them",
+            )
+        )
+    elif inference_gpus and len(inference_gpus) != inference_size:
+        problems.append(
+            (
+                "inference.gpus",
+                f"[inference] gpus lists {len(inference_gpus)} GPU(s) {inference_gpus}, but "
+                f"{parallel}; list exactly that many or leave the list empty",
+            )
+        )
     if trainer_gpus and len(trainer_gpus) < trainer_ranks:
         problems.append(
             (
@@ -208,6 +245,28 @@ def device_problems(
             )
         )
     return problems
+
+
+def recipe_devices(recipe: Recipe, gpu_count: int) -> tuple[DeviceAssignment, str]:
+    """Where the recipe's processes run on a machine with `gpu_count` GPUs, and that in a
+    line; `PlanError` when its GPUs do not add up (preflight says so first, with lines)."""
+    inference, trainer = recipe.inference, recipe.trainer
+    size = inference.tensor_parallel_size * inference.data_parallel_size
+    devices = assign_devices(inference.gpus, trainer.gpus, trainer.nproc_per_node, gpu_count, size)
+    return devices, describe_devices(devices, gpu_count, size)
+
+
+def describe_devices(devices: DeviceAssignment, gpu_count: int, inference_size: int) -> str:
+    """Which GPUs run what, in one line (`up --dry-run`, the supervisor's log)."""
+    if devices.inference is None:
+        return "no GPU: inference and trainer run on the CPU"
+    shared = set(devices.inference) & set(devices.trainer or [])
+    line = (
+        f"{gpu_count} GPU(s): inference on {devices.inference}"
+        + (f" ({inference_size} for vLLM's parallelism)" if inference_size > 1 else "")
+        + f", trainer on {devices.trainer}"
+    )
+    return line + (f" (sharing {sorted(shared)})" if shared else "")
 
 
 def shared_cpu_env(gpu_count: int, threads: int | None = None) -> dict[str, str]:
@@ -314,13 +373,10 @@ def plan_from_recipe(experiment: Path) -> Plan:
     inference_port = choose_port(recipe.inference.port, host, "[inference] port")
     gpu_count = detect_gpu_count()
     ranks = recipe.trainer.nproc_per_node
-    devices = assign_devices(recipe.inference.gpus, recipe.trainer.gpus, ranks, gpu_count)
-    if gpu_count == 0:
-        if recipe.inference.gpus or recipe.trainer.gpus:
-            notes.append("no GPU on this machine: the recipe's gpus lists are ignored")
-        notes.append("no GPU: inference and trainer run on the CPU")
-    else:
-        notes.append(f"GPUs: inference {devices.inference}, trainer {devices.trainer}")
+    devices, placement = recipe_devices(recipe, gpu_count)
+    if gpu_count == 0 and (recipe.inference.gpus or recipe.trainer.gpus):
+        notes.append("no GPU on this machine: the recipe's gpus lists are ignored")
+    notes.append(placement)
     early_stopping = recipe.sweep.scheduler if recipe.sweep is not None else None
     if early_stopping is not None:
         notes.append(
