@@ -14,32 +14,18 @@ was warmed up with earlier turns in its chats (`reverse_text`'s `max_history`), 
 from __future__ import annotations
 
 import random
-import string
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from workbench.envs.base import EnvArgs, Prompt, Task, random_text, similarity
+from workbench.envs.base import Prompt, Task, random_text, similarity
 from workbench.envs.multi_turn import MultiTurnEnvironment
-from workbench.envs.reverse_text import parse_reversal
+from workbench.envs.reverse_text import TextArgs, parse_reversal
 
 
-class ReverseChainArgs(EnvArgs):
+class ReverseChainArgs(TextArgs):
     turns: int = Field(2, ge=1, le=8, description="texts to reverse, one per model turn")
     min_length: int = Field(4, ge=1, description="shortest text, in characters")
     max_length: int = Field(6, ge=1, description="longest text, in characters")
-    alphabet: str = Field(
-        string.ascii_lowercase, min_length=1, description="the characters texts are made of"
-    )
-
-    @model_validator(mode="after")
-    def _lengths_ordered(self) -> ReverseChainArgs:
-        if self.min_length > self.max_length:
-            raise ValueError(
-                f"min_length ({self.min_length}) must not exceed max_length ({self.max_length})"
-            )
-        if self.alphabet.isspace():
-            raise ValueError("alphabet must contain at least one non-whitespace character")
-        return self
 
 
 class ReverseChain(MultiTurnEnvironment):

@@ -32,12 +32,27 @@ from workbench.envs.base import (
 ANSWER_TAG = "reversed_text"
 
 
-class ReverseTextArgs(EnvArgs):
+class TextArgs(EnvArgs):
+    """The random texts a reversal task asks about (`reverse_text`, `reverse_chain`)."""
+
     min_length: int = Field(8, ge=1, description="shortest text, in characters")
     max_length: int = Field(14, ge=1, description="longest text, in characters")
     alphabet: str = Field(
         string.ascii_lowercase, min_length=1, description="the characters texts are made of"
     )
+
+    @model_validator(mode="after")
+    def _lengths_ordered(self) -> TextArgs:
+        if self.min_length > self.max_length:
+            raise ValueError(
+                f"min_length ({self.min_length}) must not exceed max_length ({self.max_length})"
+            )
+        if self.alphabet.isspace():
+            raise ValueError("alphabet must contain at least one non-whitespace character")
+        return self
+
+
+class ReverseTextArgs(TextArgs):
     max_history: int = Field(
         0,
         ge=0,
@@ -46,16 +61,6 @@ class ReverseTextArgs(EnvArgs):
         "to reverse in the chat (0 to max_history, evenly): teaches a model to answer in a "
         "conversation, as `reverse_chain`'s later turns ask",
     )
-
-    @model_validator(mode="after")
-    def _lengths_ordered(self) -> ReverseTextArgs:
-        if self.min_length > self.max_length:
-            raise ValueError(
-                f"min_length ({self.min_length}) must not exceed max_length ({self.max_length})"
-            )
-        if self.alphabet.isspace():
-            raise ValueError("alphabet must contain at least one non-whitespace character")
-        return self
 
 
 class ReverseText(Environment):
