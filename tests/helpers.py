@@ -13,8 +13,9 @@ def make_run(experiment: Path, run_id: str, orch_toml: str = "") -> Path:
     return experiment / run_id
 
 
-def make_tiny_llama(directory: Path, seed: int = 0) -> Path:
-    """A randomly initialised Llama small enough for CPU tests (no download)."""
+def make_tiny_llama(directory: Path, seed: int = 0, *, tie_word_embeddings: bool = False) -> Path:
+    """A randomly initialised Llama small enough for CPU tests (no download); with tied
+    embeddings the LM head is the embedding matrix, as in Qwen3's smaller models."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -27,7 +28,7 @@ def make_tiny_llama(directory: Path, seed: int = 0) -> Path:
         num_key_value_heads=2,
         vocab_size=64,
         max_position_embeddings=256,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
     )
     LlamaForCausalLM(config).save_pretrained(directory)
     return directory

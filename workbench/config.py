@@ -504,6 +504,14 @@ class TrainerSection(StrictModel):
         "(shared when too few); ignored on a machine without GPUs",
     )
     nproc_per_node: int = Field(1, ge=1, description="trainer ranks (data parallel)")
+    base_sharding: Literal["auto", "sharded", "replicated"] = Field(
+        "auto",
+        description="how the frozen base lies over the trainer's ranks: `sharded` splits "
+        "each decoder layer, the embeddings and the LM head over them with FSDP2 (each rank "
+        "holds 1/ranks of the base and gathers a layer as it runs), `replicated` keeps a "
+        "whole copy on every rank; `auto`: sharded with more than one rank. Adapters are "
+        "replicated either way",
+    )
     seq_len: int = Field(512, ge=16, description="tokens per packed micro-batch row")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",

@@ -52,3 +52,14 @@ def test_resetting_the_peak_memory_forgets_a_spike_before_it():
     assert peak_memory(device)["peak_rss_mb"] >= start + 100
     reset_peak_memory(device)
     assert peak_memory(device)["peak_rss_mb"] < start + 64
+
+
+def test_two_ranks_measure_the_base_each_rank_holds_replicated_and_sharded():
+    # Under torchrun: the global batch's tokens, and the largest rank's share of the base.
+    spec = tiny_spec(runs=2, tokens=512, ranks=2, steps=1)
+    replicated, sharded = measure(spec, "replicated"), measure(spec, "sharded")
+    assert not replicated.note and not sharded.note
+    assert replicated.tokens == sharded.tokens == 512
+    assert (replicated.ranks, sharded.ranks) == (2, 2)
+    assert "base sharded" in sharded.compute and "base replicated" in replicated.compute
+    assert sharded.base_mb <= 0.55 * replicated.base_mb

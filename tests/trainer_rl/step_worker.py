@@ -1,11 +1,15 @@
-"""Run one trainer update under torchrun (any number of ranks) and save every run's adapter.
+"""Run the trainer under torchrun (any number of ranks) and save every run's adapter.
 
-Usage: torchrun --nproc_per_node N step_worker.py EXPERIMENT MODEL_DIR OUT_DIR
-Writes OUT_DIR/rank{R}.safetensors with `{run_id}/{param}` keys.
+Usage: torchrun --nproc_per_node N step_worker.py EXPERIMENT MODEL_DIR OUT_DIR [KEY=JSON ...]
+(each KEY=JSON a [trainer] setting, e.g. base_sharding=\"sharded\")
+Trains until no batch is left (a run resumes from its checkpoint, if any) and writes
+OUT_DIR/rank{R}.safetensors with `{run_id}/{param}` keys, and OUT_DIR/rank{R}.json with the
+number of updates and the bytes of frozen base weights the rank held.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -15,19 +19,21 @@ from safetensors.torch import save_file
 
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.trainer.rl import build_trainer, iterate, load_base_model
+from workbench.trainer.sharding import base_parameter_bytes
 
 
-def main(experiment: Path, model_dir: Path, out: Path) -> None:
+def main(experiment: Path, model_dir: Path, out: Path, settings: dict) -> None:
     dist.init_process_group("gloo")
     config = TrainerConfig(
         output_dir=experiment,
         model=ModelSection(base=str(model_dir)),
-        trainer=TrainerSection(max_concurrent_runs=3, seq_len=24),
+        trainer=TrainerSection(max_concurrent_runs=3, seq_len=24, **settings),
     )
     model = load_base_model(str(model_dir), torch.float32, torch.device("cpu"))
     trainer = build_trainer(config, model, torch.device("cpu"))
-    outcomes = [iterate(trainer) for _ in range(2)]
-    assert outcomes == ["trained", "idle"], outcomes
+    updates = 0
+    while iterate(trainer) == "trained":
+        updates += 1
     manager = trainer.manager
     tensors = {
         f"{manager.idx_2_id[idx]}/{name}": param.detach().clone()
@@ -35,8 +41,20 @@ def main(experiment: Path, model_dir: Path, out: Path) -> None:
         for name, param in manager.get_named_parameters_for_run(idx)
     }
     save_file(tensors, str(out / f"rank{dist.get_rank()}.safetensors"))
+    held = {
+        "updates": updates,
+        "base_bytes": base_parameter_bytes(model),
+        "sharded": trainer.base_sharded,
+    }
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(held))
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+    settings = dict(arg.split("=", 1) for arg in sys.argv[4:])
+    main(
+        Path(sys.argv[1]),
+        Path(sys.argv[2]),
+        Path(sys.argv[3]),
+        {key: json.loads(value) for key, value in settings.items()},
+    )

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -54,12 +55,16 @@ def torchrun(nproc: int, *args: str) -> None:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 
 
-def test_two_ranks_train_the_same_adapters_as_one_rank_with_the_whole_batch(tmp_path, tiny_llama):
+@pytest.mark.parametrize("base_sharding", ["replicated", "sharded"])
+def test_two_ranks_train_the_same_adapters_as_one_rank_with_the_whole_batch(
+    tmp_path, tiny_llama, base_sharding
+):
     two = experiment_with_batches(tmp_path / "two", steps=1, lr=0.05)
     one = experiment_with_batches(tmp_path / "one", steps=1, lr=0.05)
     (tmp_path / "out2").mkdir()
     (tmp_path / "out1").mkdir()
-    torchrun(2, str(WORKER), str(two), str(tiny_llama), str(tmp_path / "out2"))
+    setting = f'base_sharding="{base_sharding}"'
+    torchrun(2, str(WORKER), str(two), str(tiny_llama), str(tmp_path / "out2"), setting)
     torchrun(1, str(WORKER), str(one), str(tiny_llama), str(tmp_path / "out1"))
     rank0 = load_file(str(tmp_path / "out2" / "rank0.safetensors"))
     rank1 = load_file(str(tmp_path / "out2" / "rank1.safetensors"))

@@ -66,6 +66,14 @@ def trainer(
     ] = True,
     separate: Annotated[bool, typer.Option(help="Also measure N separate trainers.")] = True,
     peft: Annotated[bool, typer.Option(help="Also measure peft with one adapter.")] = True,
+    ranks: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Trainer ranks under torchrun. Above 1, each N is measured with the base "
+            "replicated and sharded (FSDP2) instead of the other modes.",
+        ),
+    ] = 1,
 ) -> None:
     """One trainer training N runs vs N separate trainers vs peft, same total tokens.
 
@@ -75,7 +83,9 @@ def trainer(
     matmul, or the per-run loop and why), and each shared measurement's ratio to peft and
     to N separate trainers, whose steps start together. The "legacy" rows run the compute
     of earlier releases side by side (the "before"). A configuration that runs out of
-    memory is a row saying OOM; the others still run.
+    memory is a row saying OOM; the others still run. With --ranks above 1 the trainer runs
+    under torchrun and each N is measured with the base replicated on every rank and
+    sharded over them, with the frozen weights one rank holds.
     """
     from workbench.bench.results import write_result
     from workbench.bench.trainer import BenchSettings, print_table, run_benchmark
@@ -91,6 +101,7 @@ def trainer(
     }
     chosen = {"steps": steps, "compute": compute, "legacy": legacy, "separate": separate}
     chosen["peft"] = peft
+    chosen["ranks"] = ranks
     for key, value in (("tokens", tokens), ("seq_len", seq_len), ("sample_len", sample_len)):
         if value is not None:
             chosen[key] = value

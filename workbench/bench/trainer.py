@@ -12,6 +12,12 @@ several ways, each in a fresh process so peak memory is clean:
 - peft:     one run with peft's LoRA layers, the same compute settings and the same loss
             (N = 1 only), the reference.
 
+With `ranks` above one (`--ranks`), the shared trainer runs under torchrun on that many
+ranks (gloo on the CPU, nccl on GPUs) twice for each N: the base `replicated` on every rank
+and `sharded` over them (FSDP2, `[trainer] base_sharding`); the other modes are skipped.
+Each row then also gives the frozen base's weights one rank holds, and the sharded row its
+speed and base memory as ratios to the replicated one.
+
 Throughput = total tokens / wall time of one update (median over the measured steps; for
 `separate`, the slowest process's median; their processes wait for each other before every
 step, so their timed steps run side by side). Memory: the peak of the measured updates
@@ -195,6 +201,7 @@ class WorkerSpec:
     # Separate trainers: a directory where `parties` processes meet before every step.
     barrier: str = ""
     parties: int = 1
+    ranks: int = 1  # torchrun ranks of the shared trainer
 
 
 class PeerFailed(RuntimeError):
@@ -242,9 +249,10 @@ def _measure_worker(spec: WorkerSpec) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from workbench.trainer.packer import pack_batches
+    from workbench.trainer import distributed
+    from workbench.trainer.packer import distribute, pack_batches
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = distributed.init_process_group()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     config = model_config(spec.shape)
@@ -256,8 +264,13 @@ def _measure_worker(spec: WorkerSpec) -> dict[str, Any]:
         spec.seq_len,
         spec.runs,
     )
+    tokens = sum(row.num_tokens for row in rows)
+    # Under torchrun every rank packs the same rows and trains its share, as the trainer's
+    # master would hand them out.
+    shares = distribute(rows, distributed.world_size())
+    rows = shares[distributed.rank()]
     step, described, lora = (_peft_step if spec.mode == "peft" else _shared_step)(
-        model, rows, spec, device
+        model, rows, spec, device, max(map(len, shares))
     )
     baseline_rss = _current_rss_mb()
     times, spans, peaks = [], [], []
@@ -275,8 +288,8 @@ def _measure_worker(spec: WorkerSpec) -> dict[str, Any]:
     result = {
         "step_s": times,
         "step_spans": spans,  # wall-clock (start, end) of each timed step
-        "tokens": sum(row.num_tokens for row in rows),
-        "rows": len(rows),
+        "tokens": tokens,
+        "rows": sum(map(len, shares)),
         "compute": described,
         "lora": lora,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -285,6 +298,27 @@ def _measure_worker(spec: WorkerSpec) -> dict[str, Any]:
     }
     if "peak_rss_mb" in result:
         result["added_rss_mb"] = max(0.0, result["peak_rss_mb"] - baseline_rss)
+    if spec.mode != "peft":
+        from workbench.trainer.sharding import base_parameter_bytes
+
+        result["base_mb"] = base_parameter_bytes(model) / 2**20
+    return _worst_rank(result)
+
+
+def _worst_rank(result: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's result with each memory figure the largest of any rank's (one rank: as is)."""
+    import torch.distributed as dist
+
+    from workbench.trainer import distributed
+
+    if distributed.world_size() == 1:
+        return result
+    everyone: list[dict[str, Any]] = [{} for _ in range(distributed.world_size())]
+    dist.all_gather_object(everyone, result)
+    distributed.destroy_process_group()
+    for key in ("peak_rss_mb", "added_rss_mb", "peak_cuda_mb", "peak_reserved_mb", "base_mb"):
+        if key in result:
+            result[key] = max(other[key] for other in everyone)
     return result
 
 
@@ -330,7 +364,7 @@ def _trainer_section(spec: WorkerSpec):
     )
 
 
-def _shared_step(model, rows, spec: WorkerSpec, device):
+def _shared_step(model, rows, spec: WorkerSpec, device, rows_per_rank: int):
     from workbench.config import ModelSection, OrchestratorConfig, TrainerConfig
     from workbench.experiment import write_run
     from workbench.trainer.lora import lora_compute_summary
@@ -343,18 +377,22 @@ def _shared_step(model, rows, spec: WorkerSpec, device):
         output_dir=experiment, model=ModelSection(base="random"), trainer=_trainer_section(spec)
     )
     trainer = build_trainer(config, model, device)
-    trainer.manager.discover_runs()
+    if trainer.manager.is_master:
+        trainer.manager.discover_runs()
     trainer.manager.synchronize_state()
 
     def step() -> None:
         for idx in trainer.manager.used_idxs:
             trainer.manager.ready_to_update[idx] = True
-        train_step(trainer, rows)
+        train_step(trainer, rows, rows_per_rank)
 
-    return step, trainer.compute.describe(), lora_compute_summary(trainer.model)
+    described = trainer.compute.describe()
+    if spec.ranks > 1:
+        described += f", base {'sharded' if trainer.base_sharded else 'replicated'}"
+    return step, described, lora_compute_summary(trainer.model)
 
 
-def _peft_step(model, rows, spec: WorkerSpec, device):
+def _peft_step(model, rows, spec: WorkerSpec, device, rows_per_rank: int):
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -421,6 +459,10 @@ class Measurement:
     vs_peft: float | None = None
     vs_separate_speed: float | None = None
     vs_separate_memory: float | None = None
+    ranks: int = 1
+    base_mb: float | None = None  # the frozen base's weights one rank holds
+    vs_replicated_speed: float | None = None
+    vs_replicated_base_memory: float | None = None
 
 
 def _spawn(spec: WorkerSpec, threads: int | None = None):
@@ -430,13 +472,14 @@ def _spawn(spec: WorkerSpec, threads: int | None = None):
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    command = [
-        sys.executable,
-        "-m",
-        "workbench.bench.trainer",
-        "--worker",
-        json.dumps(spec.__dict__),
-    ]
+    launcher = [sys.executable]
+    if spec.ranks > 1:
+        from workbench.ports import free_port
+
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(spec.ranks)]
+        launcher += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    command = [*launcher, "-m", "workbench.bench.trainer", "--worker", json.dumps(spec.__dict__)]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -531,14 +574,18 @@ def _measure(spec: WorkerSpec, mode: str, common: dict[str, int]) -> Measurement
         worker.runs = 1
     if mode == "legacy":
         worker.compute = dict(LEGACY_COMPUTE)
+    if mode in ("replicated", "sharded"):
+        worker.compute = {**worker.compute, "base_sharding": mode}
+    else:
+        worker.ranks = 1
     result = _collect(_spawn(worker))
     step_s = median(result["step_s"])
     peak, added = _memory(result)
     return Measurement(
-        shape, mode, worker.runs, result["tokens"], step_s, result["tokens"] / step_s, peak, 1,
-        compute=result["compute"], device=result["device"], dtype=result["dtype"],
+        shape, mode, worker.runs, result["tokens"], step_s, result["tokens"] / step_s, peak,
+        worker.ranks, compute=result["compute"], device=result["device"], dtype=result["dtype"],
         added_memory_mb=added, reserved_memory_mb=_reserved([result]), lora=result["lora"],
-        **common,
+        ranks=worker.ranks, base_mb=result.get("base_mb"), **common,
     )  # fmt: skip
 
 
@@ -565,6 +612,7 @@ class BenchSettings:
     legacy: bool = True  # also measure the legacy compute, side by side
     separate: bool = True
     peft: bool = True
+    ranks: int = 1  # above one: the shared trainer under torchrun, base replicated and sharded
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> BenchSettings:
@@ -604,6 +652,7 @@ def run_benchmark(settings: BenchSettings) -> list[Measurement]:
             rank=settings.rank,
             steps=settings.steps,
             compute=dict(settings.compute),
+            ranks=settings.ranks,
         )
         console.print(
             f"[bold]{shape}[/]: {spec.tokens} tokens per update, rows of {spec.seq_len}, "
@@ -623,6 +672,11 @@ def run_benchmark(settings: BenchSettings) -> list[Measurement]:
             measurements.append(m)
             return m
 
+        if settings.ranks > 1:
+            for n in settings.run_counts:
+                run("replicated", n)
+                run("sharded", n)
+            continue
         if settings.peft:
             run("peft", 1)
         single_mb = None
@@ -652,6 +706,8 @@ def add_ratios(measurements: list[Measurement]) -> None:
         if flops and m.tokens_per_s == m.tokens_per_s:
             per_token = train_flops_per_token(model_config(m.model), m.sample_len)
             m.mfu = m.tokens_per_s * per_token / flops
+        if m.mode == "sharded":
+            _add_replicated_ratios(m, measurements)
         if m.mode not in ("shared", "legacy") or not math.isfinite(m.tokens_per_s):
             continue
         for other in measurements:
@@ -664,6 +720,19 @@ def add_ratios(measurements: list[Measurement]) -> None:
                 m.vs_separate_memory = m.peak_memory_mb / other.peak_memory_mb
 
 
+def _add_replicated_ratios(sharded: Measurement, measurements: list[Measurement]) -> None:
+    for other in measurements:
+        same = (other.model, other.runs, other.ranks) == (
+            sharded.model,
+            sharded.runs,
+            sharded.ranks,
+        )
+        if other.mode == "replicated" and same and other.base_mb:
+            sharded.vs_replicated_speed = sharded.tokens_per_s / other.tokens_per_s
+            if sharded.base_mb is not None:
+                sharded.vs_replicated_base_memory = sharded.base_mb / other.base_mb
+
+
 def print_table(measurements: list[Measurement]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -672,20 +741,25 @@ def print_table(measurements: list[Measurement]) -> None:
         return f"{value:.2f}x" if value is not None else ""
 
     table = Table(title="trainer: tokens/s and memory per update (same total tokens)")
-    columns = ("model", "mode", "runs", "tokens", "step s", "tokens/s", "MFU", "peak MB",
-               "added MB", "reserved MB", "vs peft", "vs separate (speed / memory)", "LoRA",
+    columns = ("model", "mode", "runs", "ranks", "tokens", "step s", "tokens/s", "MFU",
+               "peak MB", "added MB", "reserved MB", "base MB / rank", "vs peft",
+               "vs separate (speed / memory)", "vs replicated (speed / base memory)", "LoRA",
                "compute / note")  # fmt: skip
     for column in columns:
         left = column in ("model", "mode", "LoRA", "compute / note")
         table.add_column(column, justify="left" if left else "right")
     for m in measurements:
         table.add_row(
-            m.model, m.mode, str(m.runs), str(m.tokens), f"{m.step_s:.3f}", f"{m.tokens_per_s:,.0f}",
+            m.model, m.mode, str(m.runs), str(m.ranks), str(m.tokens), f"{m.step_s:.3f}",
+            f"{m.tokens_per_s:,.0f}",
             f"{m.mfu:.1%}" if m.mfu is not None else "n/a", f"{m.peak_memory_mb:,.0f}",
             f"{m.added_memory_mb:,.0f}",
             f"{m.reserved_memory_mb:,.0f}" if m.reserved_memory_mb is not None else "n/a",
+            f"{m.base_mb:,.1f}" if m.base_mb is not None else "",
             ratio(m.vs_peft),
             f"{ratio(m.vs_separate_speed)} / {ratio(m.vs_separate_memory)}" if m.vs_separate_speed else "",
+            f"{ratio(m.vs_replicated_speed)} / {ratio(m.vs_replicated_base_memory)}"
+            if m.vs_replicated_speed else "",
             m.lora,
             m.note or m.compute,
         )  # fmt: skip
@@ -704,7 +778,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", help="a WorkerSpec as JSON (the driver passes it)")
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(run_worker(WorkerSpec(**json.loads(args.worker)))))
+        result = run_worker(WorkerSpec(**json.loads(args.worker)))
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
+            print(json.dumps(result))
         return 0
     parser.error("the driver runs through `workbench bench trainer`")
     return 2

@@ -118,6 +118,39 @@ def compile_decoder_layers(model: nn.Module) -> None:
         layer.compile()
 
 
+@dataclass(frozen=True)
+class HostRow:
+    """A row's position ids and per-token temperatures, kept on the host.
+
+    Handed to `RowLogprobs` in this holder rather than as tensor arguments: an FSDP2 root
+    moves its forward's tensor arguments (and those inside tuples, lists and dicts) to the
+    GPU, and these are read on the host, which on a GPU would wait for the queued work.
+    """
+
+    position_ids: torch.Tensor
+    temperatures: torch.Tensor
+
+
+class RowLogprobs(nn.Module):
+    """The model as the trainer's step calls it: one packed row in, per-token log-probs out.
+
+    A module rather than only a function so that, with the base sharded (`sharding.py`), it
+    is FSDP2's root: the root gathers the weights no decoder layer owns (embeddings, final
+    norm, LM head) in its forward hook, and the chunked LM head reads the head's weight
+    outside the model's own forward, where no hook of the model would run.
+    """
+
+    def __init__(self, model: nn.Module, plan: ComputePlan) -> None:
+        super().__init__()
+        self.model = model
+        self.plan = plan
+
+    def forward(self, input_ids: torch.Tensor, host: HostRow) -> torch.Tensor:
+        return packed_row_logprobs(
+            self.model, self.plan, input_ids, host.position_ids, host.temperatures
+        )
+
+
 def packed_row_logprobs(
     model: nn.Module,
     plan: ComputePlan,

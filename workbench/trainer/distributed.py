@@ -1,10 +1,10 @@
 """How the trainer's ranks work together: device and process group, which rank is the master,
 the master's packed rows sent out as one share per rank, and the sums over ranks.
 
-Data parallelism is done by hand rather than with DDP or FSDP2: the base model is frozen
-and replicated, and the only gradients are the adapters' (a few MB), so each rank runs its
-share of the packed micro-batches and the adapter gradients are summed with one
-all-reduce. Summing (not DDP's averaging) matters: each run's loss is already normalised
+Data parallelism is done by hand rather than with DDP: the base model is frozen (replicated
+on every rank, or sharded over them by FSDP2, `sharding.py`) and the only gradients are the
+adapters' (a few MB, whole on every rank either way), so each rank runs its share of the
+packed micro-batches and the adapter gradients are summed with one all-reduce. Summing (not DDP's averaging) matters: each run's loss is already normalised
 by its own token count over the whole step, so the sum over ranks is exactly the gradient
 one rank would get from the whole batch. Works with gloo on CPU and nccl on CUDA.
 

@@ -178,3 +178,20 @@ def _build_row(
         lora_num_tokens=counts,
         run_loss_tokens=run_loss_tokens.clone(),
     )
+
+
+def filler_row(max_runs: int, tokens: int = 2) -> MicroBatch:
+    """A row that trains nothing, for a rank with fewer rows than another when the base is
+    sharded: every rank must run as many forwards and backwards as the others, since each
+    layer's weights are gathered from all ranks. Its tokens go through slot 0, no loss."""
+    counts = torch.zeros(max_runs, dtype=torch.int64)
+    counts[0] = tokens
+    return MicroBatch(
+        input_ids=torch.zeros(tokens, dtype=torch.int64),
+        position_ids=torch.arange(tokens, dtype=torch.int64),
+        loss_mask=torch.zeros(tokens, dtype=torch.bool),
+        inference_logprobs=torch.zeros(tokens, dtype=torch.float32),
+        advantages=torch.zeros(tokens, dtype=torch.float32),
+        lora_num_tokens=counts,
+        run_loss_tokens=torch.zeros(max_runs, dtype=torch.int64),
+    )

@@ -27,13 +27,14 @@ from workbench.metrics import append_metrics
 from workbench.trainer import distributed
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
-from workbench.trainer.compute import ComputePlan, packed_row_logprobs, prepare_model
+from workbench.trainer.compute import ComputePlan, HostRow, RowLogprobs, prepare_model
 from workbench.trainer.divergence import DivergenceWatch, NonFiniteWeights, adapter_divergence
 from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lora_num_tokens
 from workbench.trainer.loss import compute_rl_loss
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
-from workbench.trainer.packer import MicroBatch, Packer
+from workbench.trainer.packer import MicroBatch, Packer, filler_row
 from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.sharding import resolve_base_sharding, shard_base
 from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
@@ -52,6 +53,8 @@ class Trainer:
     device: torch.device
     base_model: str
     compute: ComputePlan
+    row_model: RowLogprobs  # `model` as each row computes it; FSDP2's root when sharded
+    base_sharded: bool = False
     divergence: DivergenceWatch = field(default_factory=DivergenceWatch)
     stop_requested: bool = False
 
@@ -95,6 +98,10 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
         model, manager, section.lora.rank, section.lora.alpha, section.target_modules
     )
     compute = prepare_model(model, section, device)
+    row_model = RowLogprobs(model, compute)
+    sharded = resolve_base_sharding(section.base_sharding, distributed.world_size())
+    if sharded:
+        shard_base(row_model, model, device, distributed.world_size())
     optimizer = MultiLoRAOptimizer(manager)
     scheduler = MultiLoRAScheduler(optimizer)
     checkpointer = RunCheckpointer(manager, optimizer, scheduler)
@@ -109,6 +116,8 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
         device=device,
         base_model=config.model.base,
         compute=compute,
+        row_model=row_model,
+        base_sharded=sharded,
     )
 
     def resume_run(idx: int, run_id: str) -> None:
@@ -140,8 +149,12 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
 # ---------------------------------------------------------------------- one update
 
 
-def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
+def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0) -> StepStats:
     """Forward/backward this rank's rows, sum adapter gradients over ranks, step ready runs.
+
+    With the base sharded every rank runs `rows_per_rank` rows (the most any rank has),
+    making up its own count with rows that train nothing (`filler_row`): each layer is
+    gathered from all ranks, so all must run it as often.
 
     Host syncs on CUDA: none in the LoRA layers, whose token counts are read on the host
     (`set_lora_num_tokens`); the row's tensors go to the GPU pinned and non-blocking (a
@@ -168,9 +181,7 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
         # vLLM reports log-probs after temperature scaling; the trainer's are scaled the same
         # way, per run (runs may sample at different temperatures).
         token_temperatures = torch.repeat_interleave(temperatures, row.lora_num_tokens)
-        logprobs = packed_row_logprobs(
-            model, trainer.compute, input_ids, row.position_ids, token_temperatures
-        )
+        logprobs = trainer.row_model(input_ids, HostRow(row.position_ids, token_temperatures))
         out = compute_rl_loss(
             logprobs,
             to_device(row.inference_logprobs, device),
@@ -182,6 +193,9 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
         )
         out.loss.backward()
         run_loss += out.run_loss.double()
+    if trainer.base_sharded:
+        for _ in range(rows_per_rank - len(rows)):
+            run_filler_row(trainer)
 
     run_loss = run_loss.cpu()
     distributed.all_reduce_grads(
@@ -196,6 +210,17 @@ def train_step(trainer: Trainer, rows: list[MicroBatch]) -> StepStats:
         grad_norm={idx: float(norms.get(idx, float("nan"))) for idx in ready},
         lr={idx: trainer.optimizer.get_lr(idx) for idx in ready},
     )
+
+
+def run_filler_row(trainer: Trainer) -> None:
+    """A forward and backward that changes no gradient, for the gathers of the other ranks."""
+    row = filler_row(trainer.manager.max_runs)
+    set_lora_num_tokens(trainer.model, row.lora_num_tokens)
+    logprobs = trainer.row_model(
+        to_device(row.input_ids, trainer.device),
+        HostRow(row.position_ids, torch.ones(row.num_tokens)),
+    )
+    (logprobs.sum() * 0).backward()
 
 
 # ---------------------------------------------------------------------- after an update
@@ -306,7 +331,8 @@ def iterate(trainer: Trainer) -> str:
     if not manager.ready_to_update_idxs:
         return "idle"
     started = time.monotonic()
-    stats = train_step(trainer, payload["shares"][distributed.rank()])
+    shares = payload["shares"]
+    stats = train_step(trainer, shares[distributed.rank()], max(map(len, shares)))
     if manager.is_master:
         publish_updates(trainer, stats, time.monotonic() - started)
     for idx in manager.ready_to_update_idxs:
