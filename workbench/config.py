@@ -550,6 +550,12 @@ class TrainerSection(StrictModel):
         False, description="torch.compile each decoder layer (optional, never needed)"
     )
 
+    def shards_base(self, ranks: int) -> bool:
+        """Whether `ranks` trainer ranks shard the base (`auto`: with more than one)."""
+        if self.base_sharding == "auto":
+            return ranks > 1
+        return self.base_sharding == "sharded"
+
 
 class TrackingSection(StrictModel):
     """Experiment tracking: the supervisor forwards every record of each run's metrics.jsonl

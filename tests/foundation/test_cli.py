@@ -15,6 +15,7 @@ from tests.helpers import make_run
 from workbench import layout, run_control
 from workbench.bench import standins
 from workbench.cli import app
+from workbench.supervisor import paths
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,6 +103,15 @@ def test_status_of_an_explicit_directory_and_human_table(cli, synthetic: Path):
     result = cli("status", str(synthetic))
     assert result.exit_code == 0
     assert "run_active" in result.output and "7/20" in result.output
+
+
+def test_status_shows_where_the_supervisor_placed_its_processes(cli, synthetic: Path):
+    placement = "2 GPU(s): inference on [0], trainer on [1]; trainer: 1 rank, the whole base"
+    state = {"status": "stopped", "processes": {}, "placement": placement}
+    paths.state_path(synthetic).parent.mkdir(parents=True, exist_ok=True)
+    paths.state_path(synthetic).write_text(json.dumps(state))
+    assert f"placement: {placement}" in cli("status", str(synthetic)).output.replace("\n", " ")
+    assert json.loads(cli("status", str(synthetic), "--json").output)["placement"] == placement
 
 
 def test_status_without_experiments_says_where_it_looked(cli):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from workbench import layout, ports
-from workbench.config import load_inference_config, load_trainer_config
+from workbench.config import TrainerSection, load_inference_config, load_trainer_config
 from workbench.inference.endpoint import Endpoint, read_endpoint, write_endpoint
 from workbench.inference.server import parallel_args
 from workbench.lifeline import PARENT_PID_ENV
@@ -22,6 +22,7 @@ from workbench.supervisor.plan import (
     PlanError,
     assign_devices,
     describe_devices,
+    describe_ranks,
     device_problems,
     load_plan_factory,
     module_problem,
@@ -54,6 +55,10 @@ def test_no_gpu_leaves_cuda_visible_devices_unset(experiment: Path, no_gpu):
     for spec in result.processes:
         assert "CUDA_VISIBLE_DEVICES" not in spec.env
     assert "CUDA_VISIBLE_DEVICES" not in result.orchestrator("run_a", experiment / "run_a").env
+    # What the supervisor records for `status` to show.
+    assert result.placement == (
+        "no GPU: inference and trainer run on the CPU; trainer: 1 rank, the whole base"
+    )
 
 
 def test_gpus_go_to_inference_first_then_trainer_and_are_shared_when_too_few():
@@ -217,3 +222,12 @@ def test_inference_and_the_trainer_restart_even_after_a_clean_exit(experiment: P
     inference, trainer = plan_from_recipe(experiment).processes
     assert inference.restart.wants_restart(exit_ok=True)
     assert trainer.restart.wants_restart(exit_ok=True)
+
+
+def test_the_placement_says_how_the_trainers_ranks_hold_the_base():
+    assert describe_ranks(TrainerSection()) == "trainer: 1 rank, the whole base"
+    assert describe_ranks(TrainerSection(nproc_per_node=4)) == (
+        "trainer: 4 ranks, base sharded over them (FSDP2)"
+    )
+    replicated = TrainerSection(nproc_per_node=2, base_sharding="replicated")
+    assert describe_ranks(replicated) == "trainer: 2 ranks, base replicated on each"

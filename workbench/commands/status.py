@@ -35,7 +35,8 @@ def status(
     Processes (from supervisor/state.json): name, state, pid, restarts, uptime and a note
     (why it waits, stopped or failed). State is one of waiting, starting, ready, running,
     backoff, stopping, exited, failed, stopped. When the supervisor is not running, its last
-    recorded states are shown without pids.
+    recorded states are shown without pids. A line follows with the placement: which GPUs
+    run inference and the trainer, and how many trainer ranks hold the base, and how.
 
     While the experiment starts, a last line says what it is doing: building the built-in
     model (step k/n), starting inference (seconds so far and the last line of its log),
@@ -52,7 +53,8 @@ def status(
     --json prints {"experiment", "supervisor": {"running", "pid", "status"}, "runs": [{"id",
     "status", "step", "reason", "values", "asha": null or {"rung", "step", "value",
     "cutoff", "rank", "of", "decision"}, ...}], "processes": [{"name", "state", "pid",
-    "restarts", "uptime_s", "reason", "last_exit", ...}], "startup": null or {"phase",
+    "restarts", "uptime_s", "reason", "last_exit", ...}], "placement": which GPUs run what
+    and how the trainer's ranks hold the base, "startup": null or {"phase",
     "text", "since", "process", "step", "steps", "detail", "last_line", "model"},
     "warnings": ["..."]}; phase is one of building model, starting, failed, ready.
     """
@@ -78,6 +80,7 @@ def status(
                     "supervisor": supervisor,
                     "runs": [r.to_json() for r in runs],
                     "processes": processes,
+                    "placement": (state or {}).get("placement") or None,
                     "startup": _startup_json(startup, now),
                     "warnings": warnings,
                 },
@@ -105,6 +108,8 @@ def status(
         table.add_row(*cells, escape(reason))
     console.print(table)
     _print_processes(supervisor, processes)
+    if (state or {}).get("placement"):
+        say(f"placement: {state['placement']}")
     if startup is not None and not startup.ready:
         console.print(
             escape(startup.describe(now)), style="bold yellow", highlight=False, soft_wrap=True

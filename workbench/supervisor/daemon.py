@@ -571,6 +571,7 @@ class Supervisor:
             "error": None,
             "warnings": self.tracking.warnings() if self.tracking is not None else [],
             "processes": {name: proc.to_json() for name, proc in self.processes.items()},
+            "placement": self.plan.placement,
             "startup": self._startup_phase(),
         }
 

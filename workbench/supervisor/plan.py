@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench import layout
-from workbench.config import ConfigError, model_to_toml
+from workbench.config import ConfigError, TrainerSection, model_to_toml
 from workbench.inference import endpoint
 from workbench.lifeline import PARENT_PID_ENV
 from workbench.ports import bind_error, free_port
@@ -88,6 +88,7 @@ class Plan:
     processes: list[ProcessSpec]
     orchestrator: Callable[[str, Path], ProcessSpec]
     notes: list[str] = field(default_factory=list)
+    placement: str = ""  # which GPUs run what, and how the trainer's ranks hold the base
     early_stopping: AshaSpec | None = None
     tracking: TrackingTarget | None = None
 
@@ -253,7 +254,20 @@ def recipe_devices(recipe: Recipe, gpu_count: int) -> tuple[DeviceAssignment, st
     inference, trainer = recipe.inference, recipe.trainer
     size = inference.tensor_parallel_size * inference.data_parallel_size
     devices = assign_devices(inference.gpus, trainer.gpus, trainer.nproc_per_node, gpu_count, size)
-    return devices, describe_devices(devices, gpu_count, size)
+    return devices, f"{describe_devices(devices, gpu_count, size)}; {describe_ranks(trainer)}"
+
+
+def describe_ranks(trainer: TrainerSection) -> str:
+    """How many trainer ranks there are and how they hold the frozen base, in a phrase."""
+    ranks = trainer.nproc_per_node
+    if ranks == 1:
+        return "trainer: 1 rank, the whole base"
+    holding = (
+        "base sharded over them (FSDP2)"
+        if trainer.shards_base(ranks)
+        else "base replicated on each"
+    )
+    return f"trainer: {ranks} ranks, {holding}"
 
 
 def describe_devices(devices: DeviceAssignment, gpu_count: int, inference_size: int) -> str:
@@ -466,6 +480,7 @@ def plan_from_recipe(experiment: Path) -> Plan:
         processes=[inference, trainer],
         orchestrator=lambda run_id, run_dir: orchestrator_spec(run_id, run_dir, orchestrator_env),
         notes=notes,
+        placement=placement,
         early_stopping=early_stopping,
         tracking=tracking,
     )

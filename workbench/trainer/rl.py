@@ -34,7 +34,7 @@ from workbench.trainer.loss import compute_rl_loss
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
 from workbench.trainer.packer import MicroBatch, Packer, filler_row
 from workbench.trainer.runs import MultiRunManager
-from workbench.trainer.sharding import resolve_base_sharding, shard_base
+from workbench.trainer.sharding import shard_base
 from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
@@ -99,7 +99,7 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
     )
     compute = prepare_model(model, section, device)
     row_model = RowLogprobs(model, compute)
-    sharded = resolve_base_sharding(section.base_sharding, distributed.world_size())
+    sharded = section.shards_base(distributed.world_size())
     if sharded:
         shard_base(row_model, model, device, distributed.world_size())
     optimizer = MultiLoRAOptimizer(manager)

@@ -31,13 +31,6 @@ from workbench.trainer.compute import decoder_layers
 logger = logging.getLogger(__name__)
 
 
-def resolve_base_sharding(setting: str, world_size: int) -> bool:
-    """Whether to shard the base: `auto` shards when there is more than one rank."""
-    if setting == "auto":
-        return world_size > 1
-    return setting == "sharded"
-
-
 def shard_base(
     row_model: nn.Module, model: nn.Module, device: torch.device, world_size: int
 ) -> None:
