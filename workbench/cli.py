@@ -49,7 +49,7 @@ from workbench.supervisor.client import (
 )
 from workbench.supervisor.join import JoinError, joining_node
 from workbench.supervisor.join import join as run_join
-from workbench.supervisor.plan import detect_gpu_count, recipe_devices
+from workbench.supervisor.plan import detect_gpu_count, recipe_devices, recipe_rendezvous
 from workbench.up import (
     LaunchError,
     RecipeError,
@@ -120,13 +120,14 @@ def up(
     Running `up` again after `down` resumes every run from its last checkpoint.
 
     With --dry-run, the runs are printed (id and the values each sets over [defaults]) with
-    which GPUs run vLLM and the trainer, and nothing is written or started; `workbench sweep
-    plan RECIPE` prints the runs too.
+    which GPUs run vLLM and the trainer and where the trainer's nodes meet, and nothing is
+    written or started; `workbench sweep plan RECIPE` prints the runs too.
     """
     if dry_run:
         _, resolved = recipe_or_fail(recipe, max_steps)
         print_run_plan(recipe, resolved, as_json=False)
         say(recipe_devices(resolved, detect_gpu_count())[1])
+        say(recipe_rendezvous(resolved).describe())
         say("nothing was written or started (--dry-run)")
         return
     try:
