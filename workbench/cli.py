@@ -1,6 +1,6 @@
 """The `workbench` command line: one thin function per command, that parses options and
 prints; the work lives elsewhere (`workbench.up` is all of `up`). Here: the app and the
-commands that run an experiment (up, evict, attach, down, restart, logs). In modules of
+commands that run an experiment (up, evict, attach, down, join, restart, logs). In modules of
 their own: `status`, `plot`, `export`, `samples` and `runs`, `sft` and `model`, `env`, `sweep`
 (`workbench/commands/`) and `bench` (`bench/cli.py`).
 
@@ -47,7 +47,9 @@ from workbench.supervisor.client import (
     evict_and_tell,
     running_supervisor_pid,
 )
-from workbench.supervisor.plan import detect_gpu_count, recipe_devices
+from workbench.supervisor.join import JoinError, joining_node
+from workbench.supervisor.join import join as run_join
+from workbench.supervisor.plan import detect_gpu_count, recipe_devices, recipe_rendezvous
 from workbench.up import (
     LaunchError,
     RecipeError,
@@ -118,13 +120,14 @@ def up(
     Running `up` again after `down` resumes every run from its last checkpoint.
 
     With --dry-run, the runs are printed (id and the values each sets over [defaults]) with
-    which GPUs run vLLM and the trainer, and nothing is written or started; `workbench sweep
-    plan RECIPE` prints the runs too.
+    which GPUs run vLLM and the trainer and where the trainer's nodes meet, and nothing is
+    written or started; `workbench sweep plan RECIPE` prints the runs too.
     """
     if dry_run:
         _, resolved = recipe_or_fail(recipe, max_steps)
         print_run_plan(recipe, resolved, as_json=False)
         say(recipe_devices(resolved, detect_gpu_count())[1])
+        say(recipe_rendezvous(resolved).describe())
         say("nothing was written or started (--dry-run)")
         return
     try:
@@ -243,6 +246,52 @@ def down(
             soft_wrap=True,
         )
     say(f"stopped {path}")
+
+
+@app.command()
+def join(
+    experiment: Annotated[
+        Path,
+        typer.Argument(
+            help="The experiment directory, on a filesystem every node shares, at the same "
+            "path as on node 0."
+        ),
+    ],
+    node_rank: Annotated[
+        int, typer.Option(min=1, help="This node's rank: 1 to \\[trainer] nnodes - 1.")
+    ],
+    interface: Annotated[
+        str | None,
+        typer.Option(
+            help="This node's network interface for gloo and nccl (default: the recipe's "
+            "\\[trainer] rendezvous_interface).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Run this machine's share of an experiment's trainer, as one more node.
+
+    Start the experiment with `workbench up` on node 0 first (its recipe sets \\[trainer]
+    nnodes, rendezvous_interface and rendezvous_port), then run this on each other node
+    with its own --node-rank. torchrun's agent starts here with \\[trainer] nproc_per_node
+    ranks and meets node 0's at the address in supervisor/rendezvous.json; its log is
+    logs/trainer-node<K>.log.
+
+    When a node's ranks die, node 0's trainer restarts from its checkpoints and the agent
+    here starts again to meet it. The command returns 0 once the experiment stops, and 1 if
+    it was not running or its trainer gave up. Ctrl-C takes this node out: its ranks are
+    killed and node 0's trainer restarts, waiting (up to 10 minutes) for it to join again.
+    """
+    try:
+        node = joining_node(experiment, node_rank, interface)
+    except JoinError as err:
+        raise fail(str(err), EXIT_BAD_INPUT) from None
+    try:
+        code = run_join(node, say)
+    except KeyboardInterrupt:
+        say(f"node {node_rank}: stopped; its ranks were killed")
+        code = 130
+    raise typer.Exit(code)
 
 
 @app.command()

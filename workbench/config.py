@@ -503,7 +503,7 @@ class TrainerSection(StrictModel):
         description="CUDA device ids for the trainer's ranks; empty: those inference leaves "
         "(shared when too few); ignored on a machine without GPUs",
     )
-    nproc_per_node: int = Field(1, ge=1, description="trainer ranks (data parallel)")
+    nproc_per_node: int = Field(1, ge=1, description="trainer ranks (data parallel) per node")
     base_sharding: Literal["auto", "sharded", "replicated"] = Field(
         "auto",
         description="how the frozen base lies over the trainer's ranks: `sharded` splits "
@@ -511,6 +511,30 @@ class TrainerSection(StrictModel):
         "holds 1/ranks of the base and gathers a layer as it runs), `replicated` keeps a "
         "whole copy on every rank; `auto`: sharded with more than one rank. Adapters are "
         "replicated either way",
+    )
+    nnodes: int = Field(
+        1,
+        ge=1,
+        description="machines the trainer's ranks span: the one `workbench up` runs on (node "
+        "0) and nnodes - 1 more, each started with `workbench join EXPERIMENT --node-rank K` "
+        "and running nproc_per_node ranks; the experiment directory must be on a filesystem "
+        "they share, at the same path",
+    )
+    rendezvous_interface: str | None = Field(
+        None,
+        min_length=1,
+        description="network interface of node 0 (e.g. eth0) whose IPv4 address its "
+        "rendezvous store listens on and gloo's and nccl's sockets bind, so other nodes can "
+        "join; none: the loopback interface (127.0.0.1) only, where all nodes are this "
+        "machine",
+    )
+    rendezvous_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        validate_default=True,
+        description="port of node 0's rendezvous store; 0 picks a free one, with one node "
+        "only: the other nodes must know it",
     )
     seq_len: int = Field(512, ge=16, description="tokens per packed micro-batch row")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -549,6 +573,17 @@ class TrainerSection(StrictModel):
     compile: bool = Field(
         False, description="torch.compile each decoder layer (optional, never needed)"
     )
+
+    @field_validator("rendezvous_port")
+    @classmethod
+    def _several_nodes_meet_at_a_fixed_port(cls, port: int, info: ValidationInfo) -> int:
+        nnodes = info.data.get("nnodes", 1)
+        if port == 0 and nnodes > 1:
+            raise ValueError(
+                f"nnodes = {nnodes} needs a fixed port that the other nodes can reach (0 picks "
+                "one at random); set it, e.g. 29400"
+            )
+        return port
 
     def shards_base(self, ranks: int) -> bool:
         """Whether `ranks` trainer ranks shard the base (`auto`: with more than one)."""

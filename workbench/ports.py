@@ -1,15 +1,19 @@
-"""Picking TCP ports that stay free until their owner binds them, and checking a chosen one.
+"""Picking TCP ports that stay free until their owner binds them, checking a chosen one, and
+the address of a network interface to bind them on.
 
 The one port picker of workbench: the supervisor's plan picks the inference port (or checks
 the recipe's), the inference process picks a new one when the planned port was taken
 meanwhile, and the local servers of the benchmarks and tests pick theirs here. The
-trainer's rendezvous store needs none: it binds port 0 itself (`workbench.trainer.launch`).
+trainer's rendezvous store needs none on one node: it binds port 0 itself
+(`workbench.trainer.launch`); on several, the recipe fixes it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import random
 import socket
+import struct
 from pathlib import Path
 
 
@@ -58,3 +62,24 @@ def bind_error(host: str, port: int) -> OSError | None:
 
 def port_is_free(host: str, port: int) -> bool:
     return bind_error(host, port) is None
+
+
+# ioctl(SIOCGIFADDR): an interface's IPv4 address (linux/sockios.h).
+_SIOCGIFADDR = 0x8915
+
+
+def interface_names() -> list[str]:
+    """The network interfaces of this machine, by name."""
+    return [name for _, name in socket.if_nameindex()]
+
+
+def interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of the network interface `name`, or None when it has none (or no
+    such interface exists)."""
+    request = struct.pack("256s", name.encode()[:15])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            answer = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
+        except OSError:
+            return None
+    return socket.inet_ntoa(answer[20:24])

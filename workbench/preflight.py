@@ -9,7 +9,8 @@ the processes will meet it:
   cached or can be downloaded (`workbench.models.resolve.base_model_problem`);
 - `[trainer] target_modules` names linear layers of the base model (its config made on the
   meta device: no weights read), and the trainer's dtype computes on this machine;
-- the GPU lists name GPUs this machine has, and a fixed `[inference] port` is free;
+- the GPU lists name GPUs this machine has, a fixed `[inference] port` is free, and the
+  trainer's rendezvous interface exists here with its fixed port free;
 - each run's environment exists and takes its `env_args`, and its task space can hold
   out eval prompts; its `lora.rank` fits the trainer's adapter slots;
 - each run's longest prompt (rendered by the base model's chat template and tokenizer, as
@@ -178,7 +179,8 @@ def target_modules_problem(recipe: Recipe) -> tuple[tuple[str, ...], str] | None
 
 def machine_problems(recipe: Recipe) -> list[tuple[tuple[str, ...], str]]:
     """What the recipe asks of this machine that it cannot give, as (location, message): GPUs
-    it does not have, a fixed port in use, float16 without a GPU."""
+    it does not have, a network interface it does not have, a fixed port in use, float16
+    without a GPU."""
     problems: list[tuple[tuple[str, ...], str]] = []
     gpu_count = supervisor_plan.detect_gpu_count()
     inference, trainer = recipe.inference, recipe.trainer
@@ -194,6 +196,10 @@ def machine_problems(recipe: Recipe) -> list[tuple[tuple[str, ...], str]]:
         port = supervisor_plan.port_problem(inference.port, inference.host)
         if port is not None:
             problems.append((("inference", "port"), port))
+    for key, message in supervisor_plan.rendezvous_problems(
+        trainer.rendezvous_interface, trainer.rendezvous_port
+    ):
+        problems.append((tuple(key.split(".")), message))
     if gpu_count == 0:
         # vLLM's "auto" is the trainer's dtype; "half" is its other name for float16.
         served = recipe.inference_config().inference.dtype in ("float16", "half")

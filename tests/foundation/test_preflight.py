@@ -396,6 +396,19 @@ def test_gpus_the_machine_lacks_and_a_port_in_use_are_found_before_launch(
     read_recipe(write(tmp_path, text))
 
 
+def test_a_rendezvous_interface_this_machine_lacks_is_found_at_its_line(tmp_path: Path):
+    text = recipe_text(tmp_path).replace(
+        "max_concurrent_runs = 2", 'max_concurrent_runs = 2\nrendezvous_interface = "nosuch0"'
+    )
+    line, message = problems(tmp_path, text)["trainer.rendezvous_interface"]
+    assert line == 13 and "'nosuch0' is not a network interface of this machine" in message
+
+
+def test_several_nodes_without_a_fixed_rendezvous_port_are_refused_at_the_key(tmp_path: Path):
+    text = recipe_text(tmp_path).replace("max_concurrent_runs = 2", "nnodes = 2")
+    assert "nnodes = 2 needs a fixed port" in problems(tmp_path, text)["trainer.rendezvous_port"][1]
+
+
 def test_vllm_parallelism_the_machine_cannot_give_is_found_at_its_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

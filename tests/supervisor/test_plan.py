@@ -231,3 +231,61 @@ def test_the_placement_says_how_the_trainers_ranks_hold_the_base():
     )
     replicated = TrainerSection(nproc_per_node=2, base_sharding="replicated")
     assert describe_ranks(replicated) == "trainer: 2 ranks, base replicated on each"
+    two_nodes = TrainerSection(nproc_per_node=2, nnodes=2, rendezvous_port=29400)
+    assert describe_ranks(two_nodes) == (
+        "trainer: 4 ranks (2 nodes x 2), base sharded over them (FSDP2)"
+    )
+
+
+def test_the_trainer_meets_on_loopback_by_default_and_the_plan_says_so(experiment: Path, no_gpu):
+    write_recipe(experiment)
+    result = plan_from_recipe(experiment)
+    trainer = result.processes[1]
+    assert trainer.argv[trainer.argv.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
+    assert trainer.argv[trainer.argv.index("--nnodes") + 1] == "1"
+    assert "GLOO_SOCKET_IFNAME" not in trainer.env, "the launcher defaults it to lo"
+    assert any("rendezvous on 127.0.0.1, a free port (loopback only" in n for n in result.notes)
+    assert plan.read_rendezvous(experiment) == plan.Rendezvous("127.0.0.1", 0, 1)
+
+
+def test_two_nodes_meet_at_the_interfaces_address_on_the_fixed_port(
+    experiment: Path, no_gpu, monkeypatch
+):
+    monkeypatch.setattr(plan, "interface_names", lambda: ["lo", "eth7"])
+    monkeypatch.setattr(plan, "interface_ipv4", lambda name: {"eth7": "127.0.0.1"}.get(name))
+    port = ports.free_port()
+    write_recipe(experiment)
+    with layout.recipe_path(experiment).open("a") as recipe:
+        recipe.write(f'nnodes = 2\nrendezvous_interface = "eth7"\nrendezvous_port = {port}\n')
+    trainer = plan_from_recipe(experiment).processes[1]
+    assert trainer.argv[trainer.argv.index("--nnodes") + 1] == "2"
+    assert trainer.argv[trainer.argv.index("--rdzv-endpoint") + 1] == f"127.0.0.1:{port}"
+    assert trainer.argv[trainer.argv.index("--rdzv-conf") + 1] == "node_rank=0"
+    assert trainer.env["GLOO_SOCKET_IFNAME"] == trainer.env["NCCL_SOCKET_IFNAME"] == "eth7"
+    assert plan.read_rendezvous(experiment) == plan.Rendezvous("127.0.0.1", port, 2)
+
+
+def test_an_interface_this_machine_lacks_is_refused_naming_the_key(experiment: Path, no_gpu):
+    write_recipe(experiment)
+    with layout.recipe_path(experiment).open("a") as recipe:
+        recipe.write('rendezvous_interface = "nosuch0"\n')
+    with pytest.raises(PlanError, match=r"\[trainer\] rendezvous_interface 'nosuch0' is not a"):
+        plan_from_recipe(experiment)
+    assert plan.rendezvous_problems("nosuch0", 0)[0][0] == "trainer.rendezvous_interface"
+
+
+def test_a_rendezvous_port_in_use_is_refused_naming_the_key():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        ((key, message),) = plan.rendezvous_problems(None, port)
+    assert key == "trainer.rendezvous_port" and f"port {port} on 127.0.0.1" in message
+
+
+def test_several_nodes_without_a_fixed_port_are_refused_naming_the_key(experiment: Path):
+    write_recipe(experiment)
+    with layout.recipe_path(experiment).open("a") as recipe:
+        recipe.write("nnodes = 2\n")
+    with pytest.raises(PlanError, match=r"trainer.rendezvous_port: nnodes = 2 needs a fixed port"):
+        plan_from_recipe(experiment)

@@ -96,6 +96,9 @@ def test_up_dry_run_prints_the_plan_and_writes_nothing(cli, tmp_path: Path):
     result = cli("up", "recipe.toml", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "run_lr3e-3_rank8" in result.output
+    assert "trainer on 1 node(s): rendezvous on 127.0.0.1, a free port (loopback only" in (
+        result.output
+    )
     assert "nothing was written or started" in result.output
     assert not (tmp_path / "outputs").exists()
 

@@ -22,7 +22,7 @@ from tests.trainer_rl.test_multi_process import (
 from workbench import layout
 from workbench.procfs import child_pids, process_is_alive
 from workbench.trainer.checkpoint import remove_killed_writes
-from workbench.trainer.launch import RENDEZVOUS_ARGS
+from workbench.trainer.launch import rendezvous_args
 
 RUNS = ("run_a", "run_b")
 
@@ -40,7 +40,7 @@ def start_trainer(
     launcher = subprocess.Popen(
         [
             sys.executable, "-m", "workbench.trainer.launch", "--nproc_per_node", str(ranks),
-            *RENDEZVOUS_ARGS, "-m", "workbench.trainer.rl", "--config", str(config_path),
+            *rendezvous_args(), "-m", "workbench.trainer.rl", "--config", str(config_path),
         ],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )  # fmt: skip

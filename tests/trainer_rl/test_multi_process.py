@@ -66,9 +66,15 @@ def test_two_ranks_train_the_same_adapters_as_one_rank_with_the_whole_batch(
     setting = f'base_sharding="{base_sharding}"'
     torchrun(2, str(WORKER), str(two), str(tiny_llama), str(tmp_path / "out2"), setting)
     torchrun(1, str(WORKER), str(one), str(tiny_llama), str(tmp_path / "out1"))
-    rank0 = load_file(str(tmp_path / "out2" / "rank0.safetensors"))
-    rank1 = load_file(str(tmp_path / "out2" / "rank1.safetensors"))
-    alone = load_file(str(tmp_path / "out1" / "rank0.safetensors"))
+    assert_two_ranks_trained_as_one(tmp_path / "out2", tmp_path / "out1")
+
+
+def assert_two_ranks_trained_as_one(two: Path, one: Path) -> None:
+    """The step worker's adapters of ranks 0 and 1 under `two` are equal to each other and,
+    within float tolerance, to the single rank's under `one`."""
+    rank0 = load_file(str(two / "rank0.safetensors"))
+    rank1 = load_file(str(two / "rank1.safetensors"))
+    alone = load_file(str(one / "rank0.safetensors"))
     assert set(rank0) == set(alone) and any(k.startswith("run_b/") for k in alone)
     for key in alone:
         torch.testing.assert_close(rank0[key], rank1[key], rtol=0, atol=0)

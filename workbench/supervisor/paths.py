@@ -10,6 +10,7 @@ truth. These files belong to the supervisor; other processes only read them:
       endpoint.json    where the inference server listens and its API key (mode 0600)
       inference.toml   the InferenceConfig handed to the inference server
       trainer.toml     the TrainerConfig handed to the trainer
+      rendezvous.json  where node 0's trainer meets the others (`workbench join` reads it)
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def inference_config_path(experiment: Path) -> Path:
 
 def trainer_config_path(experiment: Path) -> Path:
     return layout.supervisor_dir(experiment) / "trainer.toml"
+
+
+def rendezvous_path(experiment: Path) -> Path:
+    return layout.supervisor_dir(experiment) / "rendezvous.json"
 
 
 @contextlib.contextmanager

@@ -12,12 +12,18 @@ through any other plan factory (`load_plan_factory("path/to/file.py:plan")`).
 GPUs follow prime-rl's launcher: inference takes the first devices, the trainer the next
 ones; with one GPU they share it (the recipe lowers vLLM's memory fraction); with no GPU
 nothing is set and everything runs on the CPU, whatever the recipe lists.
+
+The trainer may span `[trainer] nnodes` machines: this one is node 0, whose torchrun agent
+holds the rendezvous store on `[trainer] rendezvous_interface`'s address (127.0.0.1 by
+default); the plan writes that address to `supervisor/rendezvous.json`, where the other
+nodes' `workbench join` (`workbench.supervisor.join`) finds it.
 """
 
 from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
 import secrets
 import sys
@@ -29,7 +35,7 @@ from workbench import layout
 from workbench.config import ConfigError, TrainerSection, model_to_toml
 from workbench.inference import endpoint
 from workbench.lifeline import PARENT_PID_ENV
-from workbench.ports import bind_error, free_port
+from workbench.ports import bind_error, free_port, interface_ipv4, interface_names
 from workbench.recipe import Recipe, load_recipe
 from workbench.supervisor import paths
 from workbench.supervisor.policy import RestartPolicy
@@ -37,13 +43,13 @@ from workbench.supervisor.process import HttpReady, ProcessSpec
 from workbench.sweep import scheduler
 from workbench.sweep.spec import AshaSpec
 from workbench.tracking.target import TrackingTarget
-from workbench.trainer.launch import RENDEZVOUS_ARGS
+from workbench.trainer.launch import LOOPBACK, rendezvous_args, socket_interface_env
 
 DEFAULT_PLAN = "workbench.supervisor.plan:plan_from_recipe"
 INFERENCE_MODULE = "workbench.inference"
 TRAINER_MODULE = "workbench.trainer.rl"
 # torchrun's agent, run so that a SIGTERM-ed trainer exits with its workers' status and
-# its rendezvous store listens on 127.0.0.1 only.
+# its rendezvous store listens on one address only.
 TRAINER_LAUNCHER = "workbench.trainer.launch"
 ORCHESTRATOR_MODULE = "workbench.orchestrator"
 
@@ -248,6 +254,81 @@ def device_problems(
     return problems
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where node 0's rendezvous store listens (`supervisor/rendezvous.json`), for `nnodes`."""
+
+    host: str
+    port: int
+    nnodes: int
+
+    def describe(self) -> str:
+        """One line for `up --dry-run` and the supervisor's log."""
+        port = "a free port" if self.port == 0 else f"port {self.port}"
+        line = f"trainer on {self.nnodes} node(s): rendezvous on {self.host}, {port}"
+        if self.host != LOOPBACK:
+            return line + (
+                "; the other nodes join with `workbench join`" if self.nnodes > 1 else ""
+            )
+        if self.nnodes > 1:
+            return line + ", loopback only: every node must run on this machine"
+        return line + " (loopback only; set [trainer] rendezvous_interface to let other nodes join)"
+
+
+def rendezvous_host(interface: str | None) -> tuple[str | None, str | None]:
+    """The address node 0's store binds for `interface` (None: the loopback address), or
+    None and why there is none on this machine."""
+    if interface is None:
+        return LOOPBACK, None
+    names = interface_names()
+    if interface not in names:
+        return None, (
+            f"[trainer] rendezvous_interface {interface!r} is not a network interface of this "
+            f"machine (it has {', '.join(names)}); name the one the other nodes reach it "
+            "through, or leave it out for the loopback interface"
+        )
+    address = interface_ipv4(interface)
+    if address is None:
+        return None, f"[trainer] rendezvous_interface {interface!r} has no IPv4 address"
+    return address, None
+
+
+def rendezvous_problems(interface: str | None, port: int) -> list[tuple[str, str]]:
+    """What stops node 0's rendezvous store from listening as the recipe asks, as (dotted key,
+    message): an interface this machine lacks or that has no IPv4 address, a port in use."""
+    host, problem = rendezvous_host(interface)
+    if host is None:
+        return [("trainer.rendezvous_interface", str(problem))]
+    problem = port_problem(port, host) if port else None
+    if problem is not None:
+        return [("trainer.rendezvous_port", f"[trainer] rendezvous_port: {problem}")]
+    return []
+
+
+def recipe_rendezvous(recipe: Recipe) -> Rendezvous:
+    """Where the recipe's trainer meets; `PlanError` naming the key when it cannot."""
+    trainer = recipe.trainer
+    problems = rendezvous_problems(trainer.rendezvous_interface, trainer.rendezvous_port)
+    host, _ = rendezvous_host(trainer.rendezvous_interface)
+    if problems or host is None:
+        raise PlanError(f"recipe {problems[0][1]}")
+    return Rendezvous(host, trainer.rendezvous_port, trainer.nnodes)
+
+
+def write_rendezvous(experiment: Path, rendezvous: Rendezvous) -> None:
+    payload = {"host": rendezvous.host, "port": rendezvous.port, "nnodes": rendezvous.nnodes}
+    layout.atomic_write_text(paths.rendezvous_path(experiment), json.dumps(payload) + "\n")
+
+
+def read_rendezvous(experiment: Path) -> Rendezvous | None:
+    """What the plan wrote to `supervisor/rendezvous.json`, or None without one."""
+    try:
+        payload = json.loads(paths.rendezvous_path(experiment).read_text(encoding="utf-8"))
+        return Rendezvous(str(payload["host"]), int(payload["port"]), int(payload["nnodes"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def recipe_devices(recipe: Recipe, gpu_count: int) -> tuple[DeviceAssignment, str]:
     """Where the recipe's processes run on a machine with `gpu_count` GPUs, and that in a
     line; `PlanError` when its GPUs do not add up (preflight says so first, with lines)."""
@@ -259,15 +340,19 @@ def recipe_devices(recipe: Recipe, gpu_count: int) -> tuple[DeviceAssignment, st
 
 def describe_ranks(trainer: TrainerSection) -> str:
     """How many trainer ranks there are and how they hold the frozen base, in a phrase."""
-    ranks = trainer.nproc_per_node
+    ranks = trainer.nproc_per_node * trainer.nnodes
     if ranks == 1:
         return "trainer: 1 rank, the whole base"
+    if trainer.nnodes > 1:
+        ranks_text = f"{ranks} ranks ({trainer.nnodes} nodes x {trainer.nproc_per_node})"
+    else:
+        ranks_text = f"{ranks} ranks"
     holding = (
         "base sharded over them (FSDP2)"
         if trainer.shards_base(ranks)
         else "base replicated on each"
     )
-    return f"trainer: {ranks} ranks, {holding}"
+    return f"trainer: {ranks_text}, {holding}"
 
 
 def describe_devices(devices: DeviceAssignment, gpu_count: int, inference_size: int) -> str:
@@ -359,6 +444,19 @@ def _module_preflight(module: str) -> Callable[[], str | None]:
     return lambda: module_problem(module)
 
 
+def trainer_argv(
+    config_path: Path, nproc_per_node: int, rendezvous: Rendezvous, node_rank: int = 0
+) -> list[str]:
+    """The command of one node's trainer: torchrun's agent (`workbench.trainer.launch`) with
+    `nproc_per_node` workers, meeting the other nodes at `rendezvous`."""
+    return [
+        sys.executable, "-m", TRAINER_LAUNCHER,
+        "--nproc_per_node", str(nproc_per_node),
+        *rendezvous_args(rendezvous.host, rendezvous.port, rendezvous.nnodes, node_rank),
+        "-m", TRAINER_MODULE, "--config", str(config_path),
+    ]  # fmt: skip
+
+
 def orchestrator_spec(run_id: str, run_dir: Path, env: dict[str, str] | None = None) -> ProcessSpec:
     return ProcessSpec(
         name=run_id,
@@ -388,9 +486,11 @@ def plan_from_recipe(experiment: Path) -> Plan:
     gpu_count = detect_gpu_count()
     ranks = recipe.trainer.nproc_per_node
     devices, placement = recipe_devices(recipe, gpu_count)
+    rendezvous = recipe_rendezvous(recipe)
     if gpu_count == 0 and (recipe.inference.gpus or recipe.trainer.gpus):
         notes.append("no GPU on this machine: the recipe's gpus lists are ignored")
     notes.append(placement)
+    notes.append(rendezvous.describe())
     early_stopping = recipe.sweep.scheduler if recipe.sweep is not None else None
     if early_stopping is not None:
         notes.append(
@@ -411,6 +511,7 @@ def plan_from_recipe(experiment: Path) -> Plan:
         paths.trainer_config_path(experiment),
         model_to_toml(trainer_config, header="Written by the workbench supervisor."),
     )
+    write_rendezvous(experiment, rendezvous)
     api_key = secrets.token_urlsafe(32)
     write_endpoint(
         experiment,
@@ -454,21 +555,11 @@ def plan_from_recipe(experiment: Path) -> Plan:
     trainer = ProcessSpec(
         name="trainer",
         kind="trainer",
-        argv=[
-            sys.executable,
-            "-m",
-            TRAINER_LAUNCHER,
-            "--nproc_per_node",
-            str(ranks),
-            *RENDEZVOUS_ARGS,
-            "-m",
-            TRAINER_MODULE,
-            "--config",
-            str(paths.trainer_config_path(experiment)),
-        ],
+        argv=trainer_argv(paths.trainer_config_path(experiment), ranks, rendezvous),
         log_path=layout.process_log_path(experiment, "trainer"),
         env={
             **cuda_env(devices.trainer),
+            **socket_interface_env(recipe.trainer.rendezvous_interface),
             **shared_cpu_env(gpu_count),
             PARENT_PID_ENV: str(os.getpid()),
         },

@@ -10,9 +10,11 @@ torchrun starts each worker in a session of its own, out of reach of a signal to
 agent's process group; the workers arm a parent-death signal (`workbench.lifeline`) so a
 killed agent never leaves one behind, and this process arms one for the supervisor.
 
-Nothing of the trainer listens beyond 127.0.0.1: the agent's store through the
-`workbench-loopback` rendezvous (`workbench.trainer.rendezvous`), registered here, in the
-agent's process; gloo's ranks through GLOO_SOCKET_IFNAME, which the workers inherit.
+Nothing of the trainer listens beyond 127.0.0.1 unless the recipe names a network
+interface (`[trainer] rendezvous_interface`, for several nodes): the agent's store through
+the `workbench-static` rendezvous (`workbench.trainer.rendezvous`), registered here, in the
+agent's process, bound to the endpoint's address alone; gloo's and nccl's ranks through
+GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (`lo` unless set), which the workers inherit.
 """
 
 from __future__ import annotations
@@ -27,9 +29,33 @@ from workbench.procfs import child_pids
 
 # The agent's handler for the signals it handles raises; SIGTERM is handled here instead.
 AGENT_SIGNALS = ("--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT")
-# The rendezvous whose store listens on 127.0.0.1 only, on a port the kernel picks.
-RENDEZVOUS_BACKEND = "workbench-loopback"
-RENDEZVOUS_ARGS = ("--rdzv-backend", RENDEZVOUS_BACKEND, "--rdzv-endpoint", "127.0.0.1:0")
+# The rendezvous whose store listens on the endpoint's address alone.
+RENDEZVOUS_BACKEND = "workbench-static"
+LOOPBACK = "127.0.0.1"
+# The interface of the loopback address, for gloo's and nccl's sockets.
+LOOPBACK_INTERFACE = "lo"
+SOCKET_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def rendezvous_args(
+    host: str = LOOPBACK, port: int = 0, nnodes: int = 1, node_rank: int = 0
+) -> list[str]:
+    """torchrun's arguments for this node's agent: `nnodes` nodes meeting at node 0's store
+    on `host:port` (port 0, one node only: any free port, picked when the store binds)."""
+    return [
+        "--nnodes", str(nnodes),
+        "--rdzv-backend", RENDEZVOUS_BACKEND,
+        "--rdzv-endpoint", f"{host}:{port}",
+        "--rdzv-conf", f"node_rank={node_rank}",
+    ]  # fmt: skip
+
+
+def socket_interface_env(interface: str | None) -> dict[str, str]:
+    """The environment that has gloo and nccl bind `interface`; none for the loopback
+    interface, which the launcher sets unless the environment names another."""
+    if interface is None:
+        return {}
+    return dict.fromkeys(SOCKET_INTERFACE_VARIABLES, interface)
 
 
 def forward_to_workers(signum: int, _frame: object) -> None:
@@ -41,9 +67,10 @@ def forward_to_workers(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     signal.signal(signal.SIGTERM, forward_to_workers)
-    # gloo's ranks listen on the address the host name resolves to, often the network's;
-    # one machine needs only the loopback interface (an explicit setting is kept).
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # gloo's and nccl's ranks listen on the address the host name resolves to, often the
+    # network's; one machine needs only the loopback interface (an explicit setting is kept).
+    for variable in SOCKET_INTERFACE_VARIABLES:
+        os.environ.setdefault(variable, LOOPBACK_INTERFACE)
     from torch.distributed.run import main as torchrun_main
 
     from workbench.trainer import rendezvous

@@ -1,0 +1,185 @@
+"""`workbench join`: one more node's share of an experiment's trainer, started again each time
+it stops, for as long as the experiment runs.
+
+The experiment was started with `workbench up` on node 0, whose supervisor runs the trainer
+of node 0 and wrote, in the experiment directory (on a filesystem every node shares, at the
+same path), the trainer's config (`supervisor/trainer.toml`) and where its rendezvous store
+listens (`supervisor/rendezvous.json`). A joining node starts the same launcher, torchrun's
+agent, as node `node_rank` of `nnodes`; torchrun gives its workers their global ranks.
+
+When any node's ranks die, the collective fails everywhere: node 0's trainer exits and its
+supervisor restarts it from the checkpoints, as on one node; the agent here exits too, and
+this loop starts it again to meet the new trainer. It leaves when the supervisor's state
+(`supervisor/state.json`) says the experiment stops, or that the trainer will not be
+restarted. A supervisor killed outright cannot say so: stop the join yourself then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench import layout
+from workbench.config import ConfigError, load_trainer_config
+from workbench.ports import interface_names
+from workbench.procfs import child_pids
+from workbench.supervisor import paths
+from workbench.supervisor.client import read_state
+from workbench.supervisor.lifecycle import SHUTDOWN_STATUSES, TERMINAL_STATES
+from workbench.supervisor.plan import read_rendezvous, trainer_argv
+from workbench.trainer.launch import socket_interface_env
+
+# Between two agents: long enough for node 0's trainer to exit and be restarted.
+RESTART_PAUSE_S = 2.0
+
+
+class JoinError(Exception):
+    """This node cannot join the experiment (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class JoiningNode:
+    """One node's trainer agent: its command, environment and log file."""
+
+    experiment: Path
+    node_rank: int
+    nnodes: int
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    endpoint: str
+
+
+def joining_node(experiment: Path, node_rank: int, interface: str | None = None) -> JoiningNode:
+    """Node `node_rank`'s agent for the experiment that node 0 runs; `interface`: the network
+    interface of this node for gloo and nccl (default: the recipe's rendezvous_interface)."""
+    experiment = Path(experiment).resolve()
+    config_path = paths.trainer_config_path(experiment)
+    rendezvous = read_rendezvous(experiment)
+    try:
+        config = load_trainer_config(config_path)
+    except ConfigError as err:
+        raise JoinError(
+            f"cannot read the experiment's trainer config ({err}); start the experiment with "
+            "`workbench up` on node 0 first"
+        ) from None
+    if rendezvous is None:
+        raise JoinError(
+            f"{paths.rendezvous_path(experiment)} is missing: start the experiment with "
+            "`workbench up` on node 0 first"
+        )
+    if rendezvous.nnodes == 1:
+        raise JoinError(
+            "the experiment's trainer runs on one node ([trainer] nnodes = 1): there is no "
+            "node to join as; raise nnodes in the recipe and start it again"
+        )
+    if not 1 <= node_rank < rendezvous.nnodes:
+        raise JoinError(
+            f"--node-rank {node_rank} is not one of 1..{rendezvous.nnodes - 1} ([trainer] "
+            f"nnodes = {rendezvous.nnodes}; node 0 is where `workbench up` runs)"
+        )
+    if not _same_directory(config.output_dir, experiment):
+        raise JoinError(
+            f"node 0 runs the experiment at {config.output_dir}, which is not {experiment} "
+            "here: mount the shared experiment directory at the same path on every node"
+        )
+    interface = interface or config.trainer.rendezvous_interface
+    if interface is not None and interface not in interface_names():
+        raise JoinError(
+            f"this machine has no network interface {interface!r} (it has "
+            f"{', '.join(interface_names())}); name its own with --interface"
+        )
+    return JoiningNode(
+        experiment=experiment,
+        node_rank=node_rank,
+        nnodes=rendezvous.nnodes,
+        argv=trainer_argv(config_path, config.trainer.nproc_per_node, rendezvous, node_rank),
+        env={**os.environ, **socket_interface_env(interface)},
+        log_path=layout.process_log_path(experiment, f"trainer-node{node_rank}"),
+        endpoint=f"{rendezvous.host}:{rendezvous.port}",
+    )
+
+
+def _same_directory(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def trainer_phase(state: dict[str, Any] | None) -> tuple[str, str]:
+    """Whether the experiment of supervisor state `state` has a trainer to join, and why:
+    ("running", ...) while it runs or will be restarted, ("stopped", why) once the
+    experiment stops or has not started, ("failed", why) when the trainer gave up."""
+    if state is None:
+        return "stopped", "its supervisor has written no state yet"
+    status = state.get("status")
+    if status in SHUTDOWN_STATUSES:
+        return "stopped", f"its supervisor is {status}"
+    trainer = (state.get("processes") or {}).get("trainer") or {}
+    if trainer.get("state") in TERMINAL_STATES:
+        return "failed", f"its trainer has {trainer['state']} and will not be restarted"
+    return "running", f"its supervisor is {status}"
+
+
+def run_agent(node: JoiningNode) -> int:
+    """Start this node's agent and wait for it; its exit status. Stopped early (Ctrl-C,
+    SIGTERM), it is killed with its workers: the ranks of a node other than 0 write nothing,
+    and they would not stop on SIGTERM, which only rank 0's trainer acts on."""
+    node.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(node.log_path, "a") as log:
+        agent = subprocess.Popen(
+            node.argv, stdout=log, stderr=subprocess.STDOUT, env=node.env, start_new_session=True
+        )
+        try:
+            return agent.wait()
+        finally:
+            if agent.poll() is None:
+                workers = child_pids(agent.pid)
+                for pid in [agent.pid, *workers]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                agent.wait()
+
+
+def join(
+    node: JoiningNode,
+    say: Callable[[str], None],
+    pause_s: float = RESTART_PAUSE_S,
+) -> int:
+    """Run node's agent again and again while the experiment runs; 0 once it stops, 1 when
+    it was not running or its trainer gave up. SIGTERM stops it as Ctrl-C does."""
+    name = f"node {node.node_rank}/{node.nnodes}"
+    phase, why = trainer_phase(read_state(node.experiment))
+    if phase != "running":
+        say(f"{name}: the experiment is not running ({why}); start it with `workbench up` first")
+        return 1
+    with _sigterm_as_interrupt():
+        while True:
+            say(f"{name}: trainer agent meets node 0 at {node.endpoint} (log: {node.log_path})")
+            code = run_agent(node)
+            say(f"{name}: trainer agent exited with status {code}")
+            phase, why = trainer_phase(read_state(node.experiment))
+            if phase != "running":
+                say(f"{name}: leaving: {why}")
+                return 1 if phase == "failed" else 0
+            time.sleep(pause_s)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
