@@ -12,6 +12,7 @@ these paths by hand: they come from here, so a rename is a one-line change.
       trainer/runs.json         the trainer's view: which run holds which slot, progress
       sweep/                    plan.json (runs and their swept values), asha.json (rungs)
       tracking/                 <run_id>.json: how far each run's metrics were forwarded
+      busy/                     trainer.json, <run_id>.json: what each process did lately (busy.py)
       run_<id>/
         control/orch.toml, config_validation_error.txt, evicted.txt, finished.txt
         checkpoints/step_N/{trainer,orchestrator}/   rollouts/step_N/   broadcast/step_N/
@@ -106,6 +107,16 @@ def tracking_progress_path(experiment: Path, run_id: str) -> Path:
     """Written by the supervisor's tracking: the tracker run of `run_id` and how much of
     its metrics.jsonl was forwarded to it."""
     return tracking_dir(experiment) / f"{run_id}.json"
+
+
+def busy_dir(experiment: Path) -> Path:
+    return experiment / "busy"
+
+
+def busy_path(experiment: Path, process: str) -> Path:
+    """Written by a process (the trainer's master rank, an orchestrator named by its run
+    id) while it runs: what it was busy with or waiting for lately (`workbench.busy`)."""
+    return busy_dir(experiment) / f"{process}.json"
 
 
 def run_dir(experiment: Path, run_id: str) -> Path:

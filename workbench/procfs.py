@@ -1,10 +1,12 @@
 """Reading processes from /proc: one process's stat fields and command line, every process,
-a parent's children, whether a pid still runs.
+a parent's children, whether a pid still runs, when it started; the machine's available
+memory.
 
-The one reader of /proc/PID for the supervisor (process families, pid checks), the
-trainer's launcher (forwarding a stop to torchrun's workers) and the benchmarks (CPU time,
-orphans). It imports nothing of workbench, so any layer can use it. Where /proc cannot be
-read, the readers answer None or nothing rather than raise.
+The one reader of /proc for the supervisor (process families, pid checks), the trainer's
+launcher (forwarding a stop to torchrun's workers), vLLM's memory check, the busy records
+(a process's start) and the benchmarks (CPU time, memory, orphans). It imports nothing of
+workbench, so any layer can use it. Where /proc cannot be read, the readers answer None or
+nothing rather than raise.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ class ProcStat:
     session: int
     utime_ticks: int
     stime_ticks: int
+    # Times of the children it waited for (and theirs): a process tree's CPU time is its
+    # live members' own and reaped times summed.
+    cutime_ticks: int = 0
+    cstime_ticks: int = 0
+    start_ticks: int = 0  # since boot
+    rss_pages: int = 0
 
     @property
     def exited(self) -> bool:
@@ -38,6 +46,15 @@ class ProcStat:
         """User + system CPU time, its threads included, its children not."""
         return (self.utime_ticks + self.stime_ticks) / os.sysconf("SC_CLK_TCK")
 
+    @property
+    def reaped_children_cpu_seconds(self) -> float:
+        """User + system CPU time of the children it waited for, and of theirs."""
+        return (self.cutime_ticks + self.cstime_ticks) / os.sysconf("SC_CLK_TCK")
+
+    @property
+    def rss_bytes(self) -> int:
+        return self.rss_pages * os.sysconf("SC_PAGE_SIZE")
+
 
 def read_stat(pid: int) -> ProcStat | None:
     """Fields of /proc/PID/stat, or None if there is no such process."""
@@ -48,7 +65,8 @@ def read_stat(pid: int) -> ProcStat | None:
     # The command name (field 2) is in parentheses and may itself contain spaces or ')'.
     fields = text[text.rfind(")") + 2 :].split()
     try:
-        # After the name: state is field 3, ppid 4, pgrp 5, session 6, utime 14, stime 15.
+        # After the name: state is field 3, ppid 4, pgrp 5, session 6, utime 14, stime 15,
+        # cutime 16, cstime 17, starttime 22, rss 24.
         return ProcStat(
             pid,
             fields[0],
@@ -57,6 +75,10 @@ def read_stat(pid: int) -> ProcStat | None:
             int(fields[3]),
             int(fields[11]),
             int(fields[12]),
+            cutime_ticks=int(fields[13]),
+            cstime_ticks=int(fields[14]),
+            start_ticks=int(fields[19]),
+            rss_pages=int(fields[21]),
         )
     except (IndexError, ValueError):
         return None
@@ -104,3 +126,33 @@ def process_cmdline(pid: int) -> list[str]:
     except OSError:
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def process_started_at(pid: int) -> float | None:
+    """When the process started, in unix seconds; None if it is gone or /proc is unreadable."""
+    stat = read_stat(pid)
+    boot = _boot_time()
+    if stat is None or boot is None:
+        return None
+    return boot + stat.start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _boot_time() -> float | None:
+    try:
+        for line in (PROC / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_available_bytes() -> int | None:
+    """The kernel's estimate of memory available to new work (MemAvailable), or None."""
+    try:
+        for line in (PROC / "meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -138,3 +138,11 @@ def test_evicting_one_run_mid_way_stops_it_with_the_reason_while_the_other_finis
     assert by_id["run_lr5e-3"]["status"] == "evicted"
     assert by_id["run_lr5e-3"]["reason"] == "e2e: stopped mid-way"
     assert by_id["run_lr3e-3"]["status"] == "finished"
+    # Where each process's time went, over its last minute: the trainer updated and waited
+    # for rollouts; the survivor generated and waited for adapters; vLLM served it.
+    processes = {process["name"]: process for process in status["processes"]}
+    trainer, survivor_busy = processes["trainer"]["busy"], processes["run_lr3e-3"]["busy"]
+    assert {"update", "waiting for rollouts"} <= set(trainer["activities"]), trainer
+    assert 0 < trainer["busy"] < 1, trainer
+    assert {"generation", "waiting for adapter"} <= set(survivor_busy["activities"]), survivor_busy
+    assert 0 < processes["inference"]["busy"]["busy"] < 1, processes["inference"]

@@ -50,3 +50,17 @@ def test_an_exited_child_is_not_alive_before_or_after_it_is_reaped():
     assert procfs.read_stat(child.pid) is None and procfs.process_cmdline(child.pid) == []
     with pytest.raises(ProcessLookupError):
         procfs.cpu_seconds(child.pid)
+
+
+def test_a_process_knows_when_it_started_its_memory_and_the_machines():
+    started = procfs.process_started_at(os.getpid())
+    assert started is not None and started <= time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        child_started = procfs.process_started_at(child.pid)
+        assert child_started is not None and child_started >= started
+    finally:
+        child.kill()
+        child.wait()
+    assert procfs.read_stat(os.getpid()).rss_bytes > 1 << 20
+    assert procfs.memory_available_bytes() > 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.tui.conftest import SUPERVISOR_PID, RecordingCommands, next_polls, rows, wait_until
 from tests.tui.synthetic import (
+    FROZEN_NOW,
     append_metrics,
     iso,
     make_run,
@@ -16,7 +17,7 @@ from tests.tui.synthetic import (
     process,
     write_supervisor_state,
 )
-from workbench import run_control
+from workbench import busy, layout, run_control
 from workbench.tui.data import ExperimentReader
 from workbench.tui.screens.add_run import AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
@@ -91,6 +92,7 @@ async def test_tables_show_every_run_and_process_of_the_experiment(experiment, m
             "pid": "4101",
             "restarts": "0",
             "uptime": "2h59m",
+            "busy": "-",  # no busy record
             "last_exit": "",
         }
         assert processes["trainer"]["restarts"] == "1"
@@ -330,3 +332,33 @@ def test_the_tui_package_exposes_only_run_tui():
     assert workbench.tui.__all__ == ["run_tui"]
     assert callable(workbench.tui.run_tui)
     assert Path(workbench.tui.__file__).parent.joinpath("workbench.tcss").is_file()
+
+
+async def test_the_processes_pane_shows_each_process_busy_share_of_its_last_minute(
+    experiment, make_app
+):
+    # The trainer updated for 45 of its last 60 s; two orchestrators each generated for 20 s,
+    # overlapping by 10: vLLM answered one of them for 30 of those 60 s.
+    end = FROZEN_NOW - 5
+    records = {
+        "trainer": [("update", busy.BUSY, end - 60, end - 15)],
+        "run_lr1e-3": [(busy.GENERATION, busy.BUSY, end - 60, end - 40)],
+        "run_lr3e-4": [(busy.GENERATION, busy.BUSY, end - 50, end - 30)],
+    }
+    for name, (busy_part, *_) in records.items():
+        label, kind, start, stop = busy_part
+        waiting = busy.Interval("waiting", busy.WAITING, stop, end)
+        record = busy.BusyRecord(
+            process=name, pid=None, started_at=end - 60, written_at=end, window_s=60,
+            current=waiting, intervals=(busy.Interval(label, kind, start, stop),),
+            totals={label: (kind, stop - start), "waiting": (busy.WAITING, end - stop)},
+        )  # fmt: skip
+        busy.write_record(layout.busy_path(experiment, name), record)
+    app = make_app(experiment)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await next_polls(pilot, app)
+        processes = rows(app, ProcessesTable)
+        assert processes["trainer"]["busy"] == "75%"
+        assert processes["run_lr1e-3"]["busy"] == "33%"
+        assert processes["inference"]["busy"] == "50%"
+        assert processes["supervisor"]["busy"] == "-"

@@ -258,6 +258,12 @@ def _e2e_summary(quick: bool) -> list[SummaryRow]:
     return _checked_rows("e2e", run_e2e_benchmark(quick=quick))
 
 
+def _e2e_separate_summary(quick: bool) -> list[SummaryRow]:
+    from workbench.bench.separate import run_separate_benchmark
+
+    return _checked_rows("e2e-separate", run_separate_benchmark(quick=quick))
+
+
 def _eval_summary(quick: bool) -> list[SummaryRow]:
     from workbench.bench.evaluation import run_eval_benchmark
 
@@ -313,6 +319,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[SummaryRow]]] = {
     "trainer": _trainer_summary,
     "inference": _inference_summary,
     "e2e": _e2e_summary,
+    "e2e-separate": _e2e_separate_summary,
     "eval": _eval_summary,
     "sweep": _sweep_summary,
     "supervisor": _supervisor_summary,
@@ -335,7 +342,8 @@ def all_benchmarks(
 ) -> None:
     """Every benchmark of the project, then one summary table (`just bench`).
 
-    Runs trainer, inference, e2e, eval, sweep, supervisor and load in turn; each writes its
+    Runs trainer, inference, e2e, e2e-separate (2 runs of 5 steps with --quick, else 4 of
+    20), eval, sweep, supervisor and load in turn; each writes its
     own JSON under benchmarks/results/, and the summary goes to
     benchmarks/results/summary-latest.json.
     One that fails is reported and the others still run; the exit code is 1 if any failed.
@@ -391,12 +399,30 @@ def e2e(
     ),
     max_steps: Annotated[
         int | None,
-        typer.Option(min=1, help="Override \\[defaults] max_steps for every run (shorter run)."),
+        typer.Option(
+            min=1,
+            help="Override \\[defaults] max_steps for every run (shorter run); with --vs "
+            "separate the default is 20.",
+        ),
     ] = None,
     keep_outputs: Annotated[
         bool,
         typer.Option(help="Keep the scratch experiment directory (logs, checkpoints) after."),
     ] = False,
+    vs: Annotated[
+        str | None,
+        typer.Option(
+            "--vs",
+            help="separate: the same N runs as one experiment, as N experiments one after "
+            "another, and as N at once (where memory allows); RECIPE's runs are replaced.",
+        ),
+    ] = None,
+    runs: Annotated[
+        int, typer.Option(min=1, help="With --vs separate: how many runs (1 to 8).")
+    ] = 4,
+    at_once: Annotated[
+        bool, typer.Option(help="With --vs separate: also start the N experiments together.")
+    ] = True,
 ) -> None:
     """Reward vs wall-clock for RECIPE: `workbench up RECIPE --headless`, for real.
 
@@ -404,13 +430,44 @@ def e2e(
     every run's metrics.jsonl and writes the curves as JSON plus a PNG plot
     (benchmarks/results/e2e-latest.png), with each run's first-5 vs last-5 mean reward,
     steps/min and wall time.
+
+    With --vs separate: N runs of RECIPE's task (learning rates 1e-3, 2e-3, 3e-3, 5e-3,
+    4e-3, 6e-3, 7e-3, 8e-3) as one experiment, as N experiments one after another, and as
+    N experiments at once when N times one experiment's peak memory fits in what is
+    available (else it says so). Per setup: wall time, run-steps per hour, CPU-seconds of
+    the whole process trees (and by role), peak memory, each run's time to its first and
+    last step, and where the time went (trainer, orchestrators, vLLM: busy, waiting,
+    starting); the speedups over the shared setup; and whether every run's curve is the
+    same in every setup (exit status 1 if not). benchmarks/results/e2e-separate-latest.json
+    and .png.
     """
+    if vs is not None:
+        _e2e_vs_separate(recipe, vs, runs, max_steps, at_once, keep_outputs)
+        return
     from workbench.bench.e2e import run_e2e_benchmark
 
     report = run_e2e_benchmark(recipe, max_steps=max_steps, keep_outputs=keep_outputs)
     typer.echo(f"results: {report['path']}")
     if "scratch_dir" in report:
         typer.echo(f"experiment directory: {report['scratch_dir']}")
+    if report["exit_code"] != 0:
+        raise typer.Exit(1)
+
+
+def _e2e_vs_separate(
+    recipe: Path, vs: str, runs: int, max_steps: int | None, at_once: bool, keep_outputs: bool
+) -> None:
+    from workbench.bench.separate import SeparateBenchError, run_separate_benchmark
+
+    if vs != "separate":
+        raise typer.BadParameter(f"compare with: separate, not {vs!r}", param_hint="--vs")
+    try:
+        report = run_separate_benchmark(
+            recipe, runs=runs, max_steps=max_steps, at_once=at_once, keep_outputs=keep_outputs
+        )
+    except SeparateBenchError as err:
+        raise typer.BadParameter(str(err)) from None
+    typer.echo(f"results: {report['path']}")
     if report["exit_code"] != 0:
         raise typer.Exit(1)
 

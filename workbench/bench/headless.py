@@ -1,4 +1,5 @@
-"""Running `workbench up RECIPE --headless` for a benchmark: wall time and CPU-seconds.
+"""Running `workbench up RECIPE --headless` for a benchmark (one, or several at once): wall
+time and CPU-seconds.
 
 The clock starts just before `up` is launched and stops when it exits, so it covers all
 a user waits for (vLLM and trainer start, every run to its end). CPU-seconds are the
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -53,54 +55,123 @@ class HeadlessRun:
         return max(0.0, self.machine_busy_s - self.cpu_s)
 
 
+def up_command(recipe: Path, max_steps: int | None = None) -> list[str]:
+    """`workbench up RECIPE --headless [--max-steps N]`, run by this Python."""
+    command = [sys.executable, "-m", "workbench.cli", "up", str(recipe), "--headless"]
+    if max_steps is not None:
+        command += ["--max-steps", str(max_steps)]
+    return command
+
+
+def as_typed(command: list[str]) -> list[str]:
+    """The command as a user would type it."""
+    return ["workbench", *command[3:]]
+
+
 def run_up_headless(
     recipe: Path, cwd: Path, *, max_steps: int | None = None, timeout_s: float
 ) -> HeadlessRun:
     """`workbench up RECIPE --headless [--max-steps N]` in `cwd`; Ctrl-C (SIGINT) stops it
     gracefully after `timeout_s`, as a user would."""
-    command = [sys.executable, "-m", "workbench.cli", "up", str(recipe), "--headless"]
-    if max_steps is not None:
-        command += ["--max-steps", str(max_steps)]
+    command = up_command(recipe, max_steps)
     run = run_accounted(command, cwd, timeout_s=timeout_s)
-    return replace(run, command=["workbench", *command[3:]])
+    return replace(run, command=as_typed(command))
 
 
-def run_accounted(command: list[str], cwd: Path, *, timeout_s: float) -> HeadlessRun:
+@dataclass(frozen=True)
+class Launch:
+    command: list[str]
+    cwd: Path
+    output: Path | None = None  # where its stdout and stderr go; None: this terminal
+
+
+def run_accounted(
+    command: list[str],
+    cwd: Path,
+    *,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> HeadlessRun:
     """Run `command` to its end (SIGINT after `timeout_s`): its wall time, and the CPU time
-    of it and every descendant, orphans included."""
+    of it and every descendant, orphans included. `on_start(pid)` is told its pid."""
+    runs, cpu_s, unreaped = run_accounted_together(
+        [Launch(command, cwd)], timeout_s=timeout_s, env=env, on_start=on_start
+    )
+    return replace(runs[0], cpu_s=cpu_s, unreaped=unreaped)
+
+
+def run_accounted_together(
+    launches: list[Launch],
+    *,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> tuple[list[HeadlessRun], float | None, int]:
+    """Start every command at once and wait for all (SIGINT to those still running after
+    `timeout_s`). Returns each one's run (its `cpu_s` None: the kernel sums the CPU time of
+    all of them together), that sum, and how many descendants still ran at the end."""
     subreaper = _set_subreaper(True)
     before, busy_before = _children_cpu_s(), _machine_busy_s()
     started_at = time.time()
-    # `up --headless` prints one line per change: passed through so progress shows.
-    process = subprocess.Popen(command, cwd=cwd)
+    processes: list[subprocess.Popen] = []
+    outputs = []
+    ended: dict[int, tuple[int, bool, float]] = {}  # index -> exit code, timed out, wall
     try:
-        exit_code = process.wait(timeout=timeout_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGINT)  # how `up --headless` is told to stop gracefully
-        exit_code = process.wait()
-        timed_out = True
+        for launch in launches:
+            output = None if launch.output is None else open(launch.output, "wb")  # noqa: SIM115
+            outputs.append(output)
+            process = subprocess.Popen(
+                launch.command,
+                cwd=launch.cwd,
+                env=None if env is None else {**os.environ, **env},
+                stdout=output,
+                stderr=None if output is None else subprocess.STDOUT,
+            )
+            processes.append(process)
+            if on_start is not None:
+                on_start(process.pid)
+        deadline = time.monotonic() + timeout_s
+        while len(ended) < len(processes):
+            for index, process in enumerate(processes):
+                if index not in ended and process.poll() is not None:
+                    ended[index] = (process.returncode, False, time.time() - started_at)
+            if len(ended) < len(processes) and time.monotonic() >= deadline:
+                for index, process in enumerate(processes):
+                    if index not in ended:
+                        process.send_signal(signal.SIGINT)  # `up --headless` stops gracefully
+                        ended[index] = (process.wait(), True, time.time() - started_at)
+            time.sleep(0.05)
     except KeyboardInterrupt:
-        process.send_signal(signal.SIGINT)
-        process.wait()
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        for process in processes:
+            process.wait()
         raise
     finally:
         unreaped = _reap_orphans() if subreaper else 0
         _set_subreaper(False)
-    wall_s = time.time() - started_at
+        for output in outputs:
+            if output is not None:
+                output.close()
     busy_after = _machine_busy_s()
-    return HeadlessRun(
-        command=command,
-        started_at=started_at,
-        exit_code=exit_code,
-        timed_out=timed_out,
-        wall_s=wall_s,
-        cpu_s=_children_cpu_s() - before if subreaper else None,
-        unreaped=unreaped,
-        machine_busy_s=None
-        if busy_before is None or busy_after is None
-        else busy_after - busy_before,
-    )
+    cpu_s = _children_cpu_s() - before if subreaper else None
+    machine_busy_s = None if busy_before is None or busy_after is None else busy_after - busy_before
+    runs = [
+        HeadlessRun(
+            command=launch.command,
+            started_at=started_at,
+            exit_code=ended[index][0],
+            timed_out=ended[index][1],
+            wall_s=ended[index][2],
+            cpu_s=None,
+            unreaped=unreaped,
+            machine_busy_s=machine_busy_s,
+        )
+        for index, launch in enumerate(launches)
+    ]
+    return runs, cpu_s, unreaped
 
 
 def _children_cpu_s() -> float:

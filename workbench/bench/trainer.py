@@ -590,11 +590,10 @@ def _measure(spec: WorkerSpec, mode: str, common: dict[str, int]) -> Measurement
 
 
 def available_memory_mb() -> float:
-    with open("/proc/meminfo") as handle:
-        for line in handle:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024
-    return float("inf")
+    from workbench.procfs import memory_available_bytes
+
+    available = memory_available_bytes()
+    return float("inf") if available is None else available / (1 << 20)
 
 
 @dataclass

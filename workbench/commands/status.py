@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from workbench.busy import BusyReader
 from workbench.clock import format_duration
 from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
 from workbench.status import run_statuses, supervisor_warnings
@@ -32,11 +33,15 @@ def status(
     trainer evicted the run because its loss or gradient norm was not finite for 3 updates
     in a row, or its adapter was not (the reason says which, and at which updates).
 
-    Processes (from supervisor/state.json): name, state, pid, restarts, uptime and a note
-    (why it waits, stopped or failed). State is one of waiting, starting, ready, running,
-    backoff, stopping, exited, failed, stopped. When the supervisor is not running, its last
-    recorded states are shown without pids. A line follows with the placement: which GPUs
-    run inference and the trainer, and how many trainer ranks hold the base, and how.
+    Processes (from supervisor/state.json): name, state, pid, restarts, uptime, busy and a
+    note (why it waits, stopped or failed). State is one of waiting, starting, ready,
+    running, backoff, stopping, exited, failed, stopped. When the supervisor is not running,
+    its last recorded states are shown without pids. Busy: the share of the last minute
+    (of its last minute, once it stopped) the process spent on its own work: the trainer
+    updating, an orchestrator generating or scoring, inference answering any orchestrator's
+    generation; the rest it waited for the other side or was starting up. A line follows
+    with the placement: which GPUs run inference and the trainer, and how many trainer
+    ranks hold the base, and how.
 
     While the experiment starts, a last line says what it is doing: building the built-in
     model (step k/n), starting inference (seconds so far and the last line of its log),
@@ -53,8 +58,10 @@ def status(
     --json prints {"experiment", "supervisor": {"running", "pid", "status"}, "runs": [{"id",
     "status", "step", "reason", "values", "asha": null or {"rung", "step", "value",
     "cutoff", "rank", "of", "decision"}, ...}], "processes": [{"name", "state", "pid",
-    "restarts", "uptime_s", "reason", "last_exit", ...}], "placement": which GPUs run what
-    and how the trainer's ranks hold the base, "startup": null or {"phase",
+    "restarts", "uptime_s", "reason", "last_exit", "busy": null or {"window_s", "busy",
+    "waiting", "starting", "activities": {"update" or "generation" or "waiting for
+    adapter" ...: share}}, ...}], "placement": which GPUs run what and how the trainer's
+    ranks hold the base, "startup": null or {"phase",
     "text", "since", "process", "step", "steps", "detail", "last_line", "model"},
     "warnings": ["..."]}; phase is one of building model, starting, failed, ready.
     """
@@ -71,6 +78,9 @@ def status(
     # A dead supervisor's last phase says nothing about now.
     startup = startup_phase(state) if supervisor_pid is not None else None
     now = time.time()
+    recent = BusyReader(path).recent(now)
+    for row in processes:
+        row["busy"] = recent.get(row["name"])
     warnings = supervisor_warnings(state)
     if as_json:
         print(
@@ -133,7 +143,7 @@ def _print_processes(supervisor: dict, processes: list[dict]) -> None:
         say("supervisor: not running (start it with `workbench up`)")
         return
     table = Table(title=title, title_justify="left")
-    for column in ("process", "state", "pid", "restarts", "uptime", "note"):
+    for column in ("process", "state", "pid", "restarts", "uptime", "busy", "note"):
         table.add_column(column, overflow="fold")
     for row in processes:
         note = row["reason"] or (f"last: {row['last_exit']}" if row["last_exit"] else "")
@@ -143,6 +153,7 @@ def _print_processes(supervisor: dict, processes: list[dict]) -> None:
             "" if row["pid"] is None else str(row["pid"]),
             str(row["restarts"]),
             format_duration(row["uptime_s"]),
+            "" if row["busy"] is None else f"{row['busy']['busy']:.0%}",
             escape(note.splitlines()[0] if note else ""),
         )
     console.print(table)

@@ -18,6 +18,7 @@ from workbench.config import InferenceConfig
 from workbench.inference.endpoint import Endpoint, write_endpoint
 from workbench.models.resolve import local_model_problem
 from workbench.ports import bind_error, free_port
+from workbench.procfs import memory_available_bytes
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # vLLM's CPU build reserves this many GiB for its KV cache when the variable is set, and
@@ -102,7 +103,7 @@ def check_cpu_memory(model: Path) -> None:
     what it needs; vLLM itself would fail later and less plainly."""
     if any(Path("/proc/driver/nvidia/gpus").glob("*")):
         return
-    available = _memory_available()
+    available = memory_available_bytes()
     if available is None:
         return
     raw = os.environ.get(CPU_KV_CACHE_ENV) or DEFAULT_CPU_KV_CACHE_GIB
@@ -118,16 +119,6 @@ def check_cpu_memory(model: Path) -> None:
     problem = cpu_memory_problem(available, kv_cache_gib, weights)
     if problem is not None:
         raise NotEnoughMemory(problem)
-
-
-def _memory_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def check_model_dir(model: Path) -> None:

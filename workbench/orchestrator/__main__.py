@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbench import layout, run_control
+from workbench import busy, layout, run_control
 from workbench.config import ConfigError, ConfigProblem, load_orchestrator_config
 from workbench.envs import EnvironmentConfigError
 from workbench.inference.client import AdapterVersions, InferenceClient
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = os.getppid()
     run: Path = args.run_dir
     experiment = run.parent
+    busy.record_to(experiment, run.name)
     read = None  # which orch.toml the config came from, once read
     try:
         wait_until(layout.orch_config_path(run).is_file, run, "control/orch.toml", args.poll_s)
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
+    busy.flush()  # os._exit below skips the exit hooks that would write it
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import layout, run_control
+from workbench import busy, layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.envs import get_environment
 from workbench.envs.base import Prompt
@@ -106,13 +106,16 @@ class Orchestrator:
 
     def run_until_done(self) -> None:
         """Loop until `max_steps` (then mark the run finished) or eviction (raises RunEvicted)."""
+        busy.ready("scoring and writing")  # rewards, advantages, rollouts, metrics
         while self.state.step < self.config.max_steps:
             self.step_once()
-        self._wait_for_final_adapter()
+        with busy.waiting_for("adapter"):
+            self._wait_for_final_adapter()
         if self.evaluator.enabled:
             self._load_newest_adapter()
             self.evaluator.start_if_due(last=True)
-            self.evaluator.wait()
+            with busy.waiting_for("eval"):
+                self.evaluator.wait()
         run_control.mark_finished(self.run, self.config.max_steps)
         logger.info("%s finished %d steps", self.run_id, self.config.max_steps)
 
@@ -126,13 +129,16 @@ class Orchestrator:
     def step_once(self) -> StepResult:
         self.check_evicted()
         step = self.state.step
-        wait_s = self._wait_for_policy(step)
-        eval_wait_s = self.evaluator.start_if_due()
+        with busy.waiting_for("adapter"):
+            wait_s = self._wait_for_policy(step)
+        with busy.waiting_for("eval"):  # the previous eval, if still running
+            eval_wait_s = self.evaluator.start_if_due()
         prompts = self.dataset.take(self.state.data_position, self.config.prompts_per_step)
         self.state.data_position += len(prompts)
         started = time.monotonic()
         model = self.adapters.model_for_requests()
-        groups = self._generate(prompts, model)
+        with busy.doing(busy.GENERATION):
+            groups = self._generate(prompts, model)
         generation_s = time.monotonic() - started
 
         samples, rewards, lengths, truncated = [], [], [], 0
@@ -224,7 +230,8 @@ class Orchestrator:
     def _load_newest_adapter(self) -> None:
         newest = layout.latest_stable_step(layout.broadcasts_dir(self.run))
         if newest is not None and newest > self._policy_version():
-            self.adapters.load(newest, layout.broadcast_dir(self.run, newest))
+            with busy.doing("loading adapter"):
+                self.adapters.load(newest, layout.broadcast_dir(self.run, newest))
             # Not at INFO: the next step line names the policy version it generated with.
             logger.debug("%s loaded adapter step %d", self.run_id, newest)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workbench import layout
+from workbench import busy, layout
 from workbench.config import ConfigError, TrainerConfig, load_trainer_config
 from workbench.lifeline import die_with_parent
 from workbench.metrics import append_metrics
@@ -301,6 +301,7 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
 
 def train_forever(trainer: Trainer) -> None:
     """Poll for runs and batches until SIGTERM; every rank runs this in lockstep."""
+    busy.ready("waiting for rollouts", busy.WAITING)  # between updates: polling included
     while (outcome := iterate(trainer)) != "stopped":
         if outcome == "idle":
             time.sleep(trainer.config.trainer.poll_interval_s)
@@ -332,9 +333,10 @@ def iterate(trainer: Trainer) -> str:
         return "idle"
     started = time.monotonic()
     shares = payload["shares"]
-    stats = train_step(trainer, shares[distributed.rank()], max(map(len, shares)))
-    if manager.is_master:
-        publish_updates(trainer, stats, time.monotonic() - started)
+    with busy.doing("update"):  # a no-op on ranks that keep no busy record
+        stats = train_step(trainer, shares[distributed.rank()], max(map(len, shares)))
+        if manager.is_master:
+            publish_updates(trainer, stats, time.monotonic() - started)
     for idx in manager.ready_to_update_idxs:
         manager.ready_to_update[idx] = False
     return "trained"
@@ -372,6 +374,7 @@ def train_from_config(config_path: Path, device: torch.device) -> int:
         return 2
     if distributed.is_master():
         remove_killed_writes(config.output_dir)
+        busy.record_to(config.output_dir, "trainer")
     torch.manual_seed(0)
     dtype = getattr(torch, config.trainer.dtype)
     base = load_base_model(config.model.base, dtype, device, config.output_dir)

@@ -12,7 +12,8 @@ to repeat every second:
   (`workbench.curves.MetricCurve`);
 - processes come from `supervisor/state.json`, which may be absent (no supervisor yet),
   or stale (the supervisor died): both are shown, not raised; so does the startup phase
-  (`workbench.supervisor.startup`), while a live supervisor publishes one;
+  (`workbench.supervisor.startup`), while a live supervisor publishes one; each process's
+  busy share of the last minute from its record (`workbench.busy`), as `status` shows it;
 - the leaderboard ranks the runs as `workbench sweep report` does (`tui.leaderboard`),
   from the curves of the metric the metrics readers follow.
 
@@ -23,6 +24,7 @@ rows that did not change.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import layout
+from workbench.busy import BusyReader
 from workbench.clock import unix_time
 from workbench.curves import EVAL_METRIC, REWARD_METRIC, MetricCurve
 from workbench.file_tail import AppendedLines
@@ -85,6 +88,7 @@ class ProcessView:
     started_at: float | None = None
     run_id: str | None = None
     last_exit: str | None = None
+    busy: float | None = None  # share of its last minute on its own work (`workbench.busy`)
 
 
 @dataclass(frozen=True)
@@ -283,6 +287,7 @@ class ExperimentReader:
         self._histories: dict[str, _Histories] = {}
         self._leaderboard = LeaderboardReader(experiment)
         self._curve_metrics = FOLLOWED_CURVES
+        self._busy = BusyReader(experiment)
 
     def rank_leaderboard_by(self, by: str) -> None:
         """Rank the leaderboard from the next poll on by `by` ("last" or "asymptote")."""
@@ -343,10 +348,20 @@ class ExperimentReader:
             experiment=self.experiment,
             supervisor=supervisor,
             runs=tuple(runs),
-            processes=process_views(state, supervisor),
+            processes=self._with_busy(process_views(state, supervisor)),
             leaderboard=self._leaderboard.leaderboard(ranking, ranked),
             startup=startup_phase(state) if supervisor.running else None,
             warnings=tuple(supervisor_warnings(state)),
+        )
+
+    def _with_busy(self, views: tuple[ProcessView, ...]) -> tuple[ProcessView, ...]:
+        recent = self._busy.recent(time.time())
+        # To the percent shown: a view that did not change is not redrawn.
+        return tuple(
+            dataclasses.replace(view, busy=round(recent[view.name]["busy"], 2))
+            if view.name in recent
+            else view
+            for view in views
         )
 
     def _follow_curves(self, metrics: frozenset[str]) -> None:

@@ -35,12 +35,15 @@ def process_cells(process: ProcessView, now: float) -> dict[str, Cell]:
         "pid": "-" if process.pid is None else str(process.pid),
         "restarts": str(process.restarts),
         "uptime": uptime,
+        "busy": "-" if process.busy is None else f"{process.busy:.0%}",
         "last_exit": process.last_exit or "",
     }
 
 
 class ProcessesTable(KeyedTable):
-    """Processes: name, state, pid, restarts, uptime (and the last exit when there is room)."""
+    """Processes: name, state, pid, restarts, uptime, busy (the share of its last minute on
+    its own work, so the side that holds the others up shows) and, when there is room, the
+    last exit."""
 
     COLUMNS = (
         ColumnSpec("name", "process"),
@@ -48,6 +51,7 @@ class ProcessesTable(KeyedTable):
         ColumnSpec("pid", "pid", width=7),
         ColumnSpec("restarts", "restarts", width=8),
         ColumnSpec("uptime", "uptime", width=6),
+        ColumnSpec("busy", "busy", width=4),
         ColumnSpec("last_exit", "last exit", width=11, optional=True),
     )
 

@@ -1,0 +1,123 @@
+"""`bench e2e --vs separate`: its recipes, its memory plan, its curve check and its process
+trees, without running an experiment (the benchmark itself runs under `just bench`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench.bench.process_trees import TreeSampler, role_of, tree_members
+from workbench.bench.separate import (
+    SeparateBenchError,
+    at_once_plan,
+    compare_curves,
+    run_id_for,
+    speedups,
+    write_recipes,
+)
+from workbench.procfs import all_stats
+from workbench.recipe import load_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "reverse_text.toml"
+
+
+def test_the_same_runs_make_one_experiment_and_as_many_of_one_run(tmp_path: Path):
+    experiments = write_recipes(RECIPE, 4, tmp_path)
+    (shared,) = experiments["shared"]
+    assert shared.run_ids == ("lr1e-3", "lr2e-3", "lr3e-3", "lr5e-3")
+    assert [e.run_ids for e in experiments["separate"]] == [(r,) for r in shared.run_ids]
+    loaded = load_recipe(shared.recipe)
+    assert [run.lr for run in loaded.run_configs().values()] == [1e-3, 2e-3, 3e-3, 5e-3]
+    for experiment in experiments["separate"]:
+        alone = load_recipe(experiment.recipe)
+        # Every setup has the same settings but its runs: a run is the same run everywhere.
+        assert alone.trainer == loaded.trainer and alone.inference == loaded.inference
+        assert alone.defaults == loaded.defaults
+        assert alone.output_dir == Path("outputs") / experiment.name
+    assert len({e.cwd for e in experiments["separate"]} | {shared.cwd}) == 5
+
+
+def test_eight_runs_get_eight_slots_and_distinct_learning_rates(tmp_path: Path):
+    (shared,) = write_recipes(RECIPE, 8, tmp_path)["shared"]
+    loaded = load_recipe(shared.recipe)
+    assert loaded.trainer.max_concurrent_runs == 8 and len(set(shared.run_ids)) == 8
+    with pytest.raises(SeparateBenchError, match="1 to 8"):
+        write_recipes(RECIPE, 9, tmp_path / "nine")
+    assert run_id_for(1.5e-3) == "lr1p5e-3"
+
+
+def test_experiments_run_at_once_only_when_their_memory_fits():
+    alone = {"per_experiment": [{"peak_rss_mb": 3000}] * 4}
+    assert at_once_plan(alone, available_bytes=20_000 * 2**20) is None
+    why = at_once_plan(alone, available_bytes=12_000 * 2**20)
+    assert why is not None and "4 x 3000 MB" in why and "12000 MB available" in why
+
+
+def curves(*runs):
+    return {run_id: {"curve": curve} for run_id, curve in runs}
+
+
+def test_a_curve_that_differs_where_it_sampled_with_the_same_adapter_fails():
+    shared = curves(("a", [[0, 0.5, 0], [1, 0.6, 0], [2, 0.7, 1]]))
+    same = {"shared": {"runs": shared}, "one_after_another": {"runs": shared}}
+    assert compare_curves(same, async_level=1) == {"identical": True, "failures": [], "timing": []}
+    other = curves(("a", [[0, 0.5, 0], [1, 0.61, 0], [2, 0.7, 1]]))
+    result = compare_curves({"shared": {"runs": shared}, "at_once": {"runs": other}}, 1)
+    assert not result["identical"] and result["failures"] == [
+        "a step 1 in at_once: shared [0.6, 0] vs [0.61, 0]"
+    ]
+
+
+def test_another_adapter_chosen_by_timing_is_reported_not_failed_unless_synchronous():
+    shared = curves(("a", [[0, 0.5, 0], [1, 0.6, 0]]))
+    later = curves(("a", [[0, 0.5, 0], [1, 0.65, 1]]))
+    setups = {"shared": {"runs": shared}, "one_after_another": {"runs": later}}
+    result = compare_curves(setups, async_level=1)
+    assert not result["identical"] and not result["failures"] and len(result["timing"]) == 1
+    assert compare_curves(setups, async_level=0)["failures"]
+    missing = {"shared": {"runs": shared}, "one_after_another": {"runs": curves(("a", []))}}
+    assert compare_curves(missing, 1)["failures"] == ["a in one_after_another: 0 steps, shared 2"]
+
+
+def test_speedup_is_separate_wall_time_over_shared():
+    setups = {
+        "shared": {"wall_s": 100.0},
+        "one_after_another": {"wall_s": 216.0},
+        "at_once": {"skipped": "does not fit"},
+    }
+    assert speedups(setups) == {"one_after_another": 2.16, "at_once": None}
+
+
+def test_roles_come_from_the_nearest_ancestor_that_names_one():
+    assert role_of(["python", "-m", "workbench.inference", "--config", "x"]) == "inference"
+    assert role_of(["python", "-m", "torch.distributed.run", "-m", "workbench.trainer.rl"]) == (
+        "trainer"
+    )
+    assert role_of(["python", "-m", "workbench.orchestrator", "--run-dir", "r"]) == "orchestrator"
+    assert role_of(["python", "-m", "workbench.cli", "up", "r.toml"]) is None
+
+
+def test_a_tree_is_sampled_with_its_children_memory_and_cpu():
+    script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        sampler = TreeSampler()
+        tree = sampler.watch("t", parent.pid)
+        deadline = 100
+        while len(tree_members(parent.pid, all_stats() or [])) < 2 and deadline:
+            subprocess.run(["sleep", "0.05"])
+            deadline -= 1
+        sampler.sample()
+        assert len(tree.cpu) == 2 and tree.peak_rss_bytes > 1 << 20
+        assert set(role for role, _ in tree.cpu.values()) == {"up"}
+        assert sampler.peak_total_rss_bytes == tree.peak_rss_bytes
+        assert tree_members(os.getpid(), all_stats() or [])[0].pid == os.getpid()
+    finally:
+        for stat in tree_members(parent.pid, all_stats() or [])[::-1]:
+            os.kill(stat.pid, 9)
+        parent.wait()

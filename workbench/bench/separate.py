@@ -1,0 +1,558 @@
+"""`workbench bench e2e --vs separate`: N runs as one experiment against N experiments.
+
+The claim workbench makes: N runs sharing one vLLM server and one trainer cost far less
+than N experiments of one run each. The same N runs (the recipe's model, task and settings;
+learning rates 1e-3, 2e-3, 3e-3, 5e-3, then 4e-3, 6e-3, 7e-3, 8e-3) go three ways, one
+after the other, each `workbench up --headless` in its own scratch directory:
+
+- `shared`: one experiment holding the N runs;
+- `one_after_another`: N experiments of one run each, each started when the previous ended;
+- `at_once`: the N experiments started together, when memory allows: each is expected to
+  need the peak RSS its process tree reached in `one_after_another`, and N of them must
+  fit in 85 % of what /proc/meminfo calls available just before; otherwise the result says
+  so and nothing is started.
+
+Every setup has the same `[inference]` and `[trainer]` (slots and adapters enough for N),
+so a run's settings are the same everywhere. Per setup: wall time (launch to exit, vLLM's
+start included), run-steps per hour (trainer steps over every run), CPU-seconds of the
+whole process trees (the kernel's exact sum, `headless.run_accounted`) and by role (vLLM,
+trainer, orchestrators, supervisor: `process_trees`, sampled), the peak of the trees' RSS
+summed, each run's time to its first and last step, and where the time went (`busy`: the
+trainer's, the orchestrators' and vLLM's shares busy, waiting and starting, over the
+whole run). The speedups are the separate setups' wall time over the shared one's.
+
+Each run's curve (reward_mean and policy version of every orchestrator step) must be the
+same in every setup. With `async_level = 0` a step always samples with the same adapter and
+any difference fails the benchmark; above 0, timing may pick which adapter a step samples
+with: a step sampled with the same adapter in both setups must still match exactly (else
+the benchmark fails), and from the first step that was not, the curves are not compared.
+
+Results: `benchmarks/results/e2e-separate-*.json` and `e2e-separate-latest.png`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench import busy, layout
+from workbench.bench.headless import (
+    HeadlessRun,
+    Launch,
+    as_typed,
+    run_accounted,
+    run_accounted_together,
+    up_command,
+)
+from workbench.bench.process_trees import ROLES, TreeSampler, TreeWatch
+
+DEFAULT_RECIPE = Path("recipes/reverse_text.toml")
+LEARNING_RATES = (1e-3, 2e-3, 3e-3, 5e-3, 4e-3, 6e-3, 7e-3, 8e-3)
+DEFAULT_RUNS = 4
+DEFAULT_MAX_STEPS = 20  # as measured in issue 21
+QUICK_RUNS, QUICK_MAX_STEPS = 2, 5
+SETUPS = ("shared", "one_after_another", "at_once")
+MEMORY_HEADROOM = 0.85
+DEFAULT_TIMEOUT_S = 2 * 3600.0  # per experiment
+# Busy records that hold a whole run, so its breakdown covers all of it.
+WHOLE_RUN_WINDOW_S = str(30 * 24 * 3600)
+
+
+class SeparateBenchError(ValueError):
+    """A recipe or run count this benchmark cannot use."""
+
+
+def run_id_for(lr: float) -> str:
+    """`lr1e-3` for 1e-3: the learning rate in the run's id."""
+    exponent = math.floor(math.log10(lr))
+    mantissa = round(lr / 10**exponent, 6)
+    text = f"{int(mantissa)}" if mantissa.is_integer() else f"{mantissa:g}".replace(".", "p")
+    return f"lr{text}e{exponent}"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    recipe: Path
+    cwd: Path  # `up` runs here; the experiment lands under it
+    run_ids: tuple[str, ...]
+
+    @property
+    def directory(self) -> Path:
+        return self.cwd / "outputs" / self.name
+
+
+def write_recipes(recipe: Path, runs: int, scratch: Path) -> dict[str, list[Experiment]]:
+    """The recipes of every setup, written under `scratch`: one experiment of the N runs,
+    and N of one run each (the same experiments serve both separate setups)."""
+    from workbench.config import parse_toml
+
+    if not 1 <= runs <= len(LEARNING_RATES):
+        raise SeparateBenchError(f"--runs must be 1 to {len(LEARNING_RATES)}, not {runs}")
+    text = recipe.read_text(encoding="utf-8")
+    if "sweep" in parse_toml(text, recipe):
+        raise SeparateBenchError(f"{recipe}: a [sweep] recipe; give one with plain [[runs]]")
+    lrs = LEARNING_RATES[:runs]
+
+    def experiment(name: str, chosen: tuple[float, ...], directory: Path) -> Experiment:
+        import tomlkit
+
+        document = parse_toml(text, recipe)
+        document.setdefault("experiment", tomlkit.table())
+        document["experiment"]["name"] = name
+        document["experiment"]["output_dir"] = f"outputs/{name}"
+        for section, key, value in (("trainer", "max_concurrent_runs", runs),
+                                    ("inference", "max_loras", 2 * runs)):  # fmt: skip
+            table = document.setdefault(section, tomlkit.table())
+            table[key] = max(int(table.get(key, 0)), value)
+        tables = tomlkit.aot()
+        for lr in chosen:
+            table = tomlkit.table()
+            table["id"] = run_id_for(lr)
+            table["lr"] = lr
+            tables.append(table)
+        document["runs"] = tables
+        directory.mkdir(parents=True)
+        path = directory / f"{name}.toml"
+        path.write_text(document.as_string(), encoding="utf-8")
+        return Experiment(name, path, directory, tuple(run_id_for(lr) for lr in chosen))
+
+    base = recipe.stem
+    separate = [
+        experiment(f"{base}_{run_id_for(lr)}", (lr,), scratch / "separate" / run_id_for(lr))
+        for lr in lrs
+    ]
+    return {"shared": [experiment(f"{base}_shared", lrs, scratch / "shared")], "separate": separate}
+
+
+# ---------------------------------------------------------------- running a setup
+
+
+def run_setup(
+    setup: str, experiments: list[Experiment], *, max_steps: int, timeout_s: float
+) -> dict[str, Any]:
+    """Run the setup's experiments (together for `at_once`, else one after the other)."""
+    env = {busy.WINDOW_ENV: WHOLE_RUN_WINDOW_S}
+    started_at = time.time()
+    load_before = os.getloadavg()
+    with TreeSampler() as sampler:
+        if setup == "at_once":
+            pending = list(experiments)
+            launches = [
+                Launch(up_command(e.recipe, max_steps), e.cwd, e.cwd / "up.log")
+                for e in experiments
+            ]
+            runs, cpu_s, unreaped = run_accounted_together(
+                launches,
+                timeout_s=timeout_s,
+                env=env,
+                on_start=lambda pid: sampler.watch(pending.pop(0).name, pid),
+            )
+        else:
+            runs, cpu_s, unreaped = [], 0.0, 0
+            for e in experiments:
+                run = run_accounted(
+                    up_command(e.recipe, max_steps),
+                    e.cwd,
+                    timeout_s=timeout_s,
+                    env=env,
+                    on_start=lambda pid, name=e.name: sampler.watch(name, pid),
+                )
+                runs.append(run)
+                cpu_s = None if cpu_s is None or run.cpu_s is None else cpu_s + run.cpu_s
+                unreaped += run.unreaped
+    wall_s = time.time() - started_at
+    return setup_result(
+        setup, experiments, runs, sampler, started_at=started_at, wall_s=wall_s,
+        cpu_s=cpu_s, unreaped=unreaped, load_before=load_before,
+    )  # fmt: skip
+
+
+def setup_result(
+    setup: str,
+    experiments: list[Experiment],
+    runs: list[HeadlessRun],
+    sampler: TreeSampler,
+    *,
+    started_at: float,
+    wall_s: float,
+    cpu_s: float | None,
+    unreaped: int,
+    load_before: tuple[float, float, float],
+) -> dict[str, Any]:
+    from workbench.bench.sweep import trained_steps
+    from workbench.status import run_statuses
+
+    trees = {tree.name: tree for tree in sampler.trees}
+    per_experiment, run_curves, problems, breakdowns = [], {}, [], []
+    machine_busy = sum(r.machine_busy_s or 0.0 for r in runs) if setup != "at_once" else None
+    if setup == "at_once" and runs:
+        machine_busy = runs[0].machine_busy_s
+    for experiment, run in zip(experiments, runs, strict=True):
+        directory = experiment.directory
+        if run.timed_out:
+            problems.append(f"{experiment.name}: timed out after {run.wall_s:.0f} s")
+        for status in run_statuses(directory):
+            if status.status != "finished":
+                problems.append(
+                    f"{experiment.name} {status.id}: {status.status} {status.reason or ''}"
+                )
+        for run_id in experiment.run_ids:
+            run_curves[run_id] = run_curve(layout.run_dir(directory, f"run_{run_id}"), started_at)
+        breakdown = busy.experiment_breakdown(
+            busy.BusyReader(directory).records(), _inference_started_at(directory)
+        )
+        breakdowns.append(breakdown)
+        tree = trees.get(experiment.name, TreeWatch(experiment.name, 0))
+        per_experiment.append(
+            {
+                "name": experiment.name,
+                "command": as_typed(run.command),
+                "exit_code": run.exit_code,
+                "wall_s": round(run.wall_s, 1),
+                "cpu_s": None if run.cpu_s is None else round(run.cpu_s, 1),
+                "run_steps": trained_steps(directory),
+                **tree.to_json(),
+                "time_breakdown": breakdown,
+            }
+        )
+    run_steps = sum(e["run_steps"] for e in per_experiment)
+    by_role = {
+        role: round(sum(e["cpu_s_by_role"][role] for e in per_experiment), 1) for role in ROLES
+    }
+    return {
+        "setup": setup,
+        "experiments": len(experiments),
+        "wall_s": round(wall_s, 1),
+        "run_steps": run_steps,
+        "run_steps_per_hour": round(run_steps / wall_s * 3600, 1) if wall_s > 0 else None,
+        "cpu_s": None if cpu_s is None else round(cpu_s, 1),
+        "cpu_s_by_role": by_role,
+        "foreign_cpu_s": None
+        if cpu_s is None or machine_busy is None
+        else round(max(0.0, machine_busy - cpu_s), 1),
+        "peak_rss_mb": round(sampler.peak_total_rss_bytes / 2**20),
+        "unreaped_processes": unreaped,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "problems": problems,
+        "time_breakdown": {
+            part: busy.mean_summary([b[part] for b in breakdowns if part in b])
+            for part in ("trainer", "orchestrators", busy.INFERENCE)
+        },
+        "runs": run_curves,
+        "per_experiment": per_experiment,
+    }
+
+
+def run_curve(run: Path, started_at: float) -> dict[str, Any]:
+    """A run's orchestrator steps (step, reward_mean, policy_version) in the order written,
+    and the seconds from the setup's start to its first and last step."""
+    from workbench.metrics import read_metrics
+
+    records = [r for r in read_metrics(run, "orchestrator") if "reward_mean" in r]
+    times = [r["time"] for r in records if isinstance(r.get("time"), int | float)]
+    return {
+        "steps": len({r["step"] for r in records}),
+        "first_step_s": round(min(times) - started_at, 1) if times else None,
+        "last_step_s": round(max(times) - started_at, 1) if times else None,
+        "curve": [[r["step"], r["reward_mean"], r.get("policy_version")] for r in records],
+    }
+
+
+def _inference_started_at(experiment: Path) -> float | None:
+    from workbench.clock import unix_time
+    from workbench.supervisor.client import read_state
+
+    record = ((read_state(experiment) or {}).get("processes") or {}).get("inference") or {}
+    return unix_time(record.get("started_at"))
+
+
+def at_once_plan(one_after_another: dict[str, Any], available_bytes: int | None) -> str | None:
+    """Why the experiments cannot run at once (None if they fit): each needs the peak RSS
+    one of them reached alone."""
+    peaks = [e["peak_rss_mb"] for e in one_after_another["per_experiment"]]
+    if not peaks or available_bytes is None:
+        return "no memory figures to plan with"
+    needed_mb = max(peaks) * len(peaks)
+    usable_mb = available_bytes / 2**20 * MEMORY_HEADROOM
+    if needed_mb > usable_mb:
+        return (
+            f"does not fit: {len(peaks)} x {max(peaks)} MB (one experiment's peak RSS) = "
+            f"{needed_mb} MB, more than {MEMORY_HEADROOM:.0%} of the {available_bytes / 2**20:.0f} "
+            "MB available"
+        )
+    return None
+
+
+# ---------------------------------------------------------------- comparing
+
+
+def compare_curves(setups: dict[str, dict[str, Any]], async_level: int) -> dict[str, Any]:
+    """Each run's curve in every setup against the shared one (see the module docstring)."""
+    reference = setups["shared"]["runs"]
+    failures, timing = [], []
+    for setup, result in setups.items():
+        if setup == "shared" or "runs" not in result:
+            continue
+        for run_id, ref in reference.items():
+            other = result["runs"].get(run_id, {}).get("curve", [])
+            if len(other) != len(ref["curve"]):
+                failures.append(
+                    f"{run_id} in {setup}: {len(other)} steps, shared {len(ref['curve'])}"
+                )
+            for mine, theirs in zip(ref["curve"], other, strict=False):
+                if mine == theirs:
+                    continue
+                same_adapter = mine[2] == theirs[2]
+                where = f"{run_id} step {mine[0]} in {setup}: shared {mine[1:]} vs {theirs[1:]}"
+                if same_adapter or async_level == 0:
+                    failures.append(where)
+                else:
+                    timing.append(where + " (sampled with another adapter: not compared on)")
+                break
+    return {"identical": not failures and not timing, "failures": failures, "timing": timing}
+
+
+def speedups(setups: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    shared = setups["shared"]["wall_s"]
+    return {
+        setup: round(result["wall_s"] / shared, 2) if "wall_s" in result and shared else None
+        for setup, result in setups.items()
+        if setup != "shared"
+    }
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+def run_separate_benchmark(
+    recipe: Path = DEFAULT_RECIPE,
+    runs: int = DEFAULT_RUNS,
+    max_steps: int | None = None,
+    quick: bool = False,
+    at_once: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    keep_outputs: bool = False,
+) -> dict[str, Any]:
+    """Every setup in turn, then the comparison, JSON, plot and table; `exit_code` 1 when a
+    setup had problems or a curve differs."""
+    from workbench.bench.results import RESULTS_DIR, write_result
+    from workbench.procfs import memory_available_bytes
+    from workbench.recipe import load_recipe
+
+    if quick:
+        runs, max_steps = min(runs, QUICK_RUNS), max_steps or QUICK_MAX_STEPS
+    max_steps = max_steps or DEFAULT_MAX_STEPS
+    recipe = recipe.resolve()
+    loaded = load_recipe(recipe)  # a bad recipe fails here, before anything runs
+    scratch = Path(tempfile.mkdtemp(prefix="workbench-bench-separate-"))
+    experiments = write_recipes(recipe, runs, scratch)
+    setups: dict[str, dict[str, Any]] = {}
+    common = {"max_steps": max_steps, "timeout_s": timeout_s}
+    setups["shared"] = run_setup("shared", experiments["shared"], **common)
+    setups["one_after_another"] = run_setup("one_after_another", experiments["separate"], **common)
+    available = memory_available_bytes()
+    why_not = at_once_plan(setups["one_after_another"], available) if at_once else "not asked"
+    if why_not is None:
+        for experiment in experiments["separate"]:
+            shutil.rmtree(experiment.directory, ignore_errors=True)  # a fresh experiment each
+        setups["at_once"] = run_setup("at_once", experiments["separate"], **common)
+    else:
+        setups["at_once"] = {"setup": "at_once", "skipped": why_not}
+    setups["at_once"]["memory_available_mb"] = (
+        None if available is None else round(available / 2**20)
+    )
+
+    curves = compare_curves(setups, loaded.defaults.async_level)
+    problems = [p for result in setups.values() for p in result.get("problems", [])]
+    report: dict[str, Any] = {
+        "recipe": str(recipe),
+        "runs": runs,
+        "learning_rates": list(LEARNING_RATES[:runs]),
+        "max_steps": max_steps,
+        "async_level": loaded.defaults.async_level,
+        "setups": setups,
+        "speedup": speedups(setups),
+        "curves": curves,
+        "cpu_s_measured_as": "user + system time of every `workbench up` and its descendants "
+        "(getrusage(RUSAGE_CHILDREN), orphans reaped by this process); by role: each "
+        "process's own time as last sampled from /proc (twice a second)",
+        "peak_rss_measured_as": "the largest sum of the RSS of every process of the setup's "
+        "trees at one sample (shared pages count once per process)",
+        "exit_code": 1 if problems or curves["failures"] else 0,
+    }
+    report["summary"] = summary_rows(report)
+    json_path = write_result("e2e-separate", report, results_dir=RESULTS_DIR)
+    png = render(report)
+    layout.atomic_write_bytes(json_path.with_suffix(".png"), png)
+    layout.atomic_write_bytes(RESULTS_DIR / "e2e-separate-latest.png", png)
+    report["path"] = str(json_path)
+    report["plot"] = str(RESULTS_DIR / "e2e-separate-latest.png")
+    if report["exit_code"] or keep_outputs:
+        report["scratch_dir"] = str(scratch)
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print_table(report)
+    return report
+
+
+# ---------------------------------------------------------------- showing
+
+
+def _share(result: dict[str, Any], part: str, kind: str) -> str:
+    value = result.get("time_breakdown", {}).get(part, {}).get(kind)
+    return "-" if value is None else f"{value:.0%}"
+
+
+def summary_rows(report: dict[str, Any]) -> list[dict[str, str]]:
+    rows = []
+    n = report["runs"]
+    for setup in SETUPS:
+        result = report["setups"][setup]
+        if "skipped" in result:
+            rows.append(
+                {"metric": f"e2e separate {setup}", "value": f"skipped: {result['skipped']}"}
+            )
+            continue
+        rows.append(
+            {
+                "metric": f"e2e separate {setup} ({n} runs): wall, run-steps/h, CPU-s, peak RSS",
+                "value": f"{result['wall_s']:.0f} s, {result['run_steps_per_hour']:.0f}, "
+                f"{result['cpu_s']} CPU-s, {result['peak_rss_mb']} MB",
+            }
+        )
+        rows.append(
+            {
+                "metric": f"e2e separate {setup}: busy trainer / orchestrators / vLLM",
+                "value": " / ".join(
+                    _share(result, part, busy.BUSY)
+                    for part in ("trainer", "orchestrators", busy.INFERENCE)
+                ),
+            }
+        )
+    speedup = ", ".join(f"{setup} {ratio}x" for setup, ratio in report["speedup"].items())
+    rows.append({"metric": "e2e separate: speedup (separate wall / shared wall)", "value": speedup})
+    curves = report["curves"]
+    verdict = (
+        "identical"
+        if curves["identical"]
+        else "DIFFERENT: " + "; ".join(curves["failures"] + curves["timing"])
+    )
+    rows.append({"metric": "e2e separate: every run's curve in every setup", "value": verdict})
+    return rows
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{report['runs']} runs x {report['max_steps']} steps: one experiment vs separate"
+    )
+    columns = ("setup", "wall s", "speedup", "run-steps/h", "CPU-s", "peak RSS MB",
+               "first step s", "last step s", "trainer busy", "orch. waiting", "vLLM busy")  # fmt: skip
+    for column in columns:
+        table.add_column(column)
+    for setup in SETUPS:
+        result = report["setups"][setup]
+        if "skipped" in result:
+            table.add_row(setup, "skipped", *[""] * (len(columns) - 2))
+            continue
+        firsts = [r["first_step_s"] for r in result["runs"].values() if r["first_step_s"]]
+        lasts = [r["last_step_s"] for r in result["runs"].values() if r["last_step_s"]]
+        table.add_row(
+            setup,
+            f"{result['wall_s']:.0f}",
+            "1.00" if setup == "shared" else f"{report['speedup'].get(setup)}",
+            f"{result['run_steps_per_hour']:.0f}",
+            str(result["cpu_s"]),
+            str(result["peak_rss_mb"]),
+            f"{min(firsts):.0f}-{max(firsts):.0f}" if firsts else "-",
+            f"{min(lasts):.0f}-{max(lasts):.0f}" if lasts else "-",
+            _share(result, "trainer", busy.BUSY),
+            _share(result, "orchestrators", busy.WAITING),
+            _share(result, busy.INFERENCE, busy.BUSY),
+        )
+    console = Console()
+    console.print(table)
+    for row in report["summary"][-2:]:
+        console.print(f"{row['metric']}: {row['value']}", highlight=False)
+    skipped = report["setups"]["at_once"].get("skipped")
+    if skipped:
+        console.print(f"at once: {skipped}", highlight=False)
+    console.print(f"plot: {report['plot']}", highlight=False)
+    if "scratch_dir" in report:
+        console.print(f"experiment directories kept: {report['scratch_dir']}", highlight=False)
+
+
+def render(report: dict[str, Any]) -> bytes:
+    """Wall time per setup; every run's reward by step in each setup (the lines should lie
+    on one another); where each setup's time went."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from workbench.curves import run_colours
+
+    setups = {name: r for name, r in report["setups"].items() if "skipped" not in r}
+    figure = Figure(figsize=(18, 5), dpi=100)
+    FigureCanvasAgg(figure)
+    walls, curves, breakdown = figure.subplots(1, 3)
+
+    names = list(setups)
+    bars = walls.bar(names, [setups[n]["wall_s"] for n in names], color="tab:blue")
+    for bar, name in zip(bars, names, strict=True):
+        ratio = report["speedup"].get(name, 1.0)
+        walls.annotate(f"{setups[name]['wall_s']:.0f} s ({ratio}x)",
+                       (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                       ha="center", va="bottom")  # fmt: skip
+    walls.set_ylabel("wall seconds, launch to exit")
+    walls.set_title(f"{report['runs']} runs x {report['max_steps']} steps")
+
+    run_ids = sorted({run_id for r in setups.values() for run_id in r["runs"]})
+    colours = run_colours(run_ids)
+    styles = {"shared": "-", "one_after_another": "--", "at_once": ":"}
+    for name, result in setups.items():
+        for run_id, run in result["runs"].items():
+            points = [(step, reward) for step, reward, _ in run["curve"]]
+            if points:
+                steps, rewards = zip(*points, strict=True)
+                label = run_id if name == "shared" else None
+                curves.plot(
+                    steps, rewards, styles.get(name, "-"), color=colours[run_id], label=label
+                )
+    curves.set_xlabel("step (solid: shared, dashed: one after another, dotted: at once)")
+    curves.set_ylabel("mean reward of the step's batch")
+    curves.set_title("every run's curve in every setup")
+    if curves.lines:
+        curves.legend(fontsize="small")
+
+    parts = ("trainer", "orchestrators", busy.INFERENCE)
+    labels, lefts = [], []
+    kinds = ((busy.BUSY, "tab:green"), (busy.WAITING, "tab:orange"), (busy.STARTING, "tab:gray"))
+    for name in names:
+        for part in parts:
+            labels.append(f"{name}: {part}")
+            lefts.append(setups[name]["time_breakdown"].get(part, {}))
+    positions = range(len(labels))
+    offset = [0.0] * len(labels)
+    for kind, colour in kinds:
+        widths = [shares.get(kind, 0.0) for shares in lefts]
+        breakdown.barh(positions, widths, left=offset, color=colour, label=kind)
+        offset = [a + b for a, b in zip(offset, widths, strict=True)]
+    breakdown.set_yticks(list(positions), labels, fontsize="small")
+    breakdown.invert_yaxis()
+    breakdown.set_xlim(0, 1)
+    breakdown.set_xlabel("share of each process's wall time")
+    breakdown.set_title("where the time went")
+    breakdown.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize="small")
+    figure.suptitle(f"{Path(report['recipe']).stem}: one experiment vs separate experiments")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", bbox_inches="tight")
+    return buffer.getvalue()
