@@ -141,8 +141,9 @@ class KeyedTable(DataTable[Cell]):
                 self.add_row(*self._ordered(cells), key=key)
                 continue
             for column in self.visible_columns:
-                if previous.get(column.key) != cells[column.key]:
-                    self.update_cell(key, column.key, cells[column.key])
+                old, new = previous.get(column.key), cells[column.key]
+                if old is not new and old != new:  # the same object: the same cell
+                    self.update_cell(key, column.key, new)
         self._rows = {key: dict(cells) for key, cells in rows.items()}
         self._keep_order(list(rows))
 

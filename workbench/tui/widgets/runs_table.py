@@ -29,6 +29,11 @@ STATUS_STYLES = {
 
 
 def run_cells(run: RunView, now: float) -> dict[str, Cell]:
+    return {**_still_cells(run), "updated": format_age(run.last_update, now)}
+
+
+def _still_cells(run: RunView) -> dict[str, Cell]:
+    """The cells that change only when the run does (not with the clock)."""
     # Rewards are in [0, 1]: fixed bounds make every row's sparkline comparable.
     return {
         "id": run.id,
@@ -37,7 +42,6 @@ def run_cells(run: RunView, now: float) -> dict[str, Cell]:
         "reward": format_reward(run.reward),
         "trend": Text(sparkline(run.rewards, SPARK_WIDTH, low=0.0, high=1.0), style="cyan"),
         "tokens": format_count(run.tokens),
-        "updated": format_age(run.last_update, now),
     }
 
 
@@ -64,8 +68,24 @@ class RunsTable(KeyedTable):
             super().__init__()
             self.run_id = run_id
 
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        # Each run's row as last shown and the cells made of it: a run whose row is the
+        # very object of the last poll keeps its cells (the very objects too), so only
+        # its age is formatted again and compared.
+        self._made: dict[str, tuple[RunView, dict[str, Cell]]] = {}
+
     def show_runs(self, runs: Sequence[RunView], now: float) -> None:
-        self.show_rows({run.id: run_cells(run, now) for run in runs})
+        made: dict[str, tuple[RunView, dict[str, Cell]]] = {}
+        rows = {}
+        for run in runs:
+            known = self._made.get(run.id)
+            if known is None or known[0] is not run:
+                known = (run, _still_cells(run))
+            made[run.id] = known
+            rows[run.id] = {**known[1], "updated": format_age(run.last_update, now)}
+        self._made = made
+        self.show_rows(rows)
 
     def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
         event.stop()
