@@ -281,3 +281,20 @@ def test_a_poll_reuses_the_rows_of_runs_that_did_not_change(tmp_path):
     reader.poll()
     unchanged = reader.poll()
     assert reader.poll().leaderboard is unchanged.leaderboard, "nothing changed: kept"
+
+
+def test_the_processes_of_an_unchanged_state_json_are_the_rows_of_the_last_poll(tmp_path):
+    experiment = build_experiment(tmp_path)
+    age_files(experiment)
+    reader = ExperimentReader(experiment, supervisor_pid=lambda _: SUPERVISOR_PID)
+    first = reader.poll().processes
+    assert reader.poll().processes is first
+
+    state_path = experiment / "supervisor" / "state.json"
+    state = json.loads(state_path.read_text())
+    state["processes"]["run_lr3e-4"]["state"] = "exited"
+    state_path.write_text(json.dumps(state))
+    after = {view.name: view for view in reader.poll().processes}
+    assert after["run_lr3e-4"].state == "exited"
+    before = {view.name: view for view in first}
+    assert all(after[name] is before[name] for name in before if name != "run_lr3e-4")

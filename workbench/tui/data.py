@@ -29,16 +29,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from workbench import layout
 from workbench.clock import unix_time
 from workbench.curves import EVAL_METRIC, REWARD_METRIC, MetricCurve
-from workbench.file_change import SETTLE_NS, Signature, settled, signature
+from workbench.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
 from workbench.file_tail import AppendedLines
 from workbench.metrics import parse_record
 from workbench.status import RunStatus, RunStatusReader, supervisor_warnings
+from workbench.supervisor import paths as supervisor_paths
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.report import RANKINGS
@@ -308,6 +310,13 @@ class ExperimentReader:
         # Each run's status and histories at the last poll, and the row made of them.
         self._views: dict[str, tuple[RunStatus, _Histories, RunView]] = {}
         self._recipe_path = layout.recipe_path(experiment)
+        # state.json, parsed again only when it changes; the rows made of it
+        self._state = OnFileChange(
+            supervisor_paths.state_path(experiment),
+            partial(read_state, experiment),
+            settle_ns,
+        )
+        self._processes: tuple[Any, SupervisorView, tuple[ProcessView, ...]] | None = None
         self._last_leaderboard: tuple[tuple[Any, ...], tuple[RunView, ...], Leaderboard] | None
         self._last_leaderboard = None
         self._leaderboard = LeaderboardReader(experiment)
@@ -349,17 +358,32 @@ class ExperimentReader:
             ranked.append(RunMetric(status, histories.curves[ranking.metric], metrics.last_step))
             runs.append(self._view_of(status, metrics, histories))
         runs_tuple = tuple(runs)
-        state = read_state(self.experiment)
+        state = self._state.get()
         supervisor = supervisor_view(state, self._supervisor_pid(self.experiment))
         return ExperimentSnapshot(
             experiment=self.experiment,
             supervisor=supervisor,
             runs=runs_tuple,
-            processes=process_views(state, supervisor),
+            processes=self._processes_of(state, supervisor),
             leaderboard=self._leaderboard_of(ranking, ranked, runs_tuple),
             startup=startup_phase(state) if supervisor.running else None,
             warnings=tuple(supervisor_warnings(state)),
         )
+
+    def _processes_of(
+        self, state: dict[str, Any] | None, supervisor: SupervisorView
+    ) -> tuple[ProcessView, ...]:
+        """The processes' rows; the very tuple of the last poll while state.json and the
+        supervisor did not change (it lists every orchestrator that ever ran)."""
+        known = self._processes
+        if known is not None and known[0] is state and known[1] == supervisor:
+            return known[2]
+        views = process_views(state, supervisor)
+        if known is not None:  # a process that did not change keeps its row's object
+            before = {view.name: view for view in known[2]}
+            views = tuple(before[v.name] if before.get(v.name) == v else v for v in views)
+        self._processes = (state, supervisor, views)
+        return views
 
     def _view_of(self, status: RunStatus, metrics: MetricsReader, histories: _Histories) -> RunView:
         """The run's row; the very object of the last poll when nothing of it changed, so

@@ -26,15 +26,22 @@ STATE_STYLES = {
 
 
 def process_cells(process: ProcessView, now: float) -> dict[str, Cell]:
+    return {**_still_cells(process), "uptime": format_uptime(process, now)}
+
+
+def format_uptime(process: ProcessView, now: float) -> str:
     # Only a live process has an uptime.
     live = process.state in LIVE_STATES and process.started_at is not None
-    uptime = format_duration(now - process.started_at) if live and process.started_at else "-"
+    return format_duration(now - process.started_at) if live and process.started_at else "-"
+
+
+def _still_cells(process: ProcessView) -> dict[str, Cell]:
+    """The cells that change only when the process does (not with the clock)."""
     return {
         "name": process.name,
         "state": Text(process.state, style=STATE_STYLES.get(process.state, "")),
         "pid": "-" if process.pid is None else str(process.pid),
         "restarts": str(process.restarts),
-        "uptime": uptime,
         "last_exit": process.last_exit or "",
     }
 
@@ -58,8 +65,24 @@ class ProcessesTable(KeyedTable):
             super().__init__()
             self.name = name
 
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        # As the runs table: a process whose row is the object of the last poll keeps its
+        # cells, only its uptime is formatted again (state.json lists every orchestrator
+        # that ever ran: hundreds in a long sweep).
+        self._made: dict[str, tuple[ProcessView, dict[str, Cell]]] = {}
+
     def show_processes(self, processes: Sequence[ProcessView], now: float) -> None:
-        self.show_rows({process.name: process_cells(process, now) for process in processes})
+        made: dict[str, tuple[ProcessView, dict[str, Cell]]] = {}
+        rows = {}
+        for process in processes:
+            known = self._made.get(process.name)
+            if known is None or known[0] is not process:
+                known = (process, _still_cells(process))
+            made[process.name] = known
+            rows[process.name] = {**known[1], "uptime": format_uptime(process, now)}
+        self._made = made
+        self.show_rows(rows)
 
     def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
         event.stop()
