@@ -65,24 +65,13 @@ class ProcessesTable(KeyedTable):
             super().__init__()
             self.name = name
 
-    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
-        super().__init__(id=id, classes=classes)
-        # As the runs table: a process whose row is the object of the last poll keeps its
-        # cells, only its uptime is formatted again (state.json lists every orchestrator
-        # that ever ran: hundreds in a long sweep).
-        self._made: dict[str, tuple[ProcessView, dict[str, Cell]]] = {}
-
     def show_processes(self, processes: Sequence[ProcessView], now: float) -> None:
-        made: dict[str, tuple[ProcessView, dict[str, Cell]]] = {}
-        rows = {}
-        for process in processes:
-            known = self._made.get(process.name)
-            if known is None or known[0] is not process:
-                known = (process, _still_cells(process))
-            made[process.name] = known
-            rows[process.name] = {**known[1], "uptime": format_uptime(process, now)}
-        self._made = made
-        self.show_rows(rows)
+        # state.json lists every orchestrator that ever ran: hundreds in a long sweep.
+        self.show_objects(
+            {process.name: process for process in processes},
+            _still_cells,
+            lambda process: {"uptime": format_uptime(process, now)},
+        )
 
     def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
         event.stop()

@@ -68,24 +68,12 @@ class RunsTable(KeyedTable):
             super().__init__()
             self.run_id = run_id
 
-    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
-        super().__init__(id=id, classes=classes)
-        # Each run's row as last shown and the cells made of it: a run whose row is the
-        # very object of the last poll keeps its cells (the very objects too), so only
-        # its age is formatted again and compared.
-        self._made: dict[str, tuple[RunView, dict[str, Cell]]] = {}
-
     def show_runs(self, runs: Sequence[RunView], now: float) -> None:
-        made: dict[str, tuple[RunView, dict[str, Cell]]] = {}
-        rows = {}
-        for run in runs:
-            known = self._made.get(run.id)
-            if known is None or known[0] is not run:
-                known = (run, _still_cells(run))
-            made[run.id] = known
-            rows[run.id] = {**known[1], "updated": format_age(run.last_update, now)}
-        self._made = made
-        self.show_rows(rows)
+        self.show_objects(
+            {run.id: run for run in runs},
+            _still_cells,
+            lambda run: {"updated": format_age(run.last_update, now)},
+        )
 
     def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
         event.stop()
