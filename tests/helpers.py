@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 
@@ -11,6 +13,15 @@ def make_run(experiment: Path, run_id: str, orch_toml: str = "") -> Path:
     control.mkdir(parents=True, exist_ok=True)
     (control / "orch.toml").write_text(orch_toml)
     return experiment / run_id
+
+
+def age_files(root: Path, seconds: float = 60.0) -> None:
+    """Date every file and directory under `root` `seconds` back. Readers that skip
+    unchanged files re-read one changed too recently to tell (`workbench.file_change`);
+    files written that long ago have settled, as a finished run's have."""
+    past = time.time() - seconds
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, (past, past))
 
 
 def make_tiny_llama(directory: Path, seed: int = 0, *, tie_word_embeddings: bool = False) -> Path:

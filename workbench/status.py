@@ -16,6 +16,9 @@ the supervisor and the trainer read too); an open run is active or waiting:
 A sweep adds what each run varies (`values`, from `sweep/plan.json`) and its standing in
 early stopping (`asha`: its highest rung so far, from `sweep/asha.json`).
 
+`RunStatusReader` reads them again and again at the cost of what changed: a run whose
+files did not change costs a few `stat`s; `run_statuses` keeps one per experiment.
+
 `supervisor_warnings` reads what the supervisor says is wrong without stopping anything
 (experiment tracking failing, for one), from its state.json.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -34,9 +38,9 @@ import tomlkit
 
 from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
-from workbench.file_change import OnFileChange
+from workbench.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
 from workbench.procfs import process_is_alive
-from workbench.run_control import Condition
+from workbench.run_control import Condition, RunCondition
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import read_asha, read_plan_values
 
@@ -74,22 +78,14 @@ def read_trainer_state(experiment: Path) -> dict[str, Any] | None:
 
 
 def run_statuses(experiment: Path) -> list[RunStatus]:
-    trainer = read_trainer_state(experiment) or {}
-    slots = {run_id: int(idx) for idx, run_id in trainer.get("slots", {}).items()}
-    progress = trainer.get("progress", {})
-    values = read_plan_values(experiment)
-    asha = read_asha(experiment)
-    standings = latest_by_run(asha.results) if asha is not None else {}
-    statuses = []
-    runs = layout.list_run_dirs(experiment)
-    max_steps = _max_steps_cache.of_runs(experiment, runs)
-    for run in runs:
-        status = _run_status(run, slots, progress, max_steps[run.name])
-        status.values = values.get(run.name)
-        if run.name in standings:
-            status.asha = _standing(standings[run.name])
-        statuses.append(status)
-    return statuses
+    """Every run's status, read as `RunStatusReader` reads them: the process keeps one
+    reader per experiment, so asking again (`status --watch`, a benchmark's checks) reads
+    only the runs whose files changed since."""
+    with _readers_lock:
+        reader = _readers.get(experiment)
+        if reader is None:
+            reader = _readers[experiment] = RunStatusReader(experiment)
+    return reader.read()
 
 
 def supervisor_warnings(state: dict[str, Any] | None) -> list[str]:
@@ -112,22 +108,65 @@ def _standing(result: RungResult) -> dict[str, Any]:
     }
 
 
-def _run_status(
-    run: Path, slots: dict[str, int], progress: dict[str, Any], max_steps: int | None
+@dataclass(frozen=True)
+class RunFiles:
+    """What one run's own files say of it; the trainer's view is added per read."""
+
+    condition: RunCondition
+    broadcast_step: int  # the newest STABLE broadcast, 0 without one
+    has_config: bool  # control/orch.toml exists
+    # A broadcast newer than `broadcast_step` is being written: its STABLE marker lands
+    # inside its own directory, which none of `watched_paths` shows.
+    broadcast_pending: bool
+
+
+def watched_paths(run: Path, files: RunFiles | None) -> tuple[str, ...]:
+    """What to `stat` to learn that what `read_run_files` read of `run` may have changed:
+    control/ always (a control file written, renamed over or removed: how a run is
+    evicted, finished, rejected or restarted); while the run is open or rejected, its
+    orch.toml too (edited in place, no rename shows in control/); while it is open,
+    broadcast/ (a step added). An evicted or finished run costs one `stat`. Without
+    `files` (not read yet), all of them."""
+    kind = files.condition.kind if files is not None else Condition.OPEN
+    paths = [str(layout.control_dir(run))]
+    if kind in (Condition.OPEN, Condition.REJECTED):
+        paths.append(str(layout.orch_config_path(run)))
+    if kind is Condition.OPEN:
+        paths.append(str(layout.broadcasts_dir(run)))
+    return tuple(paths)
+
+
+def read_run_files(run: Path) -> RunFiles:
+    steps = layout.list_step_dirs(layout.broadcasts_dir(run))
+    stable = [step for step, path in steps if layout.is_stable(path)]
+    broadcast_step = stable[-1] if stable else 0
+    return RunFiles(
+        condition=run_control.run_condition(run),
+        broadcast_step=broadcast_step,
+        has_config=layout.orch_config_path(run).is_file(),
+        broadcast_pending=bool(steps) and steps[-1][0] > broadcast_step,
+    )
+
+
+def run_status(
+    run_id: str,
+    files: RunFiles,
+    slots: dict[str, int],
+    progress: dict[str, Any],
+    max_steps: int | None,
 ) -> RunStatus:
-    run_id = run.name
+    """A run's status from its files and the trainer's published slots and progress."""
     trained = progress.get(run_id, {})
-    broadcast_step = layout.latest_stable_step(layout.broadcasts_dir(run)) or 0
     status = RunStatus(
         id=run_id,
         status="waiting",
-        step=max(int(trained.get("step", 0)), broadcast_step),
+        step=max(int(trained.get("step", 0)), files.broadcast_step),
         max_steps=max_steps,
         slot=slots.get(run_id),
         total_tokens=int(trained.get("total_tokens", 0)),
         total_samples=int(trained.get("total_samples", 0)),
     )
-    condition = run_control.run_condition(run)
+    condition = files.condition
     if condition.kind in (Condition.EVICTED, Condition.REJECTED):
         status.status, status.reason, status.slot = condition.status, condition.reason, None
         status.evicted_by = condition.evicted_by
@@ -135,34 +174,114 @@ def _run_status(
         status.status = condition.kind.value
     elif run_id in slots:
         status.status = "active"
-    elif not layout.orch_config_path(run).is_file():
+    elif not files.has_config:
         status.reason = "no control/orch.toml yet"
     return status
 
 
-class _MaxStepsCache:
-    """Each run's max_steps, its orch.toml parsed again only when the file changes: the TUI
-    asks for every run every second, and parsing TOML was nine tenths of what a poll cost.
-    Runs that are gone are forgotten; threads may ask at once (a lock guards the table)."""
+@dataclass(frozen=True)
+class _KnownRun:
+    """One run as a reader last read it."""
 
-    def __init__(self) -> None:
+    watched: tuple[str, ...]  # `watched_paths`
+    signatures: tuple[Signature, ...] | None  # of `watched`; None: read again next time
+    files: RunFiles
+    max_steps: int | None
+    orch_config: OnFileChange[int | None]  # max_steps, parsed only when orch.toml changes
+
+
+class RunStatusReader:
+    """The statuses of one experiment's runs, read again and again at a cost that follows
+    what changed rather than how many runs there are.
+
+    A run's own files (`read_run_files`) are read again only when the signature of one of
+    its `watched_paths` changes (one to three `stat`s for a run that did not), its orch.toml
+    parsed for `max_steps` only when that file changes, the list of runs only when the
+    experiment directory changes, and the sweep's plan and decisions only when their
+    files change. What changes for every run at once (the trainer's slots and progress)
+    is one file, combined with the rest without further reads. `files_read` counts the
+    runs whose files were read. One reader may be shared by threads (a lock guards it).
+    """
+
+    def __init__(self, experiment: Path, settle_ns: int = SETTLE_NS) -> None:
+        self.experiment = experiment
+        self._settle_ns = settle_ns
         self._lock = threading.Lock()
-        self._by_experiment: dict[Path, dict[str, OnFileChange[int | None]]] = {}
+        self._known: dict[str, _KnownRun] = {}
+        self._run_dirs: tuple[tuple[Signature] | None, list[Path]] = (None, [])
+        self._plan = OnFileChange(
+            layout.sweep_plan_path(experiment), partial(read_plan_values, experiment), settle_ns
+        )
+        self._asha = OnFileChange(
+            layout.asha_state_path(experiment), partial(read_asha, experiment), settle_ns
+        )
+        self.files_read = 0
 
-    def of_runs(self, experiment: Path, runs: list[Path]) -> dict[str, int | None]:
+    def read(self) -> list[RunStatus]:
         with self._lock:
-            known = self._by_experiment.setdefault(experiment, {})
-            for gone in set(known) - {run.name for run in runs}:
-                del known[gone]
-            for run in runs:
-                if run.name not in known:
-                    path = layout.orch_config_path(run)
-                    known[run.name] = OnFileChange(path, partial(_read_max_steps, path))
-            files = {run.name: known[run.name] for run in runs}
-        return {name: file.get() for name, file in files.items()}
+            return self._read()
+
+    def _read(self) -> list[RunStatus]:
+        trainer = read_trainer_state(self.experiment) or {}
+        slots = {run_id: int(idx) for idx, run_id in trainer.get("slots", {}).items()}
+        progress = trainer.get("progress", {})
+        values = self._plan.get()
+        asha = self._asha.get()
+        standings = latest_by_run(asha.results) if asha is not None else {}
+        runs = self._list_runs()
+        for gone in set(self._known) - {run.name for run in runs}:
+            del self._known[gone]
+        statuses = []
+        for run in runs:
+            known = self._current(run)
+            status = run_status(run.name, known.files, slots, progress, known.max_steps)
+            status.values = values.get(run.name)
+            if run.name in standings:
+                status.asha = _standing(standings[run.name])
+            statuses.append(status)
+        return statuses
+
+    def _list_runs(self) -> list[Path]:
+        current = (signature(self.experiment),)
+        known, runs = self._run_dirs
+        if known != current:
+            trusted = settled(current, time.time_ns(), self._settle_ns)
+            runs = layout.list_run_dirs(self.experiment)
+            self._run_dirs = (current if trusted else None, runs)
+        return runs
+
+    def _current(self, run: Path) -> _KnownRun:
+        """What `run`'s files say, read again only if they changed (or changed too
+        recently to tell)."""
+        known = self._known.get(run.name)
+        if (
+            known is not None
+            and known.signatures is not None
+            and tuple(signature(path) for path in known.watched) == known.signatures
+        ):
+            return known
+        # Signed before the read: a change during it shows as a new signature next time.
+        now_ns = time.time_ns()
+        before = {path: signature(path) for path in watched_paths(run, None)}
+        files = read_run_files(run)
+        self.files_read += 1
+        watched = watched_paths(run, files)
+        signatures = tuple(before[path] for path in watched)
+        trusted = not files.broadcast_pending and settled(signatures, now_ns, self._settle_ns)
+        if known is None:
+            path = layout.orch_config_path(run)
+            orch_config = OnFileChange(path, partial(_read_max_steps, path), self._settle_ns)
+        else:
+            orch_config = known.orch_config
+        known = _KnownRun(
+            watched, signatures if trusted else None, files, orch_config.get(), orch_config
+        )
+        self._known[run.name] = known
+        return known
 
 
-_max_steps_cache = _MaxStepsCache()
+_readers: dict[Path, RunStatusReader] = {}
+_readers_lock = threading.Lock()
 
 
 def _read_max_steps(path: Path) -> int | None:

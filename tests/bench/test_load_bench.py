@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import make_run
 from tests.tui.synthetic import build_experiment
 from workbench.bench.load import checks
+from workbench.bench.load.background import BackgroundLoad
 from workbench.bench.load.churn import SLOTS, choose_eviction, load_recipe
 from workbench.bench.load.keys import TUI_SIZE, FrameTimedApp, press_keys, wait_for_runs
 from workbench.bench.load.runner import run_load_benchmark
@@ -149,6 +150,21 @@ def test_each_key_is_timed_to_the_frame_that_shows_its_effect(tmp_path: Path):
     assert {"down", "enter", "escape"} <= set(latencies.by_key), latencies
     assert all(value > 0 for value in latencies.all_s)
     assert polls >= 1
+
+
+# ---------------------------------------------------------------- the churn's process
+
+
+def test_the_churn_runs_in_a_child_process_and_reports_when_stopped(tmp_path: Path):
+    # The benchmark's process is the TUI's alone: the churn and the slot watch live in a
+    # child, which hands over what it did when its stdin closes.
+    experiment = build_experiment(tmp_path)
+    background = BackgroundLoad(experiment, interval_s=60.0, seed=0)
+    background.start()
+    log, longest = background.stop()
+    assert log.ticks == 0 and log.errors == []
+    assert len(log.added) == 16, "the recipe's runs are counted as added"
+    assert longest >= 0.0
 
 
 # ---------------------------------------------------------------- for real

@@ -1,16 +1,19 @@
-"""Run statuses read from the experiment directory: each run's max_steps comes from its
-orch.toml, which is parsed again only when it changes (the TUI asks every second)."""
+"""Run statuses read from the experiment directory, again and again (the TUI asks every
+second) at the cost of what changed: a run's files are read again only when they change,
+its orch.toml (for max_steps) parsed again only when it changes."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import tomlkit
 
-from tests.helpers import make_run
-from workbench import layout, status
+from tests.helpers import age_files, make_run
+from tests.tui.synthetic import build_experiment
+from workbench import layout, run_control, status
 from workbench.file_change import OnFileChange
 
 
@@ -37,6 +40,7 @@ def test_an_unchanged_orch_toml_is_parsed_once_however_often_statuses_are_read(
 ):
     for name, steps in (("run_a", 5), ("run_b", 7)):
         make_run(tmp_path, name, f"max_steps = {steps}\n")
+    age_files(tmp_path)
     for _ in range(4):
         assert max_steps(tmp_path) == {"run_a": 5, "run_b": 7}
     assert len(parses) == 2
@@ -72,3 +76,48 @@ def test_a_file_rewritten_in_place_to_the_same_size_or_removed_is_derived_again(
     assert derived.get() == "2"
     path.unlink()
     assert derived.get() is None
+
+
+def test_a_run_whose_files_did_not_change_is_not_read_again(tmp_path):
+    experiment = build_experiment(tmp_path)
+    age_files(experiment)
+    reader = status.RunStatusReader(experiment)
+    first = reader.read()
+    assert reader.files_read == 4, "every run read once"
+
+    assert reader.read() == first
+    assert reader.files_read == 4, "nothing changed: nothing read again"
+
+    run_control.write_eviction(experiment / "run_queued", "not needed", by="test")
+    statuses = {status.id: status for status in reader.read()}
+    assert reader.files_read == 5, "only the evicted run is read again"
+    assert statuses["run_queued"].status == "evicted"
+    assert statuses["run_queued"].reason == "not needed"
+
+
+def test_files_changed_a_moment_ago_are_read_until_they_settle(tmp_path):
+    # A change within the file system's clock tick may leave a signature as it was: a
+    # run changed that recently is read again at every poll until its files settle.
+    experiment = build_experiment(tmp_path)
+    reader = status.RunStatusReader(experiment)
+    reader.read()
+    reader.read()
+    assert reader.files_read == 8
+    age_files(experiment)
+    reader.read()
+    reader.read()
+    assert reader.files_read == 12
+
+
+def test_the_trainers_slots_change_statuses_without_reading_run_files(tmp_path):
+    experiment = build_experiment(tmp_path)
+    state_path = experiment / "trainer" / "runs.json"
+    state = json.loads(state_path.read_text())
+    age_files(experiment)
+    reader = status.RunStatusReader(experiment)
+    reader.read()
+    state["slots"] = {"0": "run_lr1e-3", "1": "run_queued"}
+    state_path.write_text(json.dumps(state))
+    statuses = {status.id: status.status for status in reader.read()}
+    assert statuses["run_queued"] == "active" and statuses["run_lr3e-4"] == "waiting"
+    assert reader.files_read == 4

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import age_files
 from tests.tui.conftest import SUPERVISOR_PID
 from tests.tui.synthetic import (
     FROZEN_NOW,
@@ -242,3 +243,58 @@ def test_the_leaderboard_ranks_by_the_recipes_early_stopping_metric(tmp_path):
         ("run_c", None),
     ]
     assert [row.id for row in board.rows] == [run.id for run in build_report(experiment).runs]
+
+
+# ---------------------------------------------------------------- a poll costs what changed
+
+
+def test_an_unchanged_metrics_file_is_not_opened_again(tmp_path):
+    run = make_run(tmp_path, "run_a")
+    append_metrics(run, metrics_lines(1, 4, reward0=0.2, slope=0.1))
+    age_files(run)
+    reader = MetricsReader(run / "metrics.jsonl")
+    reader.poll()
+    reader.poll()
+    assert reader.reads == 1
+    append_metrics(run, metrics_lines(4, 5, reward0=0.2, slope=0.1))
+    assert reader.poll()
+    assert reader.reads == 2
+    assert reader.rewards == pytest.approx([0.3, 0.4, 0.5, 0.6])
+
+
+def test_a_poll_reuses_the_rows_of_runs_that_did_not_change(tmp_path):
+    experiment = build_experiment(tmp_path)
+    age_files(experiment)
+    reader = ExperimentReader(experiment, supervisor_pid=lambda _: SUPERVISOR_PID)
+    before = {run.id: run for run in reader.poll().runs}
+    board = reader.poll().leaderboard
+
+    append_metrics(experiment / "run_lr1e-3", metrics_lines(13, 14, reward0=0.3, slope=0.04))
+    snapshot = reader.poll()
+    after = {run.id: run for run in snapshot.runs}
+    assert after["run_lr1e-3"] is not before["run_lr1e-3"]
+    assert after["run_lr1e-3"].step == 13
+    assert all(after[run_id] is before[run_id] for run_id in before if run_id != "run_lr1e-3")
+    assert snapshot.leaderboard is not board, "a run changed: ranked again"
+
+    age_files(experiment)
+    reader.poll()
+    unchanged = reader.poll()
+    assert reader.poll().leaderboard is unchanged.leaderboard, "nothing changed: kept"
+
+
+def test_the_processes_of_an_unchanged_state_json_are_the_rows_of_the_last_poll(tmp_path):
+    experiment = build_experiment(tmp_path)
+    age_files(experiment)
+    reader = ExperimentReader(experiment, supervisor_pid=lambda _: SUPERVISOR_PID)
+    first = reader.poll().processes
+    assert reader.poll().processes is first
+
+    state_path = experiment / "supervisor" / "state.json"
+    state = json.loads(state_path.read_text())
+    state["processes"]["run_lr3e-4"]["state"] = "exited"
+    state_path.write_text(json.dumps(state))
+    after = {view.name: view for view in reader.poll().processes}
+    assert after["run_lr3e-4"].state == "exited"
+    before = {view.name: view for view in first}
+    assert all(after[name] is before[name] for name in before if name != "run_lr3e-4")

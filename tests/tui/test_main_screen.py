@@ -7,7 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tui.conftest import SUPERVISOR_PID, RecordingCommands, next_polls, rows, wait_until
+from tests.tui.conftest import (
+    SUPERVISOR_PID,
+    RecordingCommands,
+    next_polls,
+    press_for,
+    rows,
+    wait_until,
+)
 from tests.tui.synthetic import (
     FROZEN_NOW,
     append_metrics,
@@ -23,6 +30,7 @@ from workbench.tui.screens.add_run import AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
 from workbench.tui.screens.evict import EvictScreen
 from workbench.tui.screens.help import HelpScreen
+from workbench.tui.screens.main import MainScreen
 from workbench.tui.screens.run_detail import RunDetailScreen
 from workbench.tui.widgets.log_pane import LogPane
 from workbench.tui.widgets.processes_table import ProcessesTable
@@ -122,6 +130,22 @@ async def test_tables_follow_changes_to_the_directory(experiment, make_app):
         (experiment / "run_new").rmdir()
         await next_polls(pilot, app)
         assert "run_new" not in rows(app, RunsTable)
+
+
+async def test_an_update_keeps_the_order_and_the_selected_run(experiment, make_app):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        table = app.screen.query_one(RunsTable)
+        order = list(rows(app, RunsTable))
+        await pilot.press("down", "down")
+        assert table.selected_key == "run_queued"
+
+        append_metrics(experiment / "run_lr3e-4", metrics_lines(9, 11, reward0=0.3, slope=0.01))
+        await next_polls(pilot, app)
+        assert rows(app, RunsTable)["run_lr3e-4"]["step"] == "10/30"
+        assert list(rows(app, RunsTable)) == order
+        assert table.selected_key == "run_queued"
 
 
 async def test_processes_table_follows_the_supervisor_state(experiment, make_app):
@@ -287,9 +311,28 @@ async def test_enter_opens_the_run_detail_with_reason_curves_and_config(experime
         assert len(screen.query_one("#reward-chart").values) == 12
         assert len(screen.query_one("#loss-chart").values) == 12
         assert "learning rate too high" in str(screen.query_one("#detail-reason").content)
-        assert "lr = 1e-3" in screen.query_one("#detail-config").content.code
+        config = screen.query_one("#detail-config")
+        await wait_until(pilot, lambda: "lr = 1e-3" in str(config.content), what="orch.toml")
         await pilot.press("escape")
         assert not isinstance(app.screen, RunDetailScreen)
+
+
+async def test_the_run_detail_shows_each_run_chosen_in_turn(experiment, make_app):
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        await press_for(pilot, "enter", RunDetailScreen)
+        first = app.screen
+        assert first.run_id == "run_lr1e-3"
+        await press_for(pilot, "escape", MainScreen)
+        await pilot.press("down")
+        await press_for(pilot, "enter", RunDetailScreen)
+        assert app.screen is first, "the same screen, shown for another run"
+        summary = app.screen.query_one("#detail-summary")
+        assert str(summary.content).startswith("run_lr3e-4")
+        assert len(app.screen.query_one("#reward-chart").values) == 8
+        config = app.screen.query_one("#detail-config")
+        await wait_until(pilot, lambda: "lr = 3e-4" in str(config.content), what="orch.toml")
 
 
 async def test_a_diverged_run_reads_diverged_with_the_trainers_reason(experiment, make_app):

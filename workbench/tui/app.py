@@ -99,6 +99,7 @@ class WorkbenchApp(App[None]):
         self.log_max_lines = log_max_lines
         self._reader = reader or ExperimentReader(self.experiment)
         self._polling = False
+        self._run_detail: RunDetailScreen | None = None
         self._warned: set[str] = set()
         self.polls = 0  # completed polls; tests wait on it
 
@@ -146,7 +147,16 @@ class WorkbenchApp(App[None]):
 
     @on(ShowRun)
     def _show_run(self, message: ShowRun) -> None:
-        self.push_screen(RunDetailScreen(message.run_id, self.experiment, self.clock))
+        # One detail screen, installed so that going back keeps it: `enter` shows it for
+        # the chosen run instead of building its widgets again.
+        if self._run_detail is None:
+            self._run_detail = RunDetailScreen(message.run_id, self.experiment, self.clock)
+            self.install_screen(self._run_detail, name="run-detail")
+        screen = self._run_detail
+        if screen in self.screen_stack:  # open below another screen: a second one on top
+            screen = RunDetailScreen(message.run_id, self.experiment, self.clock)
+        screen.show_run(message.run_id, self.snapshot)
+        self.push_screen(screen)
 
     @on(ShowSamples)
     def _show_samples(self, message: ShowSamples) -> None:

@@ -4,8 +4,8 @@ One `ExperimentReader.poll()` turns the files of an experiment into an immutable
 `ExperimentSnapshot`; widgets only ever see snapshots, never files. Reads are cheap enough
 to repeat every second:
 
-- run states come from `workbench.status.run_statuses`, so the TUI and `workbench status`
-  always agree;
+- run states come from `workbench.status.RunStatusReader`, as `workbench status` reads
+  them, so the two always agree; a run's files are read again only when they change;
 - each run's `metrics.jsonl` is read incrementally from the byte offset reached last time
   (a file that shrinks or is replaced is read again from the start), never whole; its
   reward and eval curves by step are gathered as `workbench plot` reads them
@@ -17,8 +17,10 @@ to repeat every second:
 - the leaderboard ranks the runs as `workbench sweep report` does (`tui.leaderboard`),
   from the curves of the metric the metrics readers follow.
 
-The snapshot's dataclasses are frozen and compare by value, so the widgets can skip
-rows that did not change.
+A poll costs what changed, not how many runs there are: a run whose files did not change
+costs a few `stat`s, and its `RunView` is the very object of the last poll, so the
+widgets skip it by identity; the leaderboard is ranked again only when a run changed.
+The snapshot's dataclasses are frozen and compare by value.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +38,15 @@ from workbench import layout
 from workbench.busy import BusyReader
 from workbench.clock import unix_time
 from workbench.curves import EVAL_METRIC, REWARD_METRIC, MetricCurve
+from workbench.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
 from workbench.file_tail import AppendedLines
 from workbench.metrics import parse_record
-from workbench.status import run_statuses, supervisor_warnings
+from workbench.status import RunStatus, RunStatusReader, supervisor_warnings
+from workbench.supervisor import paths as supervisor_paths
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.report import RANKINGS
-from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, RunMetric
+from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, Ranking, RunMetric
 
 # Points of reward and loss history kept per run: enough for a chart as wide as a large
 # terminal (two braille dots per cell) without growing for ever on a long run.
@@ -127,7 +132,8 @@ class MetricsReader:
     Orchestrator lines give the reward, trainer lines the loss, tokens and trained step;
     any line holding one of `curve_metrics` adds to that metric's curve (eval lines to
     `eval_reward_mean`'s). A line still being written (no newline yet) is kept back until
-    it is complete; a file that is replaced is read again from its start.
+    it is complete; a file that is replaced is read again from its start. A file that
+    did not change since it was read to its end is not opened again (`poll`).
     """
 
     def __init__(
@@ -135,12 +141,19 @@ class MetricsReader:
         path: Path,
         history: int = HISTORY_POINTS,
         curve_metrics: frozenset[str] = FOLLOWED_CURVES,
+        settle_ns: int = SETTLE_NS,
     ) -> None:
         self.path = path
         self._history = history
         self.curve_metrics = curve_metrics
         self._lines = AppendedLines(path, read_limit=METRICS_READ_LIMIT)
+        self._path = str(path)
+        self._settle_ns = settle_ns
+        # The file's signature at the last read that reached its end, if settled then
+        # (None: not there); False: read it next time.
+        self._read_at: Signature | bool = False
         self.version = 0  # bumped whenever what the reader holds changed
+        self.reads = 0  # times the file was opened: an unchanged one is not
         self._clear()
 
     def _clear(self) -> None:
@@ -158,9 +171,18 @@ class MetricsReader:
         return self._lines.offset or 0
 
     def poll(self) -> bool:
-        """Read what was appended since the last call; True if anything new was parsed."""
+        """Read what was appended since the last call; True if anything new was parsed.
+        A file whose signature did not change since a read that got to its end is not
+        opened (a `stat` is all it costs)."""
+        current = signature(self._path)
+        if current == self._read_at:
+            return False
+        self.reads += 1
         restarts = self._lines.restarts
         raw_lines = self._lines.read()
+        at_end = current is None or self._lines.offset == current[1]
+        trusted = settled((current,), time.time_ns(), self._settle_ns)
+        self._read_at = current if at_end and trusted else False
         if self._lines.restarts != restarts:
             self._clear()
             self.version += 1
@@ -279,12 +301,29 @@ class ExperimentReader:
         experiment: Path,
         history: int = HISTORY_POINTS,
         supervisor_pid: Callable[[Path], int | None] = running_supervisor_pid,
+        settle_ns: int = SETTLE_NS,
     ) -> None:
         self.experiment = experiment
         self._history = history
         self._supervisor_pid = supervisor_pid
+        self._settle_ns = settle_ns
+        self._statuses = RunStatusReader(experiment, settle_ns)
         self._metrics: dict[str, MetricsReader] = {}
         self._histories: dict[str, _Histories] = {}
+        # Each run's status and histories at the last poll, and the row made of them.
+        self._views: dict[str, tuple[RunStatus, _Histories, RunView]] = {}
+        self._recipe_path = layout.recipe_path(experiment)
+        # state.json, parsed again only when it changes; the rows made of it
+        self._state = OnFileChange(
+            supervisor_paths.state_path(experiment),
+            partial(read_state, experiment),
+            settle_ns,
+        )
+        self._processes: (
+            tuple[Any, SupervisorView, dict[str, float], tuple[ProcessView, ...]] | None
+        ) = None
+        self._last_leaderboard: tuple[tuple[Any, ...], tuple[RunView, ...], Leaderboard] | None
+        self._last_leaderboard = None
         self._leaderboard = LeaderboardReader(experiment)
         self._curve_metrics = FOLLOWED_CURVES
         self._busy = BusyReader(experiment)
@@ -300,13 +339,14 @@ class ExperimentReader:
         return self._leaderboard.by
 
     def poll(self) -> ExperimentSnapshot:
-        statuses = run_statuses(self.experiment)
+        statuses = self._statuses.read()
         ranking = self._leaderboard.ranking()
         self._follow_curves(FOLLOWED_CURVES | {ranking.metric})
         seen = {status.id for status in statuses}
         for gone in set(self._metrics) - seen:
             del self._metrics[gone]
             self._histories.pop(gone, None)
+            self._views.pop(gone, None)
         runs = []
         ranked = []
         for status in statuses:
@@ -316,53 +356,95 @@ class ExperimentReader:
                     layout.metrics_path(layout.run_dir(self.experiment, status.id)),
                     history=self._history,
                     curve_metrics=self._curve_metrics,
+                    settle_ns=self._settle_ns,
                 )
                 self._metrics[status.id] = metrics
             metrics.poll()
             histories = self._history_of(status.id, metrics)
-            rewards = histories.rewards
             ranked.append(RunMetric(status, histories.curves[ranking.metric], metrics.last_step))
-            runs.append(
-                RunView(
-                    id=status.id,
-                    status=status.status,
-                    # metrics.jsonl gets the trainer's line as soon as a step is done;
-                    # runs.json only at the next synchronisation: show whichever is ahead.
-                    step=max(status.step, metrics.trainer_step),
-                    max_steps=status.max_steps,
-                    reason=status.reason,
-                    slot=status.slot,
-                    tokens=max(status.total_tokens, metrics.tokens),
-                    reward=rewards[-1] if rewards else None,
-                    rewards=rewards,
-                    losses=histories.losses,
-                    reward_curve=histories.curves[REWARD_METRIC],
-                    evals=histories.curves[EVAL_METRIC],
-                    last_update=metrics.last_time,
-                    evicted_by=status.evicted_by,
-                )
-            )
-        state = read_state(self.experiment)
+            runs.append(self._view_of(status, metrics, histories))
+        runs_tuple = tuple(runs)
+        state = self._state.get()
         supervisor = supervisor_view(state, self._supervisor_pid(self.experiment))
         return ExperimentSnapshot(
             experiment=self.experiment,
             supervisor=supervisor,
-            runs=tuple(runs),
-            processes=self._with_busy(process_views(state, supervisor)),
-            leaderboard=self._leaderboard.leaderboard(ranking, ranked),
+            runs=runs_tuple,
+            processes=self._processes_of(state, supervisor),
+            leaderboard=self._leaderboard_of(ranking, ranked, runs_tuple),
             startup=startup_phase(state) if supervisor.running else None,
             warnings=tuple(supervisor_warnings(state)),
         )
 
-    def _with_busy(self, views: tuple[ProcessView, ...]) -> tuple[ProcessView, ...]:
-        recent = self._busy.recent(time.time())
-        # To the percent shown: a view that did not change is not redrawn.
-        return tuple(
-            dataclasses.replace(view, busy=round(recent[view.name]["busy"], 2))
-            if view.name in recent
-            else view
-            for view in views
+    def _processes_of(
+        self, state: dict[str, Any] | None, supervisor: SupervisorView
+    ) -> tuple[ProcessView, ...]:
+        """The processes' rows; the very tuple of the last poll while state.json and the
+        supervisor did not change (it lists every orchestrator that ever ran)."""
+        known = self._processes
+        # Each process's busy share, to the percent shown: it changes with the clock.
+        busy = {
+            name: round(shares["busy"], 2)
+            for name, shares in self._busy.recent(time.time()).items()
+        }
+        if known is not None and known[0] is state and known[1] == supervisor and known[2] == busy:
+            return known[3]
+        views = tuple(
+            dataclasses.replace(view, busy=busy[view.name]) if view.name in busy else view
+            for view in process_views(state, supervisor)
         )
+        if known is not None:  # a process that did not change keeps its row's object
+            before = {view.name: view for view in known[3]}
+            views = tuple(before[v.name] if before.get(v.name) == v else v for v in views)
+        self._processes = (state, supervisor, busy, views)
+        return views
+
+    def _view_of(self, status: RunStatus, metrics: MetricsReader, histories: _Histories) -> RunView:
+        """The run's row; the very object of the last poll when nothing of it changed, so
+        that the screens can skip it by identity."""
+        known = self._views.get(status.id)
+        if known is not None and known[0] == status and known[1] is histories:
+            return known[2]
+        rewards = histories.rewards
+        view = RunView(
+            id=status.id,
+            status=status.status,
+            # metrics.jsonl gets the trainer's line as soon as a step is done;
+            # runs.json only at the next synchronisation: show whichever is ahead.
+            step=max(status.step, metrics.trainer_step),
+            max_steps=status.max_steps,
+            reason=status.reason,
+            slot=status.slot,
+            tokens=max(status.total_tokens, metrics.tokens),
+            reward=rewards[-1] if rewards else None,
+            rewards=rewards,
+            losses=histories.losses,
+            reward_curve=histories.curves[REWARD_METRIC],
+            evals=histories.curves[EVAL_METRIC],
+            last_update=metrics.last_time,
+            evicted_by=status.evicted_by,
+        )
+        self._views[status.id] = (status, histories, view)
+        return view
+
+    def _leaderboard_of(
+        self, ranking: Ranking, ranked: list[RunMetric], runs: tuple[RunView, ...]
+    ) -> Leaderboard:
+        """Ranked again only when something it depends on changed: a run's row (it is the
+        object of the last poll otherwise), a run's files (its orch.toml sets the values
+        shown), the recipe (its defaults) or the ranking."""
+        inputs = (ranking, self._statuses.files_read, signature(self._recipe_path))
+        last = self._last_leaderboard
+        if (
+            last is not None
+            and last[0] == inputs
+            and len(last[1]) == len(runs)
+            and all(a is b for a, b in zip(last[1], runs, strict=True))
+        ):
+            return last[2]
+        board = self._leaderboard.leaderboard(ranking, ranked)
+        self._last_leaderboard = (inputs, runs, board)
+        return board
 
     def _follow_curves(self, metrics: frozenset[str]) -> None:
         """Have the metrics readers follow the curves of `metrics`: when they change (the
@@ -371,6 +453,7 @@ class ExperimentReader:
             self._curve_metrics = metrics
             self._metrics.clear()
             self._histories.clear()
+            self._views.clear()
 
     def _history_of(self, run_id: str, metrics: MetricsReader) -> _Histories:
         # Copy the deques into tuples only when they changed: snapshots then share them.

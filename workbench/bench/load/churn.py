@@ -70,7 +70,8 @@ class ChurnLog:
 
 
 class Churn:
-    """Runs coming and going on a live experiment, in a thread, every `interval_s`."""
+    """Runs coming and going on a live experiment, in a thread, every `interval_s` (of the
+    `background` process: never the TUI's)."""
 
     def __init__(self, experiment: Path, interval_s: float, rng: Random) -> None:
         self.experiment = experiment

@@ -2,9 +2,11 @@
 
 1. `workbench up --headless --detach` on the load recipe (`churn.load_recipe`) in a scratch
    directory; wait until the trainer holds all 4 slots.
-2. Attach the TUI (headless, in this process) and, for `duration_s`, churn runs (a thread)
-   while pressing keys in the TUI and timing them (`keys`); every 2 s, note the slot
-   problems of the moment (how long a freed slot stays unused is a figure, not a failure).
+2. Attach the TUI (headless, in this process) and, for `duration_s`, churn runs while
+   pressing keys in the TUI and timing them (`keys`); every 2 s, note the slot problems of
+   the moment (how long a freed slot stays unused is a figure, not a failure). The churn
+   and the slot watch run in a child process (`background`): this process is the TUI's
+   alone, as a user's is.
 3. Stop the churn; give the trainer up to `SETTLE_TIMEOUT_S` to catch up, then check
    (`checks`): slots, lost runs, metrics, crashes, and listeners (the faults benchmark's
    security check). Then `workbench down`, and count processes left and half-written files.
@@ -17,7 +19,6 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from random import Random
 from typing import Any
 
 from workbench import layout, run_control
@@ -25,12 +26,12 @@ from workbench.bench.faults import invariants
 from workbench.bench.faults.experiment import FaultExperiment
 from workbench.bench.faults.security import listening_problems
 from workbench.bench.load import checks
+from workbench.bench.load.background import BackgroundLoad
 from workbench.bench.load.churn import (
     RUN_SETTINGS,
     RUNS_AT_ONCE,
     SHIPPED_RECIPE,
     SLOTS,
-    Churn,
     ChurnLog,
     load_recipe,
 )
@@ -38,7 +39,6 @@ from workbench.bench.load.keys import (
     TUI_SIZE,
     FrameTimedApp,
     press_keys,
-    sleep_unless_stopped,
     wait_for_runs,
 )
 from workbench.bench.results import RESULTS_DIR, write_result
@@ -50,7 +50,6 @@ QUICK_DURATION_S = 60.0
 INTERVAL_S = 5.0
 STARTUP_TIMEOUT_S = 900.0  # the built-in model may be built first, then vLLM starts
 SETTLE_TIMEOUT_S = 60.0
-SLOT_SAMPLE_S = 2.0
 
 
 class LoadBenchError(Exception):
@@ -73,7 +72,7 @@ def run_load_benchmark(
         scratch, int(RUN_SETTINGS["max_steps"]), 10, recipe_text=load_recipe(recipe)
     )
     try:
-        payload = asyncio.run(measure(exp, duration, interval_s, Random(seed)))
+        payload = asyncio.run(measure(exp, duration, interval_s, seed))
     finally:
         exp.kill_leftovers()
         if not keep_outputs:
@@ -87,7 +86,7 @@ def run_load_benchmark(
 
 
 async def measure(
-    exp: FaultExperiment, duration_s: float, interval_s: float, rng: Random
+    exp: FaultExperiment, duration_s: float, interval_s: float, seed: int
 ) -> dict[str, Any]:
     load_start = load_average()
     started = time.monotonic()
@@ -104,25 +103,23 @@ async def measure(
     say_on_stderr(f"load: {SLOTS} slots held after {startup_s:.0f} s; churn for {duration_s:g} s")
 
     app = FrameTimedApp(exp.path)
-    churn = Churn(exp.path, interval_s, rng)
+    background = BackgroundLoad(exp.path, interval_s, seed)
     async with app.run_test(size=TUI_SIZE) as pilot:
         await wait_for_runs(app, RUNS_AT_ONCE, 60.0)
         stop = asyncio.Event()
         cpu_before, wall_before = time.process_time(), time.perf_counter()
-        churn.start()
+        background.start()
         keys = asyncio.create_task(press_keys(app, pilot, stop))
-        slot_watch = asyncio.create_task(watch_slots(exp.path, stop))
         await asyncio.sleep(duration_s)
         stop.set()
         latencies = await keys
-        transient = await slot_watch
-        await asyncio.to_thread(churn.stop)
         cpu_s, wall_s = time.process_time() - cpu_before, time.perf_counter() - wall_before
+        churn_log, transient = await asyncio.to_thread(background.stop)
         poll_s = list(app.reader.poll_s)
         runs_shown = len(app.snapshot.runs) if app.snapshot else 0
 
-    say_on_stderr(f"load: {churn.log.ticks} ticks, {len(churn.log.added)} runs; checking")
-    final = await asyncio.to_thread(settle_and_check, exp, churn.log)
+    say_on_stderr(f"load: {churn_log.ticks} ticks, {len(churn_log.added)} runs; checking")
+    final = await asyncio.to_thread(settle_and_check, exp, churn_log)
     say_on_stderr("load: down")
     down = await asyncio.to_thread(exp.down)
     orphans = exp.alive()
@@ -139,7 +136,7 @@ async def measure(
         "slots": SLOTS,
         "run_settings": RUN_SETTINGS,
         "startup_s": round(startup_s, 1),
-        "churn": churn_report(churn.log),
+        "churn": churn_report(churn_log),
         "slot_problems_longest_s": transient,
         **final,
         "after_down": after_down,
@@ -163,25 +160,6 @@ async def measure(
 
 def _slots_held(experiment: Path) -> int:
     return len((read_trainer_state(experiment) or {}).get("slots") or {})
-
-
-async def watch_slots(experiment: Path, stop: asyncio.Event) -> float:
-    """The longest any one slot problem lasted between samples (a slot held by an ended
-    run, or free while runs wait): how long the trainer takes to catch up."""
-    first_seen: dict[str, float] = {}
-    longest = 0.0
-    while not stop.is_set():
-        problems = await asyncio.to_thread(_slot_problems_now, experiment)
-        now = time.monotonic()
-        keys = {problem.split(":")[0] for problem in problems}
-        first_seen = {key: first_seen.get(key, now) for key in keys}
-        longest = max([longest, *(now - since for since in first_seen.values())])
-        await sleep_unless_stopped(stop, SLOT_SAMPLE_S)
-    return round(longest, 1)
-
-
-def _slot_problems_now(experiment: Path) -> list[str]:
-    return checks.slot_problems(run_statuses(experiment), read_trainer_state(experiment))
 
 
 def settle_and_check(exp: FaultExperiment, log: ChurnLog) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""One run in full: status and reason, reward, eval reward and loss curves, its orch.toml."""
+"""One run in full: status and reason, reward, eval reward and loss curves, its orch.toml.
+
+The app keeps one such screen and shows it for whichever run is chosen (`show_run`), so
+`enter` does not build a screen of widgets each time; the run's orch.toml is read and
+highlighted in a thread worker, and while the screen is hidden, snapshots pass it by.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import ClassVar
 
 from rich.syntax import Syntax
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
@@ -21,6 +27,17 @@ from workbench.tui.format import format_age, format_count, format_reward, format
 from workbench.tui.messages import EvictRun, RestartRun, ShowCurves, ShowSamples
 from workbench.tui.widgets.curves import CurveChart, StepCurveChart
 from workbench.tui.widgets.runs_table import STATUS_STYLES
+
+
+def config_text(path: Path) -> Text:
+    """A run's orch.toml, highlighted as TOML; or why it cannot be read."""
+    try:
+        source = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        return Text(f"cannot read {path}: {err.strerror or err}", style="red")
+    # Highlighted once, here: a Syntax would lex the file again at every redraw.
+    syntax = Syntax(source, "toml", theme="ansi_dark", word_wrap=True)
+    return syntax.highlight(source)
 
 
 def run_summary(run: RunView, now: float) -> Text:
@@ -56,6 +73,7 @@ class RunDetailScreen(Screen[None]):
         self.run_id = run_id
         self.experiment = experiment
         self.clock = clock
+        self._shown: RunView | None = None  # the row whose curves are drawn
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="detail"):
@@ -66,19 +84,37 @@ class RunDetailScreen(Screen[None]):
                 yield StepCurveChart(EVAL_METRIC, low=0.0, high=1.0, id="eval-chart")
                 yield CurveChart("loss", id="loss-chart")
             yield Static("control/orch.toml", classes="section-title")
-            yield Static(self._config_renderable(), id="detail-config")
+            yield Static("", id="detail-config")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        self.watch(self.app, "snapshot", self._show_snapshot)
+        self.watch(self.app, "snapshot", self._follow_snapshot)
+        self._read_config(self.run_id)
 
-    def _config_renderable(self) -> Syntax | Text:
-        path = layout.orch_config_path(layout.run_dir(self.experiment, self.run_id))
-        try:
-            source = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as err:
-            return Text(f"cannot read {path}: {err.strerror or err}", style="red")
-        return Syntax(source, "toml", theme="ansi_dark", word_wrap=True)
+    def show_run(self, run_id: str, snapshot: ExperimentSnapshot | None) -> None:
+        """Show `run_id` from now on (the screen is about to be shown again)."""
+        if run_id != self.run_id:
+            self.run_id = run_id
+            self._shown = None
+            if self.is_mounted:
+                self.query_one("#detail-config", Static).update("")
+                self.query_one(VerticalScroll).scroll_home(animate=False)
+        if self.is_mounted:
+            self._read_config(run_id)
+            self._show_snapshot(snapshot)
+
+    @work(thread=True, exclusive=True, group="run-config", exit_on_error=False)
+    def _read_config(self, run_id: str) -> None:
+        config = config_text(layout.orch_config_path(layout.run_dir(self.experiment, run_id)))
+        self.app.call_from_thread(self._config_read, run_id, config)
+
+    def _config_read(self, run_id: str, config: Text) -> None:
+        if run_id == self.run_id:
+            self.query_one("#detail-config", Static).update(config)
+
+    def _follow_snapshot(self, snapshot: ExperimentSnapshot | None) -> None:
+        if self.is_current:  # hidden: `show_run` catches up when it is shown again
+            self._show_snapshot(snapshot)
 
     def _show_snapshot(self, snapshot: ExperimentSnapshot | None) -> None:
         if snapshot is None:
@@ -100,9 +136,11 @@ class RunDetailScreen(Screen[None]):
             }.get(run.status, "note")
             reason.update(Text.assemble((f"{label}: ", "bold"), run.reason))
             reason.set_class(run.status in ("evicted", "diverged", "rejected"), "-problem")
-        self.query_one("#reward-chart", CurveChart).values = run.rewards
-        self.query_one("#eval-chart", StepCurveChart).points = run.evals
-        self.query_one("#loss-chart", CurveChart).values = run.losses
+        if run is not self._shown:  # the same row object: the same curves
+            self._shown = run
+            self.query_one("#reward-chart", CurveChart).values = run.rewards
+            self.query_one("#eval-chart", StepCurveChart).points = run.evals
+            self.query_one("#loss-chart", CurveChart).values = run.losses
 
     def action_evict(self) -> None:
         self.post_message(EvictRun(self.run_id))

@@ -13,8 +13,9 @@ the layout from jumping as cells change. One column may `fill` the room the othe
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rich.text import Text
 from textual.widgets import DataTable
@@ -45,6 +46,8 @@ class KeyedTable(DataTable[Cell]):
             id=id, classes=classes, cursor_type="row", zebra_stripes=False, cell_padding=1
         )
         self._rows: dict[str, dict[str, Cell]] = {}
+        # Each row's object as last shown and the cells made of it (`show_objects`).
+        self._made: dict[str, tuple[Any, dict[str, Cell]]] = {}
         self._compact = False
         self._name_width = 0
         self._fill_width = 0
@@ -141,10 +144,32 @@ class KeyedTable(DataTable[Cell]):
                 self.add_row(*self._ordered(cells), key=key)
                 continue
             for column in self.visible_columns:
-                if previous.get(column.key) != cells[column.key]:
-                    self.update_cell(key, column.key, cells[column.key])
+                old, new = previous.get(column.key), cells[column.key]
+                if old is not new and old != new:  # the same object: the same cell
+                    self.update_cell(key, column.key, new)
         self._rows = {key: dict(cells) for key, cells in rows.items()}
         self._keep_order(list(rows))
+
+    def show_objects(
+        self,
+        objects: Mapping[str, Any],
+        still_cells: Callable[[Any], dict[str, Cell]],
+        clock_cells: Callable[[Any], dict[str, Cell]],
+    ) -> None:
+        """`show_rows` for rows made of `objects` (key -> a frozen row object): an object
+        that is the very one shown last time keeps the cells `still_cells` made of it (the
+        very cell objects, skipped by identity), and only its `clock_cells` (ages,
+        uptimes) are made again."""
+        made: dict[str, tuple[Any, dict[str, Cell]]] = {}
+        rows = {}
+        for key, obj in objects.items():
+            known = self._made.get(key)
+            if known is None or known[0] is not obj:
+                known = (obj, still_cells(obj))
+            made[key] = known
+            rows[key] = {**known[1], **clock_cells(obj)}
+        self._made = made
+        self.show_rows(rows)
 
     def _keep_order(self, order: list[str]) -> None:
         # New rows are appended at the end, and rows keep their place when the caller's

@@ -26,15 +26,22 @@ STATE_STYLES = {
 
 
 def process_cells(process: ProcessView, now: float) -> dict[str, Cell]:
+    return {**_still_cells(process), "uptime": format_uptime(process, now)}
+
+
+def format_uptime(process: ProcessView, now: float) -> str:
     # Only a live process has an uptime.
     live = process.state in LIVE_STATES and process.started_at is not None
-    uptime = format_duration(now - process.started_at) if live and process.started_at else "-"
+    return format_duration(now - process.started_at) if live and process.started_at else "-"
+
+
+def _still_cells(process: ProcessView) -> dict[str, Cell]:
+    """The cells that change only when the process does (not with the clock)."""
     return {
         "name": process.name,
         "state": Text(process.state, style=STATE_STYLES.get(process.state, "")),
         "pid": "-" if process.pid is None else str(process.pid),
         "restarts": str(process.restarts),
-        "uptime": uptime,
         "busy": "-" if process.busy is None else f"{process.busy:.0%}",
         "last_exit": process.last_exit or "",
     }
@@ -63,7 +70,12 @@ class ProcessesTable(KeyedTable):
             self.name = name
 
     def show_processes(self, processes: Sequence[ProcessView], now: float) -> None:
-        self.show_rows({process.name: process_cells(process, now) for process in processes})
+        # state.json lists every orchestrator that ever ran: hundreds in a long sweep.
+        self.show_objects(
+            {process.name: process for process in processes},
+            _still_cells,
+            lambda process: {"uptime": format_uptime(process, now)},
+        )
 
     def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
         event.stop()

@@ -29,6 +29,11 @@ STATUS_STYLES = {
 
 
 def run_cells(run: RunView, now: float) -> dict[str, Cell]:
+    return {**_still_cells(run), "updated": format_age(run.last_update, now)}
+
+
+def _still_cells(run: RunView) -> dict[str, Cell]:
+    """The cells that change only when the run does (not with the clock)."""
     # Rewards are in [0, 1]: fixed bounds make every row's sparkline comparable.
     return {
         "id": run.id,
@@ -37,7 +42,6 @@ def run_cells(run: RunView, now: float) -> dict[str, Cell]:
         "reward": format_reward(run.reward),
         "trend": Text(sparkline(run.rewards, SPARK_WIDTH, low=0.0, high=1.0), style="cyan"),
         "tokens": format_count(run.tokens),
-        "updated": format_age(run.last_update, now),
     }
 
 
@@ -65,7 +69,11 @@ class RunsTable(KeyedTable):
             self.run_id = run_id
 
     def show_runs(self, runs: Sequence[RunView], now: float) -> None:
-        self.show_rows({run.id: run_cells(run, now) for run in runs})
+        self.show_objects(
+            {run.id: run for run in runs},
+            _still_cells,
+            lambda run: {"updated": format_age(run.last_update, now)},
+        )
 
     def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
         event.stop()
