@@ -445,14 +445,15 @@ def experiment_breakdown(
     return breakdown
 
 
-def mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The mean of several processes' summaries, kind by kind and activity by activity."""
+def mean_summary(summaries: list[dict[str, Any]], counted: str = "processes") -> dict[str, Any]:
+    """The mean of several summaries (of processes, or of experiments: `counted` names the
+    count), kind by kind and activity by activity."""
     if not summaries:
         return {}
     count = len(summaries)
     labels = sorted({label for s in summaries for label in s.get("activities", {})})
     return {
-        "processes": count,
+        counted: count,
         "seconds": round(sum(s.get("seconds", 0.0) for s in summaries) / count, 1),
         **{kind: round(sum(s.get(kind, 0.0) for s in summaries) / count, 3) for kind in KINDS},
         "activities": {

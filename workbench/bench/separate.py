@@ -22,10 +22,13 @@ trainer's, the orchestrators' and vLLM's shares busy, waiting and starting, over
 whole run). The speedups are the separate setups' wall time over the shared one's.
 
 Each run's curve (reward_mean and policy version of every orchestrator step) must be the
-same in every setup. With `async_level = 0` a step always samples with the same adapter and
-any difference fails the benchmark; above 0, timing may pick which adapter a step samples
-with: a step sampled with the same adapter in both setups must still match exactly (else
-the benchmark fails), and from the first step that was not, the curves are not compared.
+same in every setup. Bit for bit it need not be: packed beside other runs, a run's tokens
+go through matmuls of other shapes than alone, so its adapter differs in the last bits, and
+sooner or later one sampled token differs. So the result says whether the curves are
+identical, or from which step they drift and by how much; a step that sampled with the
+same adapter version and is more than `CURVE_TOLERANCE` off fails the benchmark, as does a
+step sampled with another adapter when `async_level = 0`. Above 0, timing may pick which
+adapter a step samples with: from the first step that did, the curves are not compared.
 
 Results: `benchmarks/results/e2e-separate-*.json` and `e2e-separate-latest.png`.
 """
@@ -56,6 +59,12 @@ from workbench.bench.process_trees import ROLES, TreeSampler, TreeWatch
 DEFAULT_RECIPE = Path("recipes/reverse_text.toml")
 LEARNING_RATES = (1e-3, 2e-3, 3e-3, 5e-3, 4e-3, 6e-3, 7e-3, 8e-3)
 DEFAULT_RUNS = 4
+# How far a run's reward_mean may be from its shared curve at a step that sampled with the
+# same adapter version. Not zero: a run packed beside others goes through matmuls of other
+# shapes, so its adapter differs from its lone twin's in the last bits (the trainer's
+# isolation tests: within 1e-7), and one completion sampled differently in a late step of
+# a 128-sample batch moves the mean by about 0.001; a change in learning moves it by more.
+CURVE_TOLERANCE = 0.05
 DEFAULT_MAX_STEPS = 20  # as measured in issue 21
 QUICK_RUNS, QUICK_MAX_STEPS = 2, 5
 SETUPS = ("shared", "one_after_another", "at_once")
@@ -243,7 +252,7 @@ def setup_result(
         "load_average_before": [round(x, 2) for x in load_before],
         "problems": problems,
         "time_breakdown": {
-            part: busy.mean_summary([b[part] for b in breakdowns if part in b])
+            part: busy.mean_summary([b[part] for b in breakdowns if part in b], "experiments")
             for part in ("trainer", "orchestrators", busy.INFERENCE)
         },
         "runs": run_curves,
@@ -295,9 +304,16 @@ def at_once_plan(one_after_another: dict[str, Any], available_bytes: int | None)
 
 
 def compare_curves(setups: dict[str, dict[str, Any]], async_level: int) -> dict[str, Any]:
-    """Each run's curve in every setup against the shared one (see the module docstring)."""
+    """Each run's curve in every setup against the shared one (see the module docstring).
+
+    `identical`: every step the same. Otherwise `drift` lists each run's first step that
+    differs (same adapter version, a reward a little off) and `max_drift` the largest gap
+    from there on; the curves fail only where a step that sampled with the same adapter is
+    more than `CURVE_TOLERANCE` off (`failures`), or a step is missing.
+    """
     reference = setups["shared"]["runs"]
-    failures, timing = [], []
+    failures, timing, drift = [], [], []
+    max_drift = 0.0
     for setup, result in setups.items():
         if setup == "shared" or "runs" not in result:
             continue
@@ -307,17 +323,29 @@ def compare_curves(setups: dict[str, dict[str, Any]], async_level: int) -> dict[
                 failures.append(
                     f"{run_id} in {setup}: {len(other)} steps, shared {len(ref['curve'])}"
                 )
+            drifted = False
             for mine, theirs in zip(ref["curve"], other, strict=False):
                 if mine == theirs:
                     continue
-                same_adapter = mine[2] == theirs[2]
                 where = f"{run_id} step {mine[0]} in {setup}: shared {mine[1:]} vs {theirs[1:]}"
-                if same_adapter or async_level == 0:
-                    failures.append(where)
-                else:
+                if mine[2] != theirs[2] and async_level > 0:
                     timing.append(where + " (sampled with another adapter: not compared on)")
-                break
-    return {"identical": not failures and not timing, "failures": failures, "timing": timing}
+                    break
+                gap = abs(mine[1] - theirs[1]) if mine[2] == theirs[2] else math.inf
+                if gap > CURVE_TOLERANCE:
+                    failures.append(where)
+                    break
+                if not drifted:
+                    drift.append(where)
+                    drifted = True
+                max_drift = max(max_drift, gap)
+    return {
+        "identical": not (failures or timing or drift),
+        "failures": failures,
+        "timing": timing,
+        "drift": drift,
+        "max_drift": max_drift,
+    }
 
 
 def speedups(setups: dict[str, dict[str, Any]]) -> dict[str, float | None]:
@@ -440,13 +468,25 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, str]]:
     speedup = ", ".join(f"{setup} {ratio}x" for setup, ratio in report["speedup"].items())
     rows.append({"metric": "e2e separate: speedup (separate wall / shared wall)", "value": speedup})
     curves = report["curves"]
-    verdict = (
-        "identical"
-        if curves["identical"]
-        else "DIFFERENT: " + "; ".join(curves["failures"] + curves["timing"])
+    rows.append(
+        {"metric": "e2e separate: every run's curve in every setup", "value": verdict_of(curves)}
     )
-    rows.append({"metric": "e2e separate: every run's curve in every setup", "value": verdict})
     return rows
+
+
+def verdict_of(curves: dict[str, Any]) -> str:
+    """The curves' comparison in a line: identical, within the tolerance, or different."""
+    if curves["failures"]:
+        return "DIFFERENT: " + "; ".join(curves["failures"] + curves["timing"])
+    if curves["identical"]:
+        return "identical"
+    said = [f"within {CURVE_TOLERANCE} of the shared curves"]
+    if curves["drift"]:
+        said.append(
+            f"largest gap {curves['max_drift']:.4f} from the first step that differs: "
+            + "; ".join(curves["drift"])
+        )
+    return ", ".join(said) + "".join(f"; {line}" for line in curves["timing"])
 
 
 def print_table(report: dict[str, Any]) -> None:
