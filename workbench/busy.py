@@ -227,6 +227,10 @@ class BusyReader:
     def __init__(self, experiment: Path) -> None:
         self.experiment = experiment
         self._files: dict[Path, OnFileChange[BusyRecord | None]] = {}
+        # The summaries of processes that had ended, by process: they hold while the file
+        # does not change (the same record object), so a sweep's hundreds of finished
+        # orchestrators cost the TUI's poll a stat each, not a summary each.
+        self._ended: dict[str, tuple[BusyRecord, dict[str, Any]]] = {}
 
     def records(self) -> dict[str, BusyRecord]:
         directory = layout.busy_dir(self.experiment)
@@ -249,17 +253,29 @@ class BusyReader:
         write), and vLLM's (`inference`) from the orchestrators' generations of the same
         window."""
         records = self.records()
-        summaries = {}
+        summaries, alive = {}, set()
         for name, record in records.items():
-            alive = record.pid is not None and process_is_alive(record.pid)
-            summaries[name] = recent_summary(record, now if alive else record.written_at)
+            ended = self._ended.get(name)
+            if ended is not None and ended[0] is record:
+                summaries[name] = ended[1]
+                continue
+            if record.pid is not None and process_is_alive(record.pid):
+                alive.add(name)
+                summaries[name] = recent_summary(record, now)
+            else:
+                summaries[name] = recent_summary(record, record.written_at)
+                self._ended[name] = (record, summaries[name])
+        for gone in set(self._ended) - set(records):
+            del self._ended[gone]
         orchestrators = [r for name, r in records.items() if layout.is_run_dir_name(name)]
         if orchestrators:
             end = min(now, max(r.written_at for r in orchestrators))
-            if any(r.pid is not None and process_is_alive(r.pid) for r in orchestrators):
+            if any(r.process in alive for r in orchestrators):
                 end = now
             start = max(end - WINDOW_S, min(r.started_at for r in orchestrators))
-            summaries[INFERENCE] = inference_summary(orchestrators, start, end)
+            # Only those that wrote within the window can have generated in it.
+            recent = [r for r in orchestrators if r.written_at >= start or r.process in alive]
+            summaries[INFERENCE] = inference_summary(recent, start, end)
         return summaries
 
 

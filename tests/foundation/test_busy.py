@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_run
+from tests.helpers import age_files, make_run
 from tests.orchestrator.scripted import ScriptedChat, make_orchestrator, publish_adapter
 from workbench import busy, layout
 from workbench.busy import BUSY, STARTING, WAITING, BusyReader, Interval, Recorder
@@ -150,3 +150,25 @@ def test_an_orchestrator_step_records_its_waits_and_its_generation(experiment: P
     labels = {label for label in record.totals}
     assert {"starting", "scoring and writing", busy.GENERATION, "waiting for adapter"} <= labels
     assert "loading adapter" in labels  # step 1 loaded the adapter of step 1
+
+
+def test_an_ended_processs_shares_are_summed_once_while_its_file_stays(tmp_path, monkeypatch):
+    # The TUI asks every second; a sweep leaves hundreds of finished orchestrators.
+    for run_id in ("run_a", "run_b"):
+        path = layout.busy_path(tmp_path, run_id)
+        recorder = Recorder(path, run_id, started_at=100.0, clock=Clock(100.0))
+        recorder.ready(busy.GENERATION, BUSY)
+        record = recorder.snapshot()
+        busy.write_record(recorder.path, busy.BusyRecord(**{**record.__dict__, "pid": None}))
+    age_files(tmp_path)  # settled: a file changed within the clock's tick is read again
+    summed = []
+    real = busy.recent_summary
+    monkeypatch.setattr(
+        busy,
+        "recent_summary",
+        lambda record, end: summed.append(record.process) or real(record, end),
+    )
+    reader = BusyReader(tmp_path)
+    first = reader.recent(now=10_000.0)
+    assert reader.recent(now=10_001.0) == first
+    assert sorted(summed) == ["run_a", "run_b"]
