@@ -465,7 +465,10 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, str]]:
                 ),
             }
         )
-    speedup = ", ".join(f"{setup} {ratio}x" for setup, ratio in report["speedup"].items())
+    speedup = ", ".join(
+        f"{setup} {ratio}x" if ratio is not None else f"{setup} not run"
+        for setup, ratio in report["speedup"].items()
+    )
     rows.append({"metric": "e2e separate: speedup (separate wall / shared wall)", "value": speedup})
     curves = report["curves"]
     rows.append(
