@@ -4,7 +4,8 @@ Read top to bottom: `main` loads the frozen base model (`load_base_model`) and h
 `build_trainer`, which wraps its linears in multi-adapter LoRA layers and wires the per-run
 optimizer, scheduler and checkpoints to the multi-run manager's hooks; `train_forever` is
 the loop; `iterate` is one pass of it; `train_step` is one update of every run with data.
-How the ranks split the work and sum their gradients is `workbench.trainer.distributed`.
+How the ranks split the work and sum their gradients is `workbench.trainer.distributed`;
+how they hold the frozen base (whole, or sharded by FSDP2) is `workbench.trainer.sharding`.
 """
 
 from __future__ import annotations
