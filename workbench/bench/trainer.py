@@ -386,7 +386,7 @@ def _shared_step(model, rows, spec: WorkerSpec, device, rows_per_rank: int):
             trainer.manager.ready_to_update[idx] = True
         train_step(trainer, rows, rows_per_rank)
 
-    described = trainer.compute.describe()
+    described = trainer.row_model.plan.describe()
     if spec.ranks > 1:
         described += f", base {'sharded' if trainer.base_sharded else 'replicated'}"
     return step, described, lora_compute_summary(trainer.model)

@@ -28,7 +28,7 @@ from workbench.metrics import append_metrics
 from workbench.trainer import distributed
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
-from workbench.trainer.compute import ComputePlan, HostRow, RowLogprobs, prepare_model
+from workbench.trainer.compute import HostRow, RowLogprobs, prepare_model
 from workbench.trainer.divergence import DivergenceWatch, NonFiniteWeights, adapter_divergence
 from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lora_num_tokens
 from workbench.trainer.loss import compute_rl_loss
@@ -53,8 +53,9 @@ class Trainer:
     packer: Packer
     device: torch.device
     base_model: str
-    compute: ComputePlan
-    row_model: RowLogprobs  # `model` as each row computes it; FSDP2's root when sharded
+    row_model: (
+        RowLogprobs  # `model` as each row computes it (its `plan`); FSDP2's root when sharded
+    )
     base_sharded: bool = False
     divergence: DivergenceWatch = field(default_factory=DivergenceWatch)
     stop_requested: bool = False
@@ -98,8 +99,7 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
     apply_lora_to_model(
         model, manager, section.lora.rank, section.lora.alpha, section.target_modules
     )
-    compute = prepare_model(model, section, device)
-    row_model = RowLogprobs(model, compute)
+    row_model = RowLogprobs(model, prepare_model(model, section, device))
     sharded = section.shards_base(distributed.world_size())
     if sharded:
         shard_base(row_model, model, device, distributed.world_size())
@@ -116,7 +116,6 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
         packer=Packer(manager, section.seq_len, vocab_size=model.config.vocab_size),
         device=device,
         base_model=config.model.base,
-        compute=compute,
         row_model=row_model,
         base_sharded=sharded,
     )
