@@ -494,7 +494,11 @@ def _collect(process: subprocess.Popen) -> dict[str, Any]:
     if process.returncode == -signal.SIGKILL:
         raise OutOfMemory("killed (SIGKILL: the kernel's out-of-memory killer?)")
     if process.returncode != 0:
-        raise RuntimeError(f"benchmark worker failed ({process.returncode}):\n{err[-3000:]}")
+        # Under torchrun the workers' lines carry a `[rankN]:` prefix; the agent's report
+        # after them says only that a child failed.
+        workers = "\n".join(line for line in err.splitlines() if line.startswith("[rank"))
+        detail = (workers or err)[-3000:]
+        raise RuntimeError(f"benchmark worker failed ({process.returncode}):\n{detail}")
     result = json.loads(out.strip().splitlines()[-1])
     if "oom" in result:
         raise OutOfMemory(result["oom"])
