@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from workbench.procfs import process_is_alive
+from tests.supervisor.conftest import wait_for
+from workbench.procfs import process_cmdline, process_is_alive
 from workbench.supervisor.client import describe_last_exit
+from workbench.supervisor.daemon import write_state
+from workbench.supervisor.launch import kill_leftovers
 from workbench.supervisor.lifecycle import Event
 from workbench.supervisor.process import (
     ExitRecord,
@@ -195,3 +198,33 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+# A stand-in for `python -m workbench.inference`, which replaces itself with vLLM's server.
+EXECS_INTO_A_SERVER = (
+    "import os, sys\n"
+    "os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)'])"
+)
+
+
+def test_down_after_a_killed_supervisor_stops_a_child_that_replaced_itself_by_exec(
+    tmp_path: Path, spawned
+):
+    from workbench.supervisor.daemon import write_state
+    from workbench.supervisor.launch import kill_leftovers
+
+    proc = start(spawned, standin(tmp_path, EXECS_INTO_A_SERVER))
+    wait_for(lambda: "time.sleep" in " ".join(process_cmdline(proc.pid)), what="the exec")
+    write_state(tmp_path, {"processes": {"inference": proc.to_json()}})
+
+    assert kill_leftovers(tmp_path, timeout_s=5) == [proc.pid]
+    assert family_members(proc.pid) == []
+
+
+def test_down_leaves_alone_a_process_that_reused_a_recorded_pid(tmp_path: Path, spawned):
+    proc = start(spawned, standin(tmp_path, "import time; time.sleep(600)"))
+    record = {**proc.to_json(), "start_ticks": proc.to_json()["start_ticks"] - 1}
+    write_state(tmp_path, {"processes": {"inference": record}})
+
+    assert kill_leftovers(tmp_path, timeout_s=5) == []
+    assert process_is_alive(proc.pid)

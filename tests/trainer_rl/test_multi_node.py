@@ -74,6 +74,16 @@ def wait_for_step(experiment: Path, step: int, *processes: subprocess.Popen) -> 
         wait_for(layout.broadcast_dir(experiment / run, step), processes[0])
 
 
+def stops_cleanly(trainer: subprocess.Popen, *logs: Path) -> bool:
+    """Whether node 0's trainer exits 0 within two minutes of its SIGTERM; on a failure, the
+    nodes' logs say why."""
+    try:
+        return trainer.wait(timeout=120) == 0
+    except subprocess.TimeoutExpired:
+        tails = "\n".join(f"--- {log}:\n{log.read_text()[-3000:]}" for log in logs if log.exists())
+        pytest.fail(f"node 0's trainer still runs 120 s after its SIGTERM\n{tails}")
+
+
 @pytest.mark.slow  # four trainers start, one after the other: minutes on a busy machine
 def test_a_joined_node_trains_restarts_its_agent_with_node_0_and_leaves_when_it_stops(
     tmp_path, tiny_llama
@@ -90,6 +100,7 @@ def test_a_joined_node_trains_restarts_its_agent_with_node_0_and_leaves_when_it_
     supervisor_state(experiment, "running")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     log = (tmp_path / "node0.log").open("a")
+    logs = (tmp_path / "node0.log", layout.process_log_path(experiment, "trainer-node1"))
 
     def node0() -> subprocess.Popen:  # what node 0's supervisor starts, and restarts
         argv = trainer_argv(config_path, 1, rendezvous)
@@ -103,7 +114,7 @@ def test_a_joined_node_trains_restarts_its_agent_with_node_0_and_leaves_when_it_
     try:
         wait_for_step(experiment, 1, trainer, joined)
         trainer.send_signal(signal.SIGTERM)  # a stray stop: the supervisor restarts it
-        assert trainer.wait(timeout=120) == 0
+        assert stops_cleanly(trainer, *logs)
         for name, seed in (("run_a", 1), ("run_b", 2)):
             write_rollouts(experiment / name, random_batch(name, 1, 10, seed=seed))
         trainer = node0()
@@ -111,7 +122,7 @@ def test_a_joined_node_trains_restarts_its_agent_with_node_0_and_leaves_when_it_
 
         supervisor_state(experiment, "stopping")  # `workbench down` on node 0
         trainer.send_signal(signal.SIGTERM)
-        assert trainer.wait(timeout=120) == 0
+        assert stops_cleanly(trainer, *logs)
         output, _ = joined.communicate(timeout=120)
     finally:
         for process in (trainer, joined):

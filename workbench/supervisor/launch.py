@@ -166,8 +166,10 @@ def kill_leftovers(experiment: Path, timeout_s: float = 10.0) -> list[int]:
     """Stop the process groups recorded in state.json whose supervisor is gone.
 
     Only call this when no supervisor runs for the experiment. A recorded pid counts only
-    if it is still the session leader we started (same command line): pids are reused.
-    Returns the leaders that were stopped.
+    if it is still the session leader we started: pids are reused. That is the process
+    that started at the recorded time (`start_ticks`, which survives exec: vLLM's server
+    replaces `python -m workbench.inference` in the same process), or, for a state.json
+    written without it, one with the recorded command line. Returns the leaders stopped.
     """
     state = read_state(experiment)
     if not state:
@@ -179,17 +181,23 @@ def kill_leftovers(experiment: Path, timeout_s: float = 10.0) -> list[int]:
             continue
         if not family_members(pid):
             continue
-        if process_is_alive(pid):
-            stat = read_stat(pid)
-            argv = record.get("argv") or []
-            if stat is None or stat.session != pid:
-                continue
-            if argv and not _same_command(process_cmdline(pid), argv):
-                continue
+        if process_is_alive(pid) and not _is_the_recorded_leader(pid, record):
+            continue
         leaders.append(pid)
     if leaders:
         stop_families(leaders, timeout_s)
     return leaders
+
+
+def _is_the_recorded_leader(pid: int, record: dict) -> bool:
+    stat = read_stat(pid)
+    if stat is None or stat.session != pid:
+        return False
+    start_ticks = record.get("start_ticks")
+    if isinstance(start_ticks, int):
+        return stat.start_ticks == start_ticks
+    argv = record.get("argv") or []
+    return not argv or _same_command(process_cmdline(pid), argv)
 
 
 def _same_command(cmdline: list[str], argv: list[str]) -> bool:

@@ -170,6 +170,10 @@ class SupervisedProcess:
         self.pid: int | None = None
         self.restarts = 0
         self.started_at: str | None = None
+        # When the kernel started it (clock ticks since boot): with the pid, what names
+        # this process for a later `workbench down`, through exec (vLLM replaces
+        # `python -m workbench.inference`) and despite pid reuse.
+        self.start_ticks: int | None = None
         self.exits: list[ExitRecord] = []
         self._popen: subprocess.Popen[bytes] | None = None
         self._spawn_count = 0
@@ -245,6 +249,8 @@ class SupervisedProcess:
         self._spawn_count = attempt
         self.pid = self._popen.pid
         self.started_at = now_iso()
+        stat = procfs.read_stat(self.pid)
+        self.start_ticks = stat.start_ticks if stat is not None else None
         self._started_monotonic = now
         self._terminating = False
         self._killed = False
@@ -322,6 +328,7 @@ class SupervisedProcess:
         exit_code = code if code is not None and code >= 0 else None
         self._popen = None
         self.pid = None
+        self.start_ticks = None
         self._terminating = False
         record = ExitRecord(
             time=now_iso(),
@@ -359,6 +366,7 @@ class SupervisedProcess:
             "pid": self.pid,
             "restarts": self.restarts,
             "started_at": self.started_at,
+            "start_ticks": self.start_ticks,
             "log": str(self.spec.log_path),
             "reason": self.reason,
             "argv": list(self.spec.argv),

@@ -40,6 +40,12 @@ def init_process_group() -> torch.device:
     return device
 
 
+def barrier() -> None:
+    """Wait until every rank is here."""
+    if _grouped():
+        dist.barrier()
+
+
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

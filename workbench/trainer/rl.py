@@ -327,6 +327,10 @@ def iterate(trainer: Trainer) -> str:
                     trainer.checkpointer.save_if_due(idx, force=True)
                 except NonFiniteWeights as err:  # its latest finite checkpoint stays
                     logger.error("%s: %s", manager.idx_2_id[idx], err)
+        # The ranks leave together: one that tore down its side of the process group
+        # while the master still wrote checkpoints was seen to abort on the way out
+        # (gloo, two nodes), and torchrun's agents then wait out their exit barrier.
+        distributed.barrier()
         logger.info("stopping: checkpoints written")
         return "stopped"
     if not manager.ready_to_update_idxs:
