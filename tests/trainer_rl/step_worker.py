@@ -18,12 +18,18 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
+from workbench.trainer import distributed
 from workbench.trainer.rl import build_trainer, iterate, load_base_model
 from workbench.trainer.sharding import base_parameter_bytes
 
 
 def main(experiment: Path, model_dir: Path, out: Path, settings: dict) -> None:
     dist.init_process_group("gloo")
+    train_and_save(experiment, model_dir, out, settings)
+    distributed.destroy_process_group()  # the trainer is gone: its group goes with it
+
+
+def train_and_save(experiment: Path, model_dir: Path, out: Path, settings: dict) -> None:
     config = TrainerConfig(
         output_dir=experiment,
         model=ModelSection(base=str(model_dir)),
@@ -47,7 +53,6 @@ def main(experiment: Path, model_dir: Path, out: Path, settings: dict) -> None:
         "sharded": trainer.base_sharded,
     }
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(held))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

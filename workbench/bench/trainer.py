@@ -227,8 +227,13 @@ def run_worker(spec: WorkerSpec) -> dict[str, Any]:
     """Measure one configuration; {"oom": why} if it ran out of memory."""
     import torch
 
+    from workbench.trainer import distributed
+
     try:
-        return _measure_worker(spec)
+        result = _measure_worker(spec)
+        # After the measurement's models are gone (distributed.destroy_process_group).
+        distributed.destroy_process_group()
+        return result
     except (torch.OutOfMemoryError, RuntimeError) as err:
         _tell_peers_failed(spec)
         # The CPU allocator's failure is a plain RuntimeError.
@@ -315,7 +320,6 @@ def _worst_rank(result: dict[str, Any]) -> dict[str, Any]:
         return result
     everyone: list[dict[str, Any]] = [{} for _ in range(distributed.world_size())]
     dist.all_gather_object(everyone, result)
-    distributed.destroy_process_group()
     for key in ("peak_rss_mb", "added_rss_mb", "peak_cuda_mb", "peak_reserved_mb", "base_mb"):
         if key in result:
             result[key] = max(other[key] for other in everyone)

@@ -14,6 +14,7 @@ master, and every collective here is a no-op.
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import TypeVar
 
@@ -47,8 +48,16 @@ def barrier() -> None:
 
 
 def destroy_process_group() -> None:
+    """Leave the process group, and free it now. Call it once the models are no longer
+    referenced: FSDP2's modules hold the group in reference cycles (measured: three
+    references that only the collector frees), which would otherwise free it during the
+    interpreter's exit, where gloo's pending work dropping its tensors aborts the process
+    (SIGABRT, "terminate called without an active exception"), now and then, after a
+    clean stop."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def _grouped() -> bool:
