@@ -317,8 +317,12 @@ def test_default_target_modules_matching_no_layer_of_the_model_are_found(tmp_pat
     )
 
 
-def test_the_layers_of_a_large_model_are_known_without_allocating_its_weights(tmp_path: Path):
+def test_the_layers_of_a_large_model_are_known_without_allocating_its_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     from transformers import LlamaConfig
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))  # looked at, not kept
 
     # A 70B Llama: 280 GB in float32, were its weights made.
     config = LlamaConfig(
@@ -530,3 +534,31 @@ def test_a_hub_id_not_cached_on_a_machine_that_cannot_reach_the_hub_is_refused(t
     result = dry_run(tmp_path, "acme/tiny", **env)
     assert result.returncode == 2
     assert "the hub cannot be reached" in result.stderr and unreachable in result.stderr
+
+
+def test_a_models_layers_are_looked_at_once_and_again_when_its_config_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from transformers import GPTNeoXConfig
+
+    from workbench.models import resolve
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    config = GPTNeoXConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+    )
+    base = str(model_dir(tmp_path, config))
+    looked = resolve.linear_layer_names(base)
+    assert "query_key_value" in looked
+    resolve.linear_layer_names.cache_clear()  # as a second `workbench up` starts afresh
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("the layers were looked at again")
+
+    monkeypatch.setattr(resolve.subprocess, "run", no_child)
+    assert resolve.linear_layer_names(base) == looked
+    resolve.linear_layer_names.cache_clear()
+    config.num_hidden_layers = 2  # another model: another look
+    config.save_pretrained(base)
+    with pytest.raises(AssertionError, match="looked at again"):
+        resolve.linear_layer_names(base)

@@ -18,8 +18,12 @@ of building too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import importlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -198,7 +202,16 @@ def linear_layer_names(base: str) -> list[str] | None:
 
     Done in a child process, given at most `LAYERS_TIMEOUT_S`: torch and transformers take
     some 400 MB that `workbench up`, which goes on following the experiment, should not keep.
-    Raises RuntimeError when the child fails or runs out of time."""
+    That child takes some 5 s of every `workbench up` on a 2-core machine, so the answer is
+    kept in the cache (`linear_layers_cache_path`) for a builtin or a model directory, under
+    the digest of what decides it. Raises RuntimeError when the child fails or runs out of
+    time."""
+    cached = linear_layers_cache_path(base)
+    if cached is not None:
+        with contextlib.suppress(OSError, ValueError):
+            names = json.loads(cached.read_text())
+            if isinstance(names, list) and all(isinstance(name, str) for name in names):
+                return names
     root = str(Path(__file__).resolve().parents[2])  # this checkout's workbench, in the child
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     try:
@@ -214,7 +227,31 @@ def linear_layer_names(base: str) -> list[str] | None:
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines()
         raise RuntimeError(lines[-1] if lines else f"exit status {result.returncode}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    names = json.loads(result.stdout.strip().splitlines()[-1])
+    if cached is not None and names is not None:
+        with contextlib.suppress(OSError):  # a cache that cannot be written costs time only
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            layout.atomic_write_text(cached, json.dumps(names))
+    return names
+
+
+def linear_layers_cache_path(base: str) -> Path | None:
+    """Where `linear_layer_names(base)` keeps its answer: named by the digest of what decides
+    it, the model's config (a directory's config.json; for a builtin, the source of the
+    module that makes its config, read rather than imported: importing it takes torch) and
+    the installed transformers, which makes the model from it. None for a hub id (its files
+    may change in the hub's cache) or a directory without a readable config.json."""
+    try:
+        if is_builtin(base):
+            module = _BUILTINS[base.removeprefix(BUILTIN_PREFIX)].partition(":")[0]
+            origin = importlib.util.find_spec(module).origin
+            what = base.encode() + b"\0" + Path(origin).read_bytes()
+        else:
+            what = (Path(base).expanduser() / "config.json").read_bytes()
+    except (KeyError, AttributeError, TypeError, OSError):
+        return None
+    digest = hashlib.sha256(what + b"\0" + importlib.metadata.version("transformers").encode())
+    return cache_dir() / "linear-layers" / f"{digest.hexdigest()[:32]}.json"
 
 
 def _linear_layer_names_here(base: str) -> list[str] | None:
