@@ -72,3 +72,49 @@ def test_the_trainer_its_worker_and_orchestrators_stop_when_the_supervisor_is_ki
         for pid in [*children, *child_pids(trainer)]:
             if process_is_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of the process's session's autogroup; None without autogroup."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def test_the_trainer_its_worker_and_orchestrators_run_as_batch_work_and_the_user_does_not(
+    tmp_path: Path,
+):
+    experiment = tmp_path / "exp"
+    experiment.mkdir()
+    layout.recipe_path(experiment).write_text(RECIPE)
+    make_run(experiment, "run_a")
+    mine = (os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice(os.getpid()))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(experiment)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "WORKBENCH_NICE": "7"},
+    )
+    children = [int(parent.stdout.readline()), int(parent.stdout.readline())]
+    trainer = children[0]
+    try:
+        assert wait(lambda: child_pids(trainer)), "torchrun started no worker"
+        # The agent, its worker (a session of its own) and the orchestrator.
+        family = [*children, *child_pids(trainer)]
+
+        def batch(pid: int) -> bool:  # a value already higher (a niced test run) is kept
+            group = autogroup_nice(pid)
+            return os.getpriority(os.PRIO_PROCESS, pid) >= 7 and (group is None or group >= 7)
+
+        assert wait(lambda: all(batch(pid) for pid in family)), {
+            pid: (os.getpriority(os.PRIO_PROCESS, pid), autogroup_nice(pid)) for pid in family
+        }
+        # This process stands for the user's terminal (the TUI, a shell): untouched.
+        assert (os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice(os.getpid())) == mine
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in [*children, *child_pids(trainer)]:
+            if process_is_alive(pid):
+                os.kill(pid, signal.SIGKILL)

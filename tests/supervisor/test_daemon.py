@@ -428,3 +428,22 @@ def test_an_orchestrator_killed_with_sigkill_is_restarted_and_the_signal_recorde
     last = record["exits"][-1]
     assert last["signal"] == signal.SIGKILL and last["code"] is None
     assert not last["stop_requested"]
+
+
+def test_what_a_killed_orchestrator_left_half_written_is_removed_once_it_exited(
+    standin: StandinExperiment,
+):
+    standin.add_runs("run_a")
+    standin.start()
+    pid = int(standin.wait_for_event("run_a", "start").detail)
+    run = standin.path / "run_a"
+    # Where a write was when the kill came: samples.jsonl's temp file, a staged rollout step.
+    half_written = [run / ".samples.jsonl.k1ll3d.tmp", run / "rollouts" / ".step_3.k1ll3d.tmp"]
+    half_written[0].write_text('{"step": 3, "gro')
+    half_written[1].mkdir(parents=True)
+    kept = run / "rollouts" / "step_2"
+    kept.mkdir()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: standin.process("run_a")["exits"], what="the exit of run_a")
+    wait_for(lambda: not any(path.exists() for path in half_written), what="the removal")
+    assert kept.is_dir()

@@ -30,10 +30,12 @@ from workbench.inference.server import (
     serving_port,
 )
 from workbench.lifeline import die_with_parent
+from workbench.priority import run_as_batch
 
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # survives the execve below: vLLM stops when the supervisor dies
+    run_as_batch()  # so does the nice value, and the session's
     parser = argparse.ArgumentParser(prog="python -m workbench.inference", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="an InferenceConfig TOML")
     parser.add_argument(

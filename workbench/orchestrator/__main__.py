@@ -36,7 +36,9 @@ from workbench.inference.endpoint import read_endpoint
 from workbench.inference.readiness import is_healthy
 from workbench.lifeline import die_with_parent
 from workbench.orchestrator.loop import Orchestrator, RunEvicted
+from workbench.orchestrator.state import remove_killed_writes
 from workbench.preflight import environment_problem
+from workbench.priority import run_as_batch
 
 logger = logging.getLogger("workbench.orchestrator")
 EXIT_BAD_CONFIG = 2
@@ -87,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     signal.signal(signal.SIGTERM, _raise_stopped)
     die_with_parent()  # a SIGTERM when the supervisor dies, as on `workbench down`
+    run_as_batch()
     supervisor = os.getppid()
     run: Path = args.run_dir
     experiment = run.parent
+    remove_killed_writes(run)  # of an orchestrator of this run killed mid-write
     busy.record_to(experiment, run.name)
     read = None  # which orch.toml the config came from, once read
     try:

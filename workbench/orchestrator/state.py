@@ -37,6 +37,17 @@ class OrchestratorState:
         self.rng_state = [version, list(internal), gauss]
 
 
+def remove_killed_writes(run: Path) -> None:
+    """Remove what an orchestrator killed mid-write (SIGKILL, OOM) left in its run: the temp
+    file of `samples.jsonl`, staged rollout steps and staged checkpoints of its own part.
+    Only while no orchestrator of the run runs: when one starts, and when the supervisor
+    has seen one exit (after `workbench down` nothing else would remove them)."""
+    layout.remove_staging(run, layout.samples_path(run).name)
+    layout.remove_staging(layout.rollouts_dir(run))
+    for _, step in layout.list_step_dirs(layout.checkpoints_dir(run)):
+        layout.remove_staging(step, PART)
+
+
 def save_state(run: Path, state: OrchestratorState, keep: int = 2) -> Path:
     final = layout.checkpoint_part_dir(run, state.step, PART)
     with layout.staged_directory(final) as staging:

@@ -36,6 +36,7 @@ from workbench import layout, run_control
 from workbench.clock import now_iso, unix_time
 from workbench.config import ConfigError, normalize_run_id
 from workbench.experiment import write_run
+from workbench.orchestrator.state import remove_killed_writes
 from workbench.supervisor import paths
 from workbench.supervisor.control_socket import (
     COMMANDS,
@@ -279,6 +280,9 @@ class Supervisor:
         log.info("%s: %s after %.1fs", proc.name, record.describe(), facts.uptime_s)
         if proc.spec.run_id is not None:
             self._discovery_due = True  # a run ended: its directory may say why
+            # Its writes cut short (a SIGKILL after its stop timeout), which no later
+            # orchestrator of a finished or evicted run would remove.
+            remove_killed_writes(self._run_path(proc))
         event = proc.exited(facts, now)
         if event == Event.EXIT_FAILED:
             log.error("%s: failed: %s", proc.name, proc.reason)

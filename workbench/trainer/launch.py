@@ -25,6 +25,7 @@ import signal
 import sys
 
 from workbench.lifeline import die_with_parent
+from workbench.priority import run_as_batch
 from workbench.procfs import child_pids
 
 # The agent's handler for the signals it handles raises; SIGTERM is handled here instead.
@@ -66,6 +67,7 @@ def forward_to_workers(signum: int, _frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
+    run_as_batch()  # the agent; each worker, in a session of its own, does too
     signal.signal(signal.SIGTERM, forward_to_workers)
     # gloo's and nccl's ranks listen on the address the host name resolves to, often the
     # network's; one machine needs only the loopback interface (an explicit setting is kept).

@@ -25,6 +25,7 @@ from workbench import busy, layout
 from workbench.config import ConfigError, TrainerConfig, load_trainer_config
 from workbench.lifeline import die_with_parent
 from workbench.metrics import append_metrics
+from workbench.priority import run_as_batch
 from workbench.trainer import distributed
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
@@ -356,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     # torchrun starts each worker in a session of its own: without this a killed agent
     # would leave it training beside the trainer that replaces it.
     die_with_parent()
+    run_as_batch()
     device = distributed.init_process_group()
     try:
         return train_from_config(args.config, device)

@@ -1,0 +1,49 @@
+"""Training yields the CPU to the person at the keyboard: workbench's processes run as batch work.
+
+On a machine where the experiment's processes fill every core (a CPU-only machine always),
+the TUI, a shell over SSH or an editor must still answer. A process's nice value alone does
+not do it on Linux: with autogroup (on by default in most distributions) the scheduler first
+shares the CPU between sessions, equally, and a nice value acts only among the processes of
+one session. Every child of the supervisor runs in a session of its own (so a closed
+terminal never reaches it), and torchrun starts each trainer worker in another, so the
+experiment is some twenty sessions to the TUI's one: the TUI gets a twentieth of the CPU.
+
+So each of workbench's long-running processes raises its session's autogroup nice value and
+its own nice value to `$WORKBENCH_NICE` (10 unless set where `workbench up` runs, whose
+processes inherit it; 0 keeps the usual priority). Among themselves they keep the shares they had, all being at the same
+value; against an interactive process they yield. Raising a nice value needs no privilege,
+and where there is no autogroup (`/proc/self/autogroup` missing, or a kernel without it) the
+process's own nice value does the work. Linux only; elsewhere only the nice value is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+NICE_ENV = "WORKBENCH_NICE"
+DEFAULT_NICE = 10
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def batch_nice() -> int:
+    """The nice value workbench's processes take: `$WORKBENCH_NICE`, else DEFAULT_NICE."""
+    raw = os.environ.get(NICE_ENV, "").strip()
+    try:
+        return max(0, min(19, int(raw))) if raw else DEFAULT_NICE
+    except ValueError:
+        return DEFAULT_NICE
+
+
+def run_as_batch(nice: int | None = None) -> None:
+    """Raise this process's nice value and its session's autogroup nice value to `nice`
+    (default: `batch_nice()`); a value already higher is kept; failures change nothing."""
+    nice = batch_nice() if nice is None else nice
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, 0) < nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        # "/autogroup-123 nice 0": this session's group and its nice value.
+        if int(AUTOGROUP.read_text().split()[-1]) < nice:
+            AUTOGROUP.write_text(str(nice))
