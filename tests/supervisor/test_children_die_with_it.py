@@ -47,17 +47,25 @@ def wait(condition, timeout: float = 120) -> bool:
     return bool(condition())
 
 
-def test_the_trainer_its_worker_and_orchestrators_stop_when_the_supervisor_is_killed(
-    tmp_path: Path,
-):
+def start_children(tmp_path: Path, env: dict[str, str] | None = None):
+    """The stand-in supervisor and the pids of the trainer and run_a's orchestrator it started."""
     experiment = tmp_path / "exp"
     experiment.mkdir()
     layout.recipe_path(experiment).write_text(RECIPE)
     make_run(experiment, "run_a")
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(experiment)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PARENT, str(experiment)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
-    children = [int(parent.stdout.readline()), int(parent.stdout.readline())]
+    return parent, [int(parent.stdout.readline()), int(parent.stdout.readline())]
+
+
+def test_the_trainer_its_worker_and_orchestrators_stop_when_the_supervisor_is_killed(
+    tmp_path: Path,
+):
+    parent, children = start_children(tmp_path)
     trainer = children[0]
     try:
         assert wait(lambda: child_pids(trainer)), "torchrun started no worker"
@@ -85,18 +93,8 @@ def autogroup_nice(pid: int) -> int | None:
 def test_the_trainer_its_worker_and_orchestrators_run_as_batch_work_and_the_user_does_not(
     tmp_path: Path,
 ):
-    experiment = tmp_path / "exp"
-    experiment.mkdir()
-    layout.recipe_path(experiment).write_text(RECIPE)
-    make_run(experiment, "run_a")
     mine = (os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice(os.getpid()))
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(experiment)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "WORKBENCH_NICE": "7"},
-    )
-    children = [int(parent.stdout.readline()), int(parent.stdout.readline())]
+    parent, children = start_children(tmp_path, {"WORKBENCH_NICE": "7"})
     trainer = children[0]
     try:
         assert wait(lambda: child_pids(trainer)), "torchrun started no worker"
