@@ -10,10 +10,10 @@ experiment is some twenty sessions to the TUI's one: the TUI gets a twentieth of
 
 So each of workbench's long-running processes raises its session's autogroup nice value and
 its own nice value to `$WORKBENCH_NICE` (10 unless set where `workbench up` runs, whose
-processes inherit it; 0 keeps the usual priority). Among themselves they keep the shares they had, all being at the same
-value; against an interactive process they yield. Raising a nice value needs no privilege,
-and where there is no autogroup (`/proc/self/autogroup` missing, or a kernel without it) the
-process's own nice value does the work. Linux only; elsewhere only the nice value is set.
+processes inherit it; 0 keeps the usual priority). Among themselves they keep the shares
+they had, all being at the same value; against an interactive process they yield. Raising
+a nice value needs no privilege, and where there is no autogroup (`/proc/self/autogroup`
+missing, or a kernel without it) the process's own nice value does the work.
 """
 
 from __future__ import annotations
