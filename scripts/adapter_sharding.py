@@ -42,6 +42,11 @@ RUNS, TOKENS, SAMPLE_LEN, RANK = 4, 8192, 512, 8
 
 def main(shape: str, adapters: str, seq_len: int, steps: int) -> None:
     device = distributed.init_process_group()
+    measure(shape, adapters, seq_len, steps, device)
+    distributed.destroy_process_group()  # the model is gone: its group goes with it
+
+
+def measure(shape: str, adapters: str, seq_len: int, steps: int, device: torch.device) -> None:
     torch.manual_seed(0)
     config = model_config(shape)
     model = AutoModelForCausalLM.from_config(
@@ -102,7 +107,6 @@ def main(shape: str, adapters: str, seq_len: int, steps: int) -> None:
             "tokens": sum(row.num_tokens for row in rows),
         }
         print(json.dumps(result))
-    distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -54,9 +54,8 @@ class Trainer:
     packer: Packer
     device: torch.device
     base_model: str
-    row_model: (
-        RowLogprobs  # `model` as each row computes it (its `plan`); FSDP2's root when sharded
-    )
+    # `model` as each row computes it (its `plan`); FSDP2's root when sharded.
+    row_model: RowLogprobs
     base_sharded: bool = False
     divergence: DivergenceWatch = field(default_factory=DivergenceWatch)
     stop_requested: bool = False
@@ -328,9 +327,8 @@ def iterate(trainer: Trainer) -> str:
                     trainer.checkpointer.save_if_due(idx, force=True)
                 except NonFiniteWeights as err:  # its latest finite checkpoint stays
                     logger.error("%s: %s", manager.idx_2_id[idx], err)
-        # The ranks leave together: one that tore down its side of the process group
-        # while the master still wrote checkpoints was seen to abort on the way out
-        # (gloo, two nodes), and torchrun's agents then wait out their exit barrier.
+        # The ranks leave together: none tears down its side of the process group while
+        # the master still writes checkpoints (how they leave it: destroy_process_group).
         distributed.barrier()
         logger.info("stopping: checkpoints written")
         return "stopped"
