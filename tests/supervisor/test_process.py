@@ -136,6 +136,7 @@ def test_stop_terminates_the_whole_group_and_leaves_no_orphans(tmp_path: Path, s
     record = wait_exit(proc)
 
     assert record.stop_requested and record.signal == signal.SIGTERM
+    assert record.last_lines == [], "an obeyed stop explains nothing: state.json stays small"
     assert not process_is_alive(grandchild), "the grandchild survived (see /proc)"
     assert not Path(f"/proc/{grandchild}").exists() or _zombie(grandchild)
     assert family_members(leader) == []
@@ -160,6 +161,14 @@ def test_a_child_ignoring_sigterm_is_killed_after_its_stop_timeout(tmp_path: Pat
     assert record.signal == signal.SIGKILL
     assert time.monotonic() - began >= 0.5
     assert "sending SIGKILL" in log.read_text()
+    assert "ready" in record.last_lines, "a forced stop keeps what the process last said"
+
+
+def test_a_clean_exit_keeps_no_log_lines(tmp_path: Path, spawned):
+    # Hundreds of orchestrators end cleanly in a sweep: their records stay small.
+    proc = start(spawned, standin(tmp_path, "print('done')"))
+    record = wait_exit(proc)
+    assert record.ok and record.last_lines == []
 
 
 def test_leftovers_of_a_leader_that_exited_by_itself_are_killed(tmp_path: Path, spawned):

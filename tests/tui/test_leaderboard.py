@@ -84,6 +84,20 @@ async def test_b_switches_to_the_leaderboard_and_back(sweep, make_app):
         await press_for(pilot, "escape", MainScreen)
 
 
+async def test_runs_are_ranked_only_while_the_leaderboard_is_open(sweep, make_app):
+    # Ranking is the part of a poll that grows with the runs: the main screen, shown all
+    # day in a sweep of hundreds, must not pay for it.
+    app = make_app(sweep)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await next_polls(pilot, app)
+        assert app.snapshot.leaderboard is None
+        await open_leaderboard(pilot, app)
+        assert list(rows(app, LeaderboardTable)) == RANKED
+        await press_for(pilot, "escape", MainScreen)
+        await next_polls(pilot, app)
+        assert app.snapshot.leaderboard is None
+
+
 async def test_runs_are_ranked_by_their_last_eval_as_the_sweep_report_ranks_them(sweep, make_app):
     app = make_app(sweep)
     async with app.run_test(size=(160, 48)) as pilot:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from tests.tui.synthetic import (
     write_supervisor_state,
 )
 from workbench import busy, layout, run_control
+from workbench.tui.collector import YOUNG_THRESHOLD
 from workbench.tui.data import ExperimentReader
 from workbench.tui.screens.add_run import AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
@@ -239,6 +241,21 @@ async def test_quit_leaves_the_supervisor_running(experiment, make_app):
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+async def test_the_collector_is_quieted_while_the_tui_runs_and_given_back_on_quit(
+    experiment, make_app
+):
+    # The TUI freezes its long-lived objects so full collections do not stall keys; the
+    # process (a test run, an embedding program) gets Python's collector back as it was.
+    before = gc.get_threshold()
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        await wait_until(pilot, lambda: gc.get_freeze_count() > 0, what="the freeze")
+        assert gc.get_threshold()[0] >= YOUNG_THRESHOLD
+        await pilot.press("q")
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
 
 
 async def test_restart_acts_on_the_selected_run_or_process(experiment, make_app, commands):

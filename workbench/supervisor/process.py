@@ -133,7 +133,8 @@ def describe_exit(code: int | None, signal_number: int | None, error: str | None
 
 @dataclass
 class ExitRecord:
-    """One exit of a process: exit code or signal, when, and the end of its log."""
+    """One exit of a process: exit code or signal, when, and, for a crash or a stop that
+    had to be forced, the end of its log."""
 
     time: str
     code: int | None
@@ -334,9 +335,17 @@ class SupervisedProcess:
             time=now_iso(),
             code=exit_code,
             signal=signal_number,
-            last_lines=last_lines(self.spec.log_path, LAST_LINES, max_bytes=LAST_LINES_MAX_BYTES),
+            last_lines=[],
             stop_requested=stop_requested,
         )
+        # The end of the log explains a crash, or a stop that had to be forced; a clean
+        # exit or an obeyed stop explains nothing, and a sweep ends hundreds of
+        # orchestrators so: state.json, rewritten at every change and read by every
+        # client, stays small.
+        if not (record.ok or (stop_requested and not self._killed)):
+            record.last_lines = last_lines(
+                self.spec.log_path, LAST_LINES, max_bytes=LAST_LINES_MAX_BYTES
+            )
         self._append_log(f"{self.spec.name} ended: {record.describe()}")
         return self._record(record)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,11 +144,17 @@ def rank_report(
     outcomes: list[RunOutcome],
     asha: AshaRecord | None,
     by: str = "last",
+    evictions: Mapping[str, run_control.Eviction | None] | None = None,
 ) -> SweepReport:
-    """The report of `outcomes`: each given its early-stopping standing, then ranked."""
+    """The report of `outcomes`: each given its early-stopping standing, then ranked.
+    Each run's eviction is read from its `control/evicted.txt` unless `evictions` holds
+    it already (the TUI's status reader read it when the file changed)."""
     standings = latest_by_run(asha.results) if asha is not None else {}
     for outcome in outcomes:
-        eviction = run_control.read_eviction(layout.run_dir(experiment, outcome.id))
+        if evictions is not None and outcome.id in evictions:
+            eviction = evictions[outcome.id]
+        else:
+            eviction = run_control.read_eviction(layout.run_dir(experiment, outcome.id))
         outcome.diverged = eviction is not None and run_control.is_divergence(eviction.reason)
         standing = standings.get(outcome.id)
         if standing is not None:

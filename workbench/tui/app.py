@@ -5,6 +5,7 @@ Data flow:
   directory (`data.ExperimentReader`, incremental) into an immutable snapshot and hands it
   to the app, which sets its reactive `snapshot`; the screens watch it and update only the
   cells that changed. At most one poll runs at a time, so a slow disk delays, never piles up.
+  Runs are ranked only while the leaderboard screen is open.
 - the log pane tails its file in its own worker (`widgets.log_pane`).
 - screens post requests (`messages`); the app runs the dialog, evicts as the CLI does
   (`supervisor.client.evict_and_tell`: `evicted.txt`, then the supervisor) and sends
@@ -28,6 +29,7 @@ from textual.reactive import var
 
 from workbench import layout
 from workbench.supervisor.client import SupervisorError, evict_and_tell
+from workbench.tui.collector import QuietCollector
 from workbench.tui.commands import CommandOutcome, CommandSender, SupervisorCommands
 from workbench.tui.data import SUPERVISOR_PROCESS, ExperimentReader, ExperimentSnapshot
 from workbench.tui.messages import (
@@ -102,11 +104,15 @@ class WorkbenchApp(App[None]):
         self._run_detail: RunDetailScreen | None = None
         self._warned: set[str] = set()
         self.polls = 0  # completed polls; tests wait on it
+        self._collector = QuietCollector()
 
     def on_mount(self) -> None:
         self.push_screen(MainScreen(self.experiment, self.clock, self.log_max_lines))
         self.action_poll_now()
         self.set_interval(self.poll_interval, self.action_poll_now)
+
+    def on_unmount(self) -> None:
+        self._collector.restore()
 
     # ------------------------------------------------------------ polling
 
@@ -114,12 +120,16 @@ class WorkbenchApp(App[None]):
         if self._polling:
             return
         self._polling = True
-        self._poll()
+        self._poll(rank=self._leaderboard_shown())
+
+    def _leaderboard_shown(self) -> bool:
+        # Only the leaderboard screen shows the ranking: polls leave it out otherwise.
+        return any(isinstance(screen, LeaderboardScreen) for screen in self.screen_stack)
 
     @work(thread=True, group="poll", exit_on_error=False)
-    def _poll(self) -> None:
+    def _poll(self, rank: bool) -> None:
         try:
-            snapshot = self._reader.poll()
+            snapshot = self._reader.poll(rank=rank)
         except Exception as err:  # a broken file must not take the TUI down: say so, go on
             self.call_from_thread(self._poll_failed, err)
             return
@@ -129,6 +139,10 @@ class WorkbenchApp(App[None]):
         self._polling = False
         self.polls += 1
         self.snapshot = snapshot
+        if self.polls == 1:  # everything long-lived exists once the first one is shown
+            self.call_after_refresh(self._collector.settle)
+        if snapshot.leaderboard is None and self._leaderboard_shown():
+            self.action_poll_now()  # the leaderboard opened during a poll without it
         for warning in snapshot.warnings:  # each once: state.json keeps listing it
             if warning not in self._warned:
                 self._warned.add(warning)
@@ -165,6 +179,7 @@ class WorkbenchApp(App[None]):
     @on(ShowLeaderboard)
     def _show_leaderboard(self) -> None:
         self.push_screen(LeaderboardScreen())
+        self.action_poll_now()  # rank now rather than at the next tick
 
     @on(ShowCurves)
     def _show_curves(self) -> None:

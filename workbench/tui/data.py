@@ -19,7 +19,8 @@ to repeat every second:
 
 A poll costs what changed, not how many runs there are: a run whose files did not change
 costs a few `stat`s, and its `RunView` is the very object of the last poll, so the
-widgets skip it by identity; the leaderboard is ranked again only when a run changed.
+widgets skip it by identity; the leaderboard is ranked only for a poll that asks for it
+(the TUI does while it shows one) and again only when a run changed.
 The snapshot's dataclasses are frozen and compare by value.
 """
 
@@ -241,13 +242,17 @@ def supervisor_view(state: dict[str, Any] | None, live_pid: int | None) -> Super
 
 
 def process_views(
-    state: dict[str, Any] | None, supervisor: SupervisorView
+    state: dict[str, Any] | None,
+    supervisor: SupervisorView,
+    view_of: Callable[[str, dict[str, Any]], ProcessView] | None = None,
 ) -> tuple[ProcessView, ...]:
-    """The supervisor itself first (its log is followable too), then its children.
+    """The supervisor itself first (its log is followable too), then its children, each
+    row made by `view_of` (`process_view` unless a reader remembers rows).
 
     Without a live supervisor, pids and uptimes are left out, as `workbench status` does:
     they describe processes that may be long gone.
     """
+    view_of = view_of or process_view
     if state is None:
         return ()
     views = [
@@ -263,14 +268,14 @@ def process_views(
     if isinstance(processes, dict):
         for name, entry in processes.items():
             if isinstance(entry, dict):
-                view = _process_view(str(name), entry)
+                view = view_of(str(name), entry)
                 if not supervisor.running:
                     view = dataclasses.replace(view, pid=None, started_at=None)
                 views.append(view)
     return tuple(views)
 
 
-def _process_view(name: str, entry: dict[str, Any]) -> ProcessView:
+def process_view(name: str, entry: dict[str, Any]) -> ProcessView:
     last_exit = describe_last_exit(entry)  # worded as `workbench status` words it
     return ProcessView(
         name=name,
@@ -322,6 +327,7 @@ class ExperimentReader:
         self._processes: (
             tuple[Any, SupervisorView, dict[str, float], tuple[ProcessView, ...]] | None
         ) = None
+        self._process_rows: dict[str, tuple[dict[str, Any], ProcessView]] = {}
         self._last_leaderboard: tuple[tuple[Any, ...], tuple[RunView, ...], Leaderboard] | None
         self._last_leaderboard = None
         self._leaderboard = LeaderboardReader(experiment)
@@ -338,7 +344,10 @@ class ExperimentReader:
     def leaderboard_ranked_by(self) -> str:
         return self._leaderboard.by
 
-    def poll(self) -> ExperimentSnapshot:
+    def poll(self, *, rank: bool = True) -> ExperimentSnapshot:
+        """The experiment as it is now. `rank=False` leaves the leaderboard out (None):
+        ranking every run is the one part of a poll whose cost follows the number of runs
+        even when few changed, so the TUI asks for it only while a leaderboard is shown."""
         statuses = self._statuses.read()
         ranking = self._leaderboard.ranking()
         self._follow_curves(FOLLOWED_CURVES | {ranking.metric})
@@ -371,7 +380,7 @@ class ExperimentReader:
             supervisor=supervisor,
             runs=runs_tuple,
             processes=self._processes_of(state, supervisor),
-            leaderboard=self._leaderboard_of(ranking, ranked, runs_tuple),
+            leaderboard=self._leaderboard_of(ranking, ranked, runs_tuple) if rank else None,
             startup=startup_phase(state) if supervisor.running else None,
             warnings=tuple(supervisor_warnings(state)),
         )
@@ -391,13 +400,27 @@ class ExperimentReader:
             return known[3]
         views = tuple(
             dataclasses.replace(view, busy=busy[view.name]) if view.name in busy else view
-            for view in process_views(state, supervisor)
+            for view in process_views(state, supervisor, self._process_row)
         )
+        if len(self._process_rows) >= len(views):  # rows of processes no longer listed
+            listed = {view.name for view in views}
+            self._process_rows = {n: r for n, r in self._process_rows.items() if n in listed}
         if known is not None:  # a process that did not change keeps its row's object
             before = {view.name: view for view in known[3]}
             views = tuple(before[v.name] if before.get(v.name) == v else v for v in views)
         self._processes = (state, supervisor, busy, views)
         return views
+
+    def _process_row(self, name: str, entry: dict[str, Any]) -> ProcessView:
+        """The row of one entry of state.json, made again only when the entry changed:
+        state.json is rewritten whenever any process changes, and lists every
+        orchestrator that ever ran."""
+        known = self._process_rows.get(name)
+        if known is not None and known[0] == entry:
+            return known[1]
+        view = process_view(name, entry)
+        self._process_rows[name] = (entry, view)
+        return view
 
     def _view_of(self, status: RunStatus, metrics: MetricsReader, histories: _Histories) -> RunView:
         """The run's row; the very object of the last poll when nothing of it changed, so

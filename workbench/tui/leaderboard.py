@@ -19,13 +19,14 @@ ranked last.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from workbench import layout
 from workbench.file_change import OnFileChange
+from workbench.run_control import Eviction
 from workbench.status import RunStatus
 from workbench.sweep.files import AshaRecord, read_asha
 from workbench.sweep.fit import SigmoidFit
@@ -110,6 +111,16 @@ def leaderboard_row(outcome: RunOutcome, status: RunStatus) -> LeaderboardRow:
     )
 
 
+def evictions_of(statuses: Mapping[str, RunStatus]) -> dict[str, Eviction | None]:
+    """Each run's eviction as its status read it: ranking then opens no file per run."""
+    return {
+        run_id: Eviction(status.reason or "", evicted_at=None, evicted_by=status.evicted_by)
+        if status.status in ("evicted", "diverged")
+        else None
+        for run_id, status in statuses.items()
+    }
+
+
 class LeaderboardReader:
     """Ranks the runs of one experiment; keeps what it parsed of its files between polls."""
 
@@ -149,9 +160,15 @@ class LeaderboardReader:
             outcomes.append(
                 run_outcome(run.status.id, list(run.curve), run.step, differences.get())
             )
-        report = rank_report(
-            self.experiment, ranking.metric, ranking.mode, outcomes, ranking.asha, ranking.by
-        )
         statuses = {run.status.id: run.status for run in runs}
+        report = rank_report(
+            self.experiment,
+            ranking.metric,
+            ranking.mode,
+            outcomes,
+            ranking.asha,
+            ranking.by,
+            evictions=evictions_of(statuses),
+        )
         rows = tuple(leaderboard_row(outcome, statuses[outcome.id]) for outcome in report.runs)
         return Leaderboard(metric=ranking.metric, mode=ranking.mode, by=ranking.by, rows=rows)

@@ -51,10 +51,10 @@ class TimedReader(ExperimentReader):
         super().__init__(experiment)
         self.poll_s: list[float] = []
 
-    def poll(self) -> ExperimentSnapshot:
+    def poll(self, *, rank: bool = True) -> ExperimentSnapshot:
         started = time.perf_counter()
         try:
-            return super().poll()
+            return super().poll(rank=rank)
         finally:
             self.poll_s.append(time.perf_counter() - started)
 

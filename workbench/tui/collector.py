@@ -1,0 +1,46 @@
+"""Python's cycle collector, kept from pausing the TUI for a tenth of a second at a time.
+
+With a few hundred runs the TUI holds some 300,000 objects: its imports and widgets, and
+Textual's caches of rendered lines (`Segment`s, `Strip`s and their caches), which churn with
+every redraw. Under Python's default thresholds the collector then walks all of them about
+every five seconds, a pause of 50 to 150 ms on a loaded 2-core machine: a key pressed then
+waits for it (measured with `bench load`'s key driver on 300 runs; see README, "Load").
+
+`settle()`, once the first snapshot is on screen, moves every object alive then (imports,
+widgets, the reader's state) to the permanent generation (`gc.freeze`), which no
+collection walks again, and lets more allocations pass between young collections, so that
+the full collections, which the rendering churn triggers, come rarely and walk only what was
+made since. Objects freed by reference counting are freed as before; only a frozen cycle
+waits for `restore()`, which the app calls when it exits, so nothing is kept beyond the
+TUI's life (tests run many apps in one process).
+"""
+
+from __future__ import annotations
+
+import gc
+
+# Allocations between young collections: Python's 700 makes one every few frames of a large
+# table; ten thousand costs at most a few ms each and keeps the older generations quiet.
+YOUNG_THRESHOLD = 10_000
+
+
+class QuietCollector:
+    def __init__(self) -> None:
+        self._before: tuple[int, int, int] | None = None
+
+    def settle(self) -> None:
+        """Freeze what lives now and space the collections out (once; later calls do nothing)."""
+        if self._before is not None:
+            return
+        self._before = gc.get_threshold()
+        gc.freeze()
+        _, middle, old = self._before
+        gc.set_threshold(max(YOUNG_THRESHOLD, self._before[0]), middle, old)
+
+    def restore(self) -> None:
+        """Python's thresholds as they were, every frozen object collectable again."""
+        if self._before is None:
+            return
+        gc.set_threshold(*self._before)
+        gc.unfreeze()
+        self._before = None
