@@ -337,6 +337,10 @@ def test_logs_prints_the_last_lines_of_a_process_or_a_run(cli, standin: StandinE
     assert "inference, trainer, supervisor" in unknown.output
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_logs_follow_prints_lines_as_they_are_written(standin: StandinExperiment):
     log = layout.process_log_path(standin.path, "inference")
     log.parent.mkdir(parents=True)
@@ -346,6 +350,9 @@ def test_logs_follow_prints_lines_as_they_are_written(standin: StandinExperiment
          "-e", str(standin.path)],
         stdout=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal delivers it: the suite itself may run where SIGINT is
+        # ignored (a background job of a script), which a child would inherit.
+        preexec_fn=_interruptible,
     )  # fmt: skip
     try:
         assert follower.stdout.readline() == "old line\n"

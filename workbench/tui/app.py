@@ -139,7 +139,7 @@ class WorkbenchApp(App[None]):
         self._polling = False
         self.polls += 1
         self.snapshot = snapshot
-        if self.polls == 1:  # everything long-lived exists once the first one is shown
+        if not self._collector.settled:  # what lives long exists once one is shown
             self.call_after_refresh(self._collector.settle)
         if snapshot.leaderboard is None and self._leaderboard_shown():
             self.action_poll_now()  # the leaderboard opened during a poll without it

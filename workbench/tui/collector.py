@@ -28,6 +28,10 @@ class QuietCollector:
     def __init__(self) -> None:
         self._before: tuple[int, int, int] | None = None
 
+    @property
+    def settled(self) -> bool:
+        return self._before is not None
+
     def settle(self) -> None:
         """Freeze what lives now and space the collections out (once; later calls do nothing)."""
         if self._before is not None:
