@@ -331,21 +331,20 @@ class SupervisedProcess:
         self.pid = None
         self.start_ticks = None
         self._terminating = False
-        record = ExitRecord(
-            time=now_iso(),
-            code=exit_code,
-            signal=signal_number,
-            last_lines=[],
-            stop_requested=stop_requested,
-        )
         # The end of the log explains a crash, or a stop that had to be forced; a clean
         # exit or an obeyed stop explains nothing, and a sweep ends hundreds of
         # orchestrators so: state.json, rewritten at every change and read by every
         # client, stays small.
-        if not (record.ok or (stop_requested and not self._killed)):
-            record.last_lines = last_lines(
-                self.spec.log_path, LAST_LINES, max_bytes=LAST_LINES_MAX_BYTES
-            )
+        explained = exit_code == 0 or (stop_requested and not self._killed)
+        record = ExitRecord(
+            time=now_iso(),
+            code=exit_code,
+            signal=signal_number,
+            last_lines=[]
+            if explained
+            else last_lines(self.spec.log_path, LAST_LINES, max_bytes=LAST_LINES_MAX_BYTES),
+            stop_requested=stop_requested,
+        )
         self._append_log(f"{self.spec.name} ended: {record.describe()}")
         return self._record(record)
 

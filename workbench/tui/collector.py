@@ -38,8 +38,8 @@ class QuietCollector:
             return
         self._before = gc.get_threshold()
         gc.freeze()
-        _, middle, old = self._before
-        gc.set_threshold(max(YOUNG_THRESHOLD, self._before[0]), middle, old)
+        young, middle, old = self._before
+        gc.set_threshold(max(YOUNG_THRESHOLD, young), middle, old)
 
     def restore(self) -> None:
         """Python's thresholds as they were, every frozen object collectable again."""

@@ -402,7 +402,9 @@ class ExperimentReader:
             dataclasses.replace(view, busy=busy[view.name]) if view.name in busy else view
             for view in process_views(state, supervisor, self._process_row)
         )
-        if len(self._process_rows) >= len(views):  # rows of processes no longer listed
+        # More remembered rows than listed processes (`views` has the supervisor's row
+        # besides): some are no longer listed.
+        if len(self._process_rows) >= len(views):
             listed = {view.name for view in views}
             self._process_rows = {n: r for n, r in self._process_rows.items() if n in listed}
         if known is not None:  # a process that did not change keeps its row's object
