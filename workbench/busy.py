@@ -30,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,32 +228,55 @@ class BusyReader:
     def __init__(self, experiment: Path) -> None:
         self.experiment = experiment
         self._files: dict[Path, OnFileChange[BusyRecord | None]] = {}
+        # The record of each file at the last look: kept for the files that file events
+        # say did not change.
+        self._records: dict[Path, BusyRecord | None] | None = None
         # The summaries of processes that had ended, by process: they hold while the file
         # does not change (the same record object), so a sweep's hundreds of finished
         # orchestrators cost the TUI's poll a stat each, not a summary each.
         self._ended: dict[str, tuple[BusyRecord, dict[str, Any]]] = {}
 
-    def records(self) -> dict[str, BusyRecord]:
+    def records(self, changed: AbstractSet[str] | None = None) -> dict[str, BusyRecord]:
+        """Every process's record. `changed`: the names of the files in `busy/` that may
+        have changed since the last call, as file events tell
+        (`workbench.experiment_changes`); the others are not even `stat`ed. None: any."""
         directory = layout.busy_dir(self.experiment)
-        try:
-            paths = sorted(directory.glob("*.json"))
-        except OSError:
-            paths = []
-        for gone in set(self._files) - set(paths):
-            del self._files[gone]
-        records = {}
+        known = self._records
+        if changed is None or known is None:
+            try:
+                paths = sorted(directory.glob("*.json"))
+            except OSError:
+                paths = []
+            looked_at = set(paths)
+        else:
+            looked_at = {
+                directory / name
+                for name in changed
+                if name.endswith(".json") and not name.startswith(".")
+            }
+            paths = [*known, *(path for path in looked_at if path not in known)]
+        current: dict[Path, BusyRecord | None] = {}
         for path in paths:
+            if known is not None and path not in looked_at:
+                current[path] = known[path]
+                continue
             file = self._files.setdefault(path, OnFileChange(path, lambda p=path: read_record(p)))
             record = file.get()
-            if record is not None:
-                records[record.process] = record
-        return records
+            if record is None and not path.exists():
+                continue  # gone
+            current[path] = record
+        for gone in set(self._files) - set(current):
+            del self._files[gone]
+        self._records = current
+        return {record.process: record for record in current.values() if record is not None}
 
-    def recent(self, now: float) -> dict[str, dict[str, Any]]:
+    def recent(
+        self, now: float, changed: AbstractSet[str] | None = None
+    ) -> dict[str, dict[str, Any]]:
         """Each recording process's recent shares, up to now while it runs (else to its last
         write), and vLLM's (`inference`) from the orchestrators' generations of the same
-        window."""
-        records = self.records()
+        window. `changed` as for `records`."""
+        records = self.records(changed)
         summaries, alive = {}, set()
         for name, record in records.items():
             ended = self._ended.get(name)

@@ -29,6 +29,7 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -208,7 +209,7 @@ class RunStatusReader:
         self._settle_ns = settle_ns
         self._lock = threading.Lock()
         self._known: dict[str, _KnownRun] = {}
-        self._run_dirs: tuple[tuple[Signature] | None, list[Path]] = (None, [])
+        self._run_dirs: tuple[tuple[Signature] | None, list[tuple[str, Path]]] = (None, [])
         self._plan = OnFileChange(
             layout.sweep_plan_path(experiment), partial(read_plan_values, experiment), settle_ns
         )
@@ -216,12 +217,18 @@ class RunStatusReader:
             layout.asha_state_path(experiment), partial(read_asha, experiment), settle_ns
         )
         self.files_read = 0
+        # Each run's status and what it was made of: a run whose inputs are the same
+        # objects (or equal values) keeps its status object, which readers compare first.
+        self._statuses: dict[str, tuple[tuple[Any, ...], RunStatus]] = {}
 
-    def read(self) -> list[RunStatus]:
+    def read(self, changed: AbstractSet[str] | None = None) -> list[RunStatus]:
+        """Every run's status. `changed`: the runs whose files may have changed since the
+        last read, as file events tell (`workbench.experiment_changes`); the others are
+        not even `stat`ed, unless their last read was too recent to trust. None: any."""
         with self._lock:
-            return self._read()
+            return self._read(changed)
 
-    def _read(self) -> list[RunStatus]:
+    def _read(self, changed: AbstractSet[str] | None) -> list[RunStatus]:
         trainer = read_trainer_state(self.experiment) or {}
         slots = {run_id: int(idx) for idx, run_id in trainer.get("slots", {}).items()}
         progress = trainer.get("progress", {})
@@ -229,24 +236,43 @@ class RunStatusReader:
         asha = self._asha.get()
         standings = latest_by_run(asha.results) if asha is not None else {}
         runs = self._list_runs()
-        for gone in set(self._known) - {run.name for run in runs}:
-            del self._known[gone]
+        if len(self._known) > len(runs):
+            listed = {run_id for run_id, _ in runs}
+            for gone in set(self._known) - listed:
+                del self._known[gone]
+                self._statuses.pop(gone, None)
         statuses = []
-        for run in runs:
-            known = self._current(run)
-            status = run_status(run.name, known.files, slots, progress, known.max_steps)
-            status.values = values.get(run.name)
-            if run.name in standings:
-                status.asha = _standing(standings[run.name])
+        for run_id, run in runs:
+            known = self._known.get(run_id)
+            if changed is None or run_id in changed or known is None or known.signatures is None:
+                known = self._current(run)
+            inputs = (
+                known,
+                slots.get(run_id),
+                progress.get(run_id),
+                values.get(run_id),
+                standings.get(run_id),
+            )
+            last = self._statuses.get(run_id)
+            if last is not None and _same_inputs(last[0], inputs):
+                statuses.append(last[1])
+                continue
+            status = run_status(run_id, known.files, slots, progress, known.max_steps)
+            status.values = values.get(run_id)
+            if run_id in standings:
+                status.asha = _standing(standings[run_id])
+            self._statuses[run_id] = (inputs, status)
             statuses.append(status)
         return statuses
 
-    def _list_runs(self) -> list[Path]:
+    def _list_runs(self) -> list[tuple[str, Path]]:
+        """Every run's id and directory, listed again only when the experiment directory
+        changes."""
         current = (signature(self.experiment),)
         known, runs = self._run_dirs
         if known != current:
             trusted = settled(current, time.time_ns(), self._settle_ns)
-            runs = layout.list_run_dirs(self.experiment)
+            runs = [(run.name, run) for run in layout.list_run_dirs(self.experiment)]
             self._run_dirs = (current if trusted else None, runs)
         return runs
 
@@ -278,6 +304,12 @@ class RunStatusReader:
         )
         self._known[run.name] = known
         return known
+
+
+def _same_inputs(before: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    """The run's files as the same `_KnownRun` object, its slot, progress, sweep values
+    and standing equal."""
+    return before[0] is now[0] and before[1:] == now[1:]
 
 
 _readers: dict[Path, RunStatusReader] = {}

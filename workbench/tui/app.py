@@ -113,6 +113,7 @@ class WorkbenchApp(App[None]):
 
     def on_unmount(self) -> None:
         self._collector.restore()
+        self._reader.close()
 
     # ------------------------------------------------------------ polling
 

@@ -30,6 +30,7 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -39,6 +40,7 @@ from workbench import layout
 from workbench.busy import BusyReader
 from workbench.clock import unix_time
 from workbench.curves import EVAL_METRIC, REWARD_METRIC, MetricCurve
+from workbench.experiment_changes import ExperimentChanges
 from workbench.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
 from workbench.file_tail import AppendedLines
 from workbench.metrics import parse_record
@@ -170,6 +172,12 @@ class MetricsReader:
     @property
     def offset(self) -> int:
         return self._lines.offset or 0
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the last read reached the file's end at a signature old enough to show
+        the next change: until a file event says otherwise, there is nothing to read."""
+        return self._read_at is not False
 
     def poll(self) -> bool:
         """Read what was appended since the last call; True if anything new was parsed.
@@ -333,6 +341,13 @@ class ExperimentReader:
         self._leaderboard = LeaderboardReader(experiment)
         self._curve_metrics = FOLLOWED_CURVES
         self._busy = BusyReader(experiment)
+        # Which runs and busy records to look at in a poll, from file events.
+        self._changes = ExperimentChanges(experiment)
+
+    def close(self) -> None:
+        """Stop following the experiment's file events (the reader still polls, looking
+        at every run each time)."""
+        self._changes.close()
 
     def rank_leaderboard_by(self, by: str) -> None:
         """Rank the leaderboard from the next poll on by `by` ("last" or "asymptote")."""
@@ -348,7 +363,9 @@ class ExperimentReader:
         """The experiment as it is now. `rank=False` leaves the leaderboard out (None):
         ranking every run is the one part of a poll whose cost follows the number of runs
         even when few changed, so the TUI asks for it only while a leaderboard is shown."""
-        statuses = self._statuses.read()
+        changes = self._changes.take()
+        changed = None if changes.everything else changes.runs
+        statuses = self._statuses.read(changed)
         ranking = self._leaderboard.ranking()
         self._follow_curves(FOLLOWED_CURVES | {ranking.metric})
         seen = {status.id for status in statuses}
@@ -368,9 +385,12 @@ class ExperimentReader:
                     settle_ns=self._settle_ns,
                 )
                 self._metrics[status.id] = metrics
-            metrics.poll()
+            if changed is None or status.id in changed or not metrics.caught_up:
+                metrics.poll()
             histories = self._history_of(status.id, metrics)
-            ranked.append(RunMetric(status, histories.curves[ranking.metric], metrics.last_step))
+            if rank:
+                curve = histories.curves[ranking.metric]
+                ranked.append(RunMetric(status, curve, metrics.last_step))
             runs.append(self._view_of(status, metrics, histories))
         runs_tuple = tuple(runs)
         state = self._state.get()
@@ -379,14 +399,19 @@ class ExperimentReader:
             experiment=self.experiment,
             supervisor=supervisor,
             runs=runs_tuple,
-            processes=self._processes_of(state, supervisor),
+            processes=self._processes_of(
+                state, supervisor, None if changes.everything else changes.busy
+            ),
             leaderboard=self._leaderboard_of(ranking, ranked, runs_tuple) if rank else None,
             startup=startup_phase(state) if supervisor.running else None,
             warnings=tuple(supervisor_warnings(state)),
         )
 
     def _processes_of(
-        self, state: dict[str, Any] | None, supervisor: SupervisorView
+        self,
+        state: dict[str, Any] | None,
+        supervisor: SupervisorView,
+        busy_changed: AbstractSet[str] | None,
     ) -> tuple[ProcessView, ...]:
         """The processes' rows; the very tuple of the last poll while state.json and the
         supervisor did not change (it lists every orchestrator that ever ran)."""
@@ -394,7 +419,7 @@ class ExperimentReader:
         # Each process's busy share, to the percent shown: it changes with the clock.
         busy = {
             name: round(shares["busy"], 2)
-            for name, shares in self._busy.recent(time.time()).items()
+            for name, shares in self._busy.recent(time.time(), busy_changed).items()
         }
         if known is not None and known[0] is state and known[1] == supervisor and known[2] == busy:
             return known[3]
@@ -428,7 +453,12 @@ class ExperimentReader:
         """The run's row; the very object of the last poll when nothing of it changed, so
         that the screens can skip it by identity."""
         known = self._views.get(status.id)
-        if known is not None and known[0] == status and known[1] is histories:
+        if (
+            known is not None
+            and known[1] is histories
+            # The status reader keeps a run's status object while nothing of it changed.
+            and (known[0] is status or known[0] == status)
+        ):
             return known[2]
         rewards = histories.rewards
         view = RunView(
