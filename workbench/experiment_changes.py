@@ -76,7 +76,9 @@ EVERYTHING = Changes(everything=True)
 class ExperimentChanges:
     """Follows one experiment's run files through inotify (see the module docstring)."""
 
-    def __init__(self, experiment: Path, full_pass_looks: int = FULL_PASS_LOOKS) -> None:
+    def __init__(self, experiment: Path, full_pass_looks: int | None = FULL_PASS_LOOKS) -> None:
+        """`full_pass_looks`: every run is reported at least once in this many looks, events
+        or not; None: only the runs that had events (for tests of the events alone)."""
         self.experiment = experiment
         self._full_pass_looks = full_pass_looks
         self._inotify = _open_inotify()
@@ -92,32 +94,31 @@ class ExperimentChanges:
     @property
     def watching(self) -> bool:
         """Whether events are followed at all (else every look says `everything`)."""
-        return self._inotify is not None
+        return self._inotify is not None and not self._inotify.closed
 
     def close(self) -> None:
+        """Stop following events; a look from another thread meanwhile says `everything`."""
         if self._inotify is not None:
             with contextlib.suppress(OSError):
                 self._inotify.close()
-            self._inotify = None
 
     def take(self) -> Changes:
         """What had events since the last call, plus this look's slice of the other runs.
         Call it before reading: an event that comes during the read is in the next answer."""
-        if self._inotify is None:
+        if not self.watching:
             return EVERYTHING
         runs: set[str] = set()
         busy: set[str] = set()
         try:
-            events = self._inotify.read(timeout=0)
+            for event in self._inotify.read(timeout=0):
+                self._note(event, runs, busy)
+            if self._resync or self.experiment.as_posix() not in self._watches:
+                self._resync = False
+                runs.update(self._sync())
         except (OSError, ValueError) as err:  # ValueError: closed by another thread
-            log.debug("inotify read failed (%s): looking at everything from now on", err)
+            log.debug("inotify failed (%s): looking at everything from now on", err)
             self.close()
             return EVERYTHING
-        for event in events:
-            self._note(event, runs, busy)
-        if self._resync or self.experiment.as_posix() not in self._watches:
-            self._resync = False
-            runs.update(self._sync())
         everything, self._lost = self._lost, False
         if everything or self.experiment.as_posix() not in self._watches:
             return EVERYTHING
@@ -207,7 +208,7 @@ class ExperimentChanges:
 
     def _slice(self) -> list[str]:
         """The next runs in turn, so that every run is looked at once per full pass."""
-        if not self._runs:
+        if not self._runs or self._full_pass_looks is None:
             return []
         size = math.ceil(len(self._runs) / self._full_pass_looks)
         start = self._next_slice % len(self._runs)

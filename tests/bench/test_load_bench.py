@@ -4,6 +4,11 @@ experiment files, its key-to-screen timing on the real TUI, and one short real l
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from random import Random
 
@@ -16,6 +21,7 @@ from workbench.bench.load.background import BackgroundLoad
 from workbench.bench.load.churn import SLOTS, choose_eviction, load_recipe
 from workbench.bench.load.keys import TUI_SIZE, FrameTimedApp, press_keys, wait_for_runs
 from workbench.bench.load.runner import run_load_benchmark
+from workbench.bench.load.stalls import StallMeter
 from workbench.metrics import append_metrics
 from workbench.recipe import load_recipe as parse_recipe
 from workbench.status import RunStatus
@@ -150,6 +156,55 @@ def test_each_key_is_timed_to_the_frame_that_shows_its_effect(tmp_path: Path):
     assert {"down", "enter", "escape"} <= set(latencies.by_key), latencies
     assert all(value > 0 for value in latencies.all_s)
     assert polls >= 1
+    for _, parts in latencies.parts:  # where each key's time went adds up to its latency
+        assert parts.cpu_wait_s is not None, "Linux says how long a thread waited for a CPU"
+        assert parts.cpu_s + parts.cpu_wait_s <= parts.wall_s + 0.005
+
+
+# ---------------------------------------------------------------- where a stall went
+
+
+def test_a_collection_is_counted_as_the_collectors_time():
+    meter = StallMeter()
+    try:
+        mark = meter.mark()
+        garbage = [[] for _ in range(200_000)]
+        for item in garbage:
+            item.append(item)  # cycles: only the collector frees them
+        del garbage
+        gc.collect()
+        parts = meter.since(mark)
+    finally:
+        meter.close()
+    assert parts.gc_s > 0
+    assert parts.gc_s <= parts.cpu_s <= parts.wall_s
+
+
+def test_a_thread_sharing_its_cpu_with_a_busy_process_is_seen_waiting_for_it():
+    # Both on one CPU at the same priority: the kernel runs them in turn, so about half
+    # of the busy loop's wall time is spent ready to run but not running.
+    cpu = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen(
+        [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
+    affinity = os.sched_getaffinity(0)
+    try:
+        time.sleep(0.3)  # the hog has started spinning
+        os.sched_setaffinity(0, {cpu})
+        meter = StallMeter()
+        mark = meter.mark()
+        deadline = time.perf_counter() + 0.6
+        while time.perf_counter() < deadline:
+            pass
+        parts = meter.since(mark)
+        meter.close()
+    finally:
+        os.sched_setaffinity(0, affinity)
+        hog.kill()
+        hog.wait()
+    assert parts.cpu_wait_s is not None
+    assert parts.cpu_wait_s > 0.15, parts
+    assert parts.cpu_s + parts.cpu_wait_s == pytest.approx(parts.wall_s, abs=0.1)
 
 
 # ---------------------------------------------------------------- the churn's process

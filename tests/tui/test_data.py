@@ -19,7 +19,7 @@ from tests.tui.synthetic import (
     make_run,
     metrics_lines,
 )
-from workbench import layout
+from workbench import experiment_changes, layout
 from workbench.sweep.report import build_report
 from workbench.sweep.values import describe_values
 from workbench.tui.commands import SupervisorCommands
@@ -298,3 +298,42 @@ def test_the_processes_of_an_unchanged_state_json_are_the_rows_of_the_last_poll(
     assert after["run_lr3e-4"].state == "exited"
     before = {view.name: view for view in first}
     assert all(after[name] is before[name] for name in before if name != "run_lr3e-4")
+
+
+def test_a_poll_looks_at_the_runs_that_changed_not_at_every_run(tmp_path, monkeypatch):
+    """A sweep's hundreds of runs cost a poll what changed: the run written to, plus the
+    slice of the others each poll looks at in turn, and no `stat` of any other run."""
+    experiment = build_experiment(tmp_path)
+    for index in range(80):
+        append_metrics(
+            make_run(experiment, f"run_many{index:02d}"),
+            metrics_lines(1, 3, reward0=0.2, slope=0.1),
+        )
+    age_files(experiment)
+    reader = ExperimentReader(experiment, supervisor_pid=lambda _: SUPERVISOR_PID)
+    reader.poll()
+    reader.poll()  # the events of `age_files` itself
+
+    looked_at: set[str] = set()
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        parts = (
+            Path(path).relative_to(experiment).parts
+            if str(path).startswith(str(experiment))
+            else ()
+        )
+        if parts and layout.is_run_dir_name(parts[0]) and len(parts) > 1:
+            looked_at.add(parts[0])
+        return real_stat(path, *args, **kwargs)
+
+    append_metrics(experiment / "run_many42", metrics_lines(3, 4, reward0=0.2, slope=0.1))
+    monkeypatch.setattr(os, "stat", stat)
+    snapshot = reader.poll()
+    monkeypatch.undo()
+
+    assert snapshot.run("run_many42").step == 3
+    runs = len(snapshot.runs)
+    slice_size = -(-runs // experiment_changes.FULL_PASS_LOOKS)
+    assert "run_many42" in looked_at
+    assert len(looked_at) <= 1 + slice_size < runs / 4

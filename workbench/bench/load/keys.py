@@ -17,7 +17,9 @@ each latency is the app's alone and not a queue of keys. A key whose effect is n
 within `KEY_TIMEOUT_S` counts as timed out (its latency is not in the figures).
 
 The time each poll of the experiment directory takes (the app's reader, in a worker
-thread) is recorded too: what the app spends every second to stay current.
+thread) is recorded too: what the app spends every second to stay current. Each key's and
+poll's time is split into its thread running, waiting for a CPU, the collector and the
+rest (`stalls`), so a slow one says what held it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.bench.load.stalls import Breakdown, Mark, StallMeter
 from workbench.tui.app import WorkbenchApp
 from workbench.tui.data import ExperimentReader, ExperimentSnapshot
 from workbench.tui.screens.main import MainScreen
@@ -45,18 +48,22 @@ CYCLE = ("move", "enter", "escape", "move")
 
 
 class TimedReader(ExperimentReader):
-    """The app's reader, timing each poll."""
+    """The app's reader, timing each poll and telling where its time went."""
 
-    def __init__(self, experiment: Path) -> None:
+    def __init__(self, experiment: Path, stalls: StallMeter) -> None:
         super().__init__(experiment)
+        self._stalls = stalls
         self.poll_s: list[float] = []
+        self.poll_parts: list[Breakdown] = []
 
     def poll(self, *, rank: bool = True) -> ExperimentSnapshot:
-        started = time.perf_counter()
+        mark = self._stalls.mark()
         try:
             return super().poll(rank=rank)
         finally:
-            self.poll_s.append(time.perf_counter() - started)
+            parts = self._stalls.since(mark)
+            self.poll_s.append(parts.wall_s)
+            self.poll_parts.append(parts)
 
 
 class FrameTimedApp(WorkbenchApp):
@@ -66,22 +73,29 @@ class FrameTimedApp(WorkbenchApp):
     CSS_PATH = str(Path(inspect.getfile(WorkbenchApp)).parent / WorkbenchApp.CSS_PATH)
 
     def __init__(self, experiment: Path) -> None:
-        self.reader = TimedReader(experiment)
+        self.stalls = StallMeter()
+        self.reader = TimedReader(experiment, self.stalls)
         super().__init__(experiment, reader=self.reader)
-        self._awaited: tuple[Callable[[], bool], asyncio.Future[float]] | None = None
+        self._awaited: tuple[Callable[[], bool], Mark, asyncio.Future[Breakdown]] | None = None
 
-    def await_frame(self, shown: Callable[[], bool]) -> asyncio.Future[float]:
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._awaited = (shown, future)
+    def await_frame(self, shown: Callable[[], bool]) -> asyncio.Future[Breakdown]:
+        """A future of the time from now to the first frame that shows `shown()` true, and
+        where it went (`stalls`), measured in that frame's hook: the event loop's thread."""
+        future: asyncio.Future[Breakdown] = asyncio.get_running_loop().create_future()
+        self._awaited = (shown, self.stalls.mark(), future)
         return future
+
+    def on_unmount(self) -> None:
+        super().on_unmount()
+        self.stalls.close()
 
     def post_display_hook(self) -> None:
         super().post_display_hook()
         if self._awaited is None:
             return
-        shown, future = self._awaited
+        shown, mark, future = self._awaited
         if shown() and not future.done():
-            future.set_result(time.perf_counter())
+            future.set_result(self.stalls.since(mark))
             self._awaited = None
 
 
@@ -89,12 +103,14 @@ class FrameTimedApp(WorkbenchApp):
 class KeyLatencies:
     by_key: dict[str, list[float]] = field(default_factory=dict)  # seconds
     timed_out: dict[str, int] = field(default_factory=dict)
+    parts: list[tuple[str, Breakdown]] = field(default_factory=list)  # where each went
 
-    def add(self, key: str, latency_s: float | None) -> None:
-        if latency_s is None:
+    def add(self, key: str, latency: Breakdown | None) -> None:
+        if latency is None:
             self.timed_out[key] = self.timed_out.get(key, 0) + 1
         else:
-            self.by_key.setdefault(key, []).append(latency_s)
+            self.by_key.setdefault(key, []).append(latency.wall_s)
+            self.parts.append((key, latency))
 
     @property
     def all_s(self) -> list[float]:
@@ -103,13 +119,13 @@ class KeyLatencies:
 
 async def time_key(
     app: FrameTimedApp, pilot: Any, key: str, shown: Callable[[], bool]
-) -> float | None:
-    """Press `key`; seconds until a frame shows `shown()` true, None after KEY_TIMEOUT_S."""
+) -> Breakdown | None:
+    """Press `key`; the time until a frame shows `shown()` true and where it went; None
+    after KEY_TIMEOUT_S."""
     frame = app.await_frame(shown)
-    started = time.perf_counter()
     await pilot.press(key)
     try:
-        return await asyncio.wait_for(frame, KEY_TIMEOUT_S) - started
+        return await asyncio.wait_for(frame, KEY_TIMEOUT_S)
     except TimeoutError:
         return None
 

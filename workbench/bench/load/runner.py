@@ -25,7 +25,7 @@ from workbench import layout, run_control
 from workbench.bench.faults import invariants
 from workbench.bench.faults.experiment import FaultExperiment
 from workbench.bench.faults.security import listening_problems
-from workbench.bench.load import checks
+from workbench.bench.load import checks, stalls
 from workbench.bench.load.background import BackgroundLoad
 from workbench.bench.load.churn import (
     RUN_SETTINGS,
@@ -116,6 +116,7 @@ async def measure(
         cpu_s, wall_s = time.process_time() - cpu_before, time.perf_counter() - wall_before
         churn_log, transient = await asyncio.to_thread(background.stop)
         poll_s = list(app.reader.poll_s)
+        poll_parts = list(app.reader.poll_parts)
         runs_shown = len(app.snapshot.runs) if app.snapshot else 0
 
     say_on_stderr(f"load: {churn_log.ticks} ticks, {len(churn_log.added)} runs; checking")
@@ -146,6 +147,11 @@ async def measure(
             "by_key": {key: latency_report(values) for key, values in latencies.by_key.items()},
             "timed_out": latencies.timed_out,
             "poll": latency_report(poll_s),
+            # Where the slowest 5 % of keys and of polls spent their time (`stalls`).
+            "key_tail": stalls.mean_of_tail([parts for _, parts in latencies.parts]),
+            "poll_tail": stalls.mean_of_tail(poll_parts),
+            "slowest_keys": stalls.slowest(latencies.parts),
+            "slowest_polls": stalls.slowest([("poll", parts) for parts in poll_parts]),
             "runs_shown_at_end": runs_shown,
             "process_cpu_percent": round(100 * cpu_s / wall_s, 1),
         },
@@ -257,8 +263,18 @@ def summary_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
         _row(f"TUI poll p50 / p95 ({tui['runs_shown_at_end']} runs)",
              f"{poll['p50_ms']:.0f} / {poll['p95_ms']:.0f}", "ms"),
         _row("TUI process CPU", tui["process_cpu_percent"], "% core"),
+        _row("slowest 5 % of keys: ran / waited for CPU / gc / rest", _parts(tui["key_tail"]), "ms"),
+        _row("slowest 5 % of polls: ran / waited for CPU / gc / rest", _parts(tui["poll_tail"]), "ms"),
         _row("all checks passed", "yes" if payload["ok"] else "NO"),
     ]  # fmt: skip
+
+
+def _parts(tail: dict[str, Any] | None) -> str:
+    """A tail's mean parts (`stalls.mean_of_tail`) as one cell."""
+    if tail is None:
+        return "none"
+    wait = "?" if tail["cpu_wait_ms"] is None else f"{tail['cpu_wait_ms']:.0f}"
+    return f"{tail['cpu_ms']:.0f} / {wait} / {tail['gc_ms']:.0f} / {tail['other_ms']:.0f}"
 
 
 def _row(metric: str, value: Any, unit: str | None = None) -> dict[str, Any]:
