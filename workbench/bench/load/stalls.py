@@ -6,10 +6,11 @@ worker's for a poll), into:
 - `cpu_ms`: the thread running (`time.thread_time`);
 - `cpu_wait_ms`: the thread ready to run while the kernel ran something else: its
   run-queue delay (`/proc/thread-self/schedstat`, Linux; absent elsewhere);
-- `gc_ms`: Python's cyclic collector running, in any thread of the process (it holds the
-  interpreter, so every thread waits for it);
 - `other_ms`: the rest: the thread blocked (on the interpreter another thread holds, on
-  the disk) or, for a key, the event loop idle until the frame came.
+  the disk) or, for a key, the event loop idle until the frame came;
+- `gc_ms`, which overlaps the others: Python's cyclic collector running, in any thread of
+  the process (it holds the interpreter, so every thread waits for it): within `cpu_ms`
+  when this thread collected, within `other_ms` when another did.
 
 So a slow key says whether the machine was out of CPU for the TUI, the collector stalled
 it, or the app's own work (or another of its threads) did.
