@@ -10,7 +10,8 @@ experiment is some twenty sessions to the TUI's one: the TUI gets a twentieth of
 
 So each of workbench's long-running processes raises its session's autogroup nice value and
 its own nice value to `$WORKBENCH_NICE` (10 unless set where `workbench up` runs, whose
-processes inherit it; 0 keeps the usual priority). Among themselves they keep the shares
+processes inherit it; 0 keeps the usual priority): the supervisor for each child as it
+starts it, and the child again itself (torchrun's workers are not the supervisor's). Among themselves they keep the shares
 they had, all being at the same value; against an interactive process they yield. Raising
 a nice value needs no privilege, and where there is no autogroup (`/proc/self/autogroup`
 missing, or a kernel without it) the process's own nice value does the work.
@@ -36,14 +37,18 @@ def batch_nice() -> int:
         return DEFAULT_NICE
 
 
-def run_as_batch(nice: int | None = None) -> None:
-    """Raise this process's nice value and its session's autogroup nice value to `nice`
-    (default: `batch_nice()`); a value already higher is kept; failures change nothing."""
+def run_as_batch(nice: int | None = None, pid: int = 0) -> None:
+    """Raise the nice value of process `pid` (0: this one) and of its session's autogroup to
+    `nice` (default: `batch_nice()`); a value already higher is kept; failures change
+    nothing. The supervisor does it for each child as soon as it is started, so that the
+    child's imports (half a second of CPU for an orchestrator, which starts with every run)
+    are batch work too; the child does it again itself, which costs nothing."""
     nice = batch_nice() if nice is None else nice
     with contextlib.suppress(OSError):
-        if os.getpriority(os.PRIO_PROCESS, 0) < nice:
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if os.getpriority(os.PRIO_PROCESS, pid) < nice:
+            os.setpriority(os.PRIO_PROCESS, pid, nice)
+    autogroup = AUTOGROUP if pid == 0 else Path(f"/proc/{pid}/autogroup")
     with contextlib.suppress(OSError, ValueError, IndexError):
         # "/autogroup-123 nice 0": this session's group and its nice value.
-        if int(AUTOGROUP.read_text().split()[-1]) < nice:
-            AUTOGROUP.write_text(str(nice))
+        if int(autogroup.read_text().split()[-1]) < nice:
+            autogroup.write_text(str(nice))

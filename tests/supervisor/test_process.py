@@ -6,6 +6,7 @@ every process a test started, whatever the test did.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -80,10 +81,19 @@ def test_exit_is_recorded_with_code_time_and_last_log_lines(tmp_path: Path, spaw
 
 def test_a_child_runs_in_its_own_session_and_process_group(tmp_path: Path, spawned):
     proc = start(spawned, standin(tmp_path, "import time; time.sleep(30)"))
-    import os
-
     assert os.getpgid(proc.pid) == proc.pid and os.getsid(proc.pid) == proc.pid
     assert os.getsid(proc.pid) != os.getsid(0)
+
+
+def test_a_child_is_batch_work_from_its_start_without_asking(tmp_path: Path, spawned, monkeypatch):
+    # An orchestrator starts with every run and spends half a second of CPU importing
+    # before it could lower its own priority: the supervisor lowers it at the start.
+    monkeypatch.setenv("WORKBENCH_NICE", "9")
+    proc = start(spawned, standin(tmp_path, "import time; time.sleep(30)"))
+    autogroup = Path(f"/proc/{proc.pid}/autogroup")
+    assert os.getpriority(os.PRIO_PROCESS, proc.pid) >= 9
+    if autogroup.exists():  # a kernel with autogroup: the child's session yields as a whole
+        assert int(autogroup.read_text().split()[-1]) >= 9
 
 
 def test_a_missing_command_is_a_failed_start_with_the_reason(tmp_path: Path, spawned):

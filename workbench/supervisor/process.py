@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from workbench import procfs
 from workbench.clock import now_iso
 from workbench.file_tail import last_lines
+from workbench.priority import run_as_batch
 from workbench.supervisor.lifecycle import TERMINATE, Event, ExitFacts, Lifecycle, ProcessState
 from workbench.supervisor.policy import RestartPolicy
 
@@ -245,6 +246,9 @@ class SupervisedProcess:
             problem = f"cannot run {spec.argv[0]!r}: {err.strerror or err}"
             self._append_log(f"cannot start {spec.name}: {problem}")
             return self._failed_start(problem, now)
+        # Batch work from its first import on: the child runs in a session of its own, so
+        # its autogroup is its own too (`workbench.priority`).
+        run_as_batch(pid=self._popen.pid)
         if self._spawn_count:
             self.restarts += 1
         self._spawn_count = attempt
