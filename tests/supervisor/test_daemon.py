@@ -43,6 +43,23 @@ def test_processes_start_in_order_inference_then_trainer_then_orchestrators(
     assert standin.state()["status"] == "running"
 
 
+def test_the_supervisor_and_its_children_are_batch_work_from_their_start(
+    standin: StandinExperiment, monkeypatch
+):
+    # Stand-ins never lower their own priority: only `up` and the supervisor do it here.
+    monkeypatch.setenv("WORKBENCH_NICE", "9")
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    standin.add_runs("run_a")
+    started = standin.start()
+    standin.wait_for_event("run_a", "start")
+    for pid in [started.pid, *standin.standin_pids()]:
+        assert os.getpriority(os.PRIO_PROCESS, pid) >= 9, pid
+        autogroup = Path(f"/proc/{pid}/autogroup")
+        if autogroup.exists():
+            assert int(autogroup.read_text().split()[-1]) >= 9, pid
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine, "the user's own shell is left alone"
+
+
 def test_orchestrators_wait_until_inference_is_ready(standin: StandinExperiment):
     standin.configure(
         processes=[

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from workbench import layout
 from workbench.file_tail import last_lines
+from workbench.priority import run_as_batch
 from workbench.procfs import process_cmdline, process_is_alive, read_stat
 from workbench.supervisor.client import (
     SupervisorClient,
@@ -92,6 +93,9 @@ def start_daemon(
             start_new_session=True,
             close_fds=True,
         )
+    # Its bookkeeping is the experiment's work too: it yields to the user's terminal as
+    # its children do (`workbench.priority`).
+    run_as_batch(pid=process.pid)
     deadline = time.monotonic() + timeout_s
     while True:
         code = process.poll()
