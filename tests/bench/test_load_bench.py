@@ -178,6 +178,8 @@ def test_a_collection_is_counted_as_the_collectors_time():
         meter.close()
     assert parts.gc_s > 0
     assert parts.gc_s <= parts.cpu_s <= parts.wall_s
+    full = [c for c in parts.collections if c.generation == 2]
+    assert full and full[-1].collected >= 200_000, "the collection that freed the cycles"
 
 
 def test_a_thread_sharing_its_cpu_with_a_busy_process_is_seen_waiting_for_it():

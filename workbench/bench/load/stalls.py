@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import gc
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SCHEDSTAT = Path("/proc/thread-self/schedstat")
+# Collections remembered for the breakdowns: a few seconds' worth at the TUI's rate.
+RECENT_COLLECTIONS = 256
 
 
 def run_queue_delay_s() -> float | None:
@@ -46,11 +49,22 @@ class Mark:
 
 
 @dataclass(frozen=True)
+class Collection:
+    """One run of the collector: which generation, how long, how many objects it freed."""
+
+    generation: int
+    started_s: float  # perf_counter
+    seconds: float
+    collected: int
+
+
+@dataclass(frozen=True)
 class Breakdown:
     wall_s: float
     cpu_s: float
     cpu_wait_s: float | None
     gc_s: float
+    collections: tuple[Collection, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         wait = self.cpu_wait_s
@@ -61,6 +75,10 @@ class Breakdown:
             "cpu_wait_ms": None if wait is None else round(1000 * wait, 1),
             "gc_ms": round(1000 * self.gc_s, 1),
             "other_ms": round(1000 * max(other, 0.0), 1),
+            # [generation, ms, objects freed] of each collection that ran meanwhile
+            "collections": [
+                [c.generation, round(1000 * c.seconds, 1), c.collected] for c in self.collections
+            ],
         }
 
 
@@ -70,6 +88,8 @@ class StallMeter:
     def __init__(self) -> None:
         self._gc_s = 0.0
         self._gc_started: float | None = None
+        # The collections of the last few seconds, for the breakdowns that span them.
+        self._collections: deque[Collection] = deque(maxlen=RECENT_COLLECTIONS)
         gc.callbacks.append(self._on_gc)
 
     def close(self) -> None:
@@ -80,7 +100,11 @@ class StallMeter:
         if phase == "start":
             self._gc_started = time.perf_counter()
         elif self._gc_started is not None:
-            self._gc_s += time.perf_counter() - self._gc_started
+            seconds = time.perf_counter() - self._gc_started
+            self._gc_s += seconds
+            self._collections.append(
+                Collection(info["generation"], self._gc_started, seconds, info["collected"])
+            )
             self._gc_started = None
 
     def mark(self) -> Mark:
@@ -96,6 +120,7 @@ class StallMeter:
             cpu_s=time.thread_time() - mark.cpu_s,
             cpu_wait_s=None if wait is None or mark.cpu_wait_s is None else wait - mark.cpu_wait_s,
             gc_s=self._gc_s - mark.gc_s,
+            collections=tuple(c for c in list(self._collections) if c.started_s >= mark.wall_s),
         )
 
 
@@ -118,4 +143,6 @@ def mean_of_tail(breakdowns: list[Breakdown], share: float = 0.05) -> dict[str, 
         cpu_wait_s=None if None in waits else sum(waits) / len(tail),  # type: ignore[arg-type]
         gc_s=sum(b.gc_s for b in tail) / len(tail),
     )
-    return {"n": len(tail), **mean.to_json()}
+    parts = mean.to_json()
+    del parts["collections"]  # each one's own, not a mean's
+    return {"n": len(tail), **parts}
