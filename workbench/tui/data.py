@@ -17,9 +17,11 @@ to repeat every second:
 - the leaderboard ranks the runs as `workbench sweep report` does (`tui.leaderboard`),
   from the curves of the metric the metrics readers follow.
 
-A poll costs what changed, not how many runs there are: a run whose files did not change
-costs a few `stat`s, and its `RunView` is the very object of the last poll, so the
-widgets skip it by identity; the leaderboard is ranked only for a poll that asks for it
+A poll costs what changed, not how many runs there are: it looks only at the runs and busy
+records that file events name (`workbench.experiment_changes`, plus a slice of the others
+in turn); a run it looks at whose files did not change costs a few `stat`s; the `RunView`
+of a run that did not change is the very object of the last poll, so the widgets skip it
+by identity; the leaderboard is ranked only for a poll that asks for it
 (the TUI does while it shows one) and again only when a run changed.
 The snapshot's dataclasses are frozen and compare by value.
 """
