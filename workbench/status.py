@@ -220,6 +220,7 @@ class RunStatusReader:
         # Each run's status and what it was made of: a run whose inputs are the same
         # objects (or equal values) keeps its status object, which readers compare first.
         self._statuses: dict[str, tuple[tuple[Any, ...], RunStatus]] = {}
+        self._pruned_for: list[tuple[str, Path]] | None = None  # the listing pruned for
 
     def read(self, changed: AbstractSet[str] | None = None) -> list[RunStatus]:
         """Every run's status. `changed`: the runs whose files may have changed since the
@@ -236,11 +237,12 @@ class RunStatusReader:
         asha = self._asha.get()
         standings = latest_by_run(asha.results) if asha is not None else {}
         runs = self._list_runs()
-        if len(self._known) > len(runs):
+        if runs is not self._pruned_for:  # listed again: some runs may be gone
             listed = {run_id for run_id, _ in runs}
             for gone in set(self._known) - listed:
                 del self._known[gone]
                 self._statuses.pop(gone, None)
+            self._pruned_for = runs
         statuses = []
         for run_id, run in runs:
             known = self._known.get(run_id)
