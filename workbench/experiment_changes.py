@@ -181,8 +181,9 @@ class ExperimentChanges:
         return added
 
     def _watch(self, path: Path, kind: str, run_id: str | None) -> str:
-        """ "watched" (already), "added", "absent" (not there: its parent's events tell
-        when it is) or "failed" (there, but no watch: out of inotify watches)."""
+        """What came of watching `path`: "watched" (already), "added", "absent" (not there:
+        its parent's events tell when it is) or "failed" (there, but no watch: out of
+        inotify watches)."""
         key = path.as_posix()
         if key in self._watches:
             return "watched"
