@@ -26,7 +26,7 @@ from tests.tui.synthetic import (
     write_supervisor_state,
 )
 from workbench import busy, layout, run_control
-from workbench.tui.collector import YOUNG_THRESHOLD
+from workbench.tui.collector import REFREEZE_GROWTH, YOUNG_THRESHOLD
 from workbench.tui.data import ExperimentReader
 from workbench.tui.screens.add_run import AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
@@ -254,14 +254,20 @@ async def test_the_collector_is_quieted_while_the_tui_runs_and_given_back_on_qui
         await next_polls(pilot, app)
         await wait_until(pilot, lambda: gc.get_freeze_count() > 0, what="the freeze")
         assert gc.get_threshold()[0] >= YOUNG_THRESHOLD
-        # What a growing TUI makes later is frozen as each full collection ends, so the
-        # next one walks only what is newer; a cycle that died before it is still freed.
+        # A cycle alive at a full collection and dropped later is still freed: a TUI
+        # left open for days must not keep every screen switch's leftovers.
+        gc.collect()  # whatever the app made so far, frozen or not
         frozen = gc.get_freeze_count()
-        kept = [[] for _ in range(1000)]
         cycle: list = []
         cycle.append(cycle)
+        gc.collect()
+        assert gc.get_freeze_count() == frozen, "a little growth is not frozen"
         del cycle
         assert gc.collect() >= 1
+        # A TUI that grew (runs added for hours) has what it made since frozen as a full
+        # collection ends, so the next one does not walk all of it again.
+        kept = [[] for _ in range(int(REFREEZE_GROWTH * frozen) + 1)]
+        gc.collect()
         assert gc.get_freeze_count() >= frozen + len(kept)
         await pilot.press("q")
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before

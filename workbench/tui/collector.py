@@ -8,14 +8,21 @@ waits for it (measured with `bench load`'s key driver on 300 runs; see README, "
 
 `settle()`, once the first snapshot is on screen, moves every object alive then (imports,
 widgets, the reader's state) to the permanent generation (`gc.freeze`), which no
-collection walks again, and lets more allocations pass between young collections. A TUI
-that grows (a sweep adding runs for hours) makes most of its objects after that: each full
-collection's survivors are frozen too, as it ends (all of them are in the oldest generation
-then, and no garbage is left among them), so that a full collection walks only what was
-made since the last one, instead of everything (a 1 s pause at 330 runs, `bench load`).
-Objects freed by reference counting are freed as before; only a cycle that dies after it
-was frozen waits for `restore()`, which the app calls when it exits, so nothing is kept
-beyond the TUI's life (tests run many apps in one process).
+collection walks again, and lets more allocations pass between young collections.
+
+A TUI that grows (a sweep adding runs for hours) makes most of its objects after that, and
+a full collection walks them all (1.0 s at 330 runs in `bench load`, which starts the TUI
+at 16). So when a full collection ends with more survivors outside the permanent
+generation than `REFREEZE_GROWTH` of those in it, they are frozen too. Not after every
+full collection: a frozen object that later dies in a cycle is never collected until
+`restore()`, and Textual keeps cycles alive for a while and then drops them (restyling a
+screen makes a virtual DOM node per component class of each widget, some 60 objects each,
+kept until the next restyle). Freezing on growth only, the number of freezes grows with the
+logarithm of the TUI's size, so what can be kept that way is bounded, whereas freezing
+after every collection would keep some of it at each one, for as long as the TUI runs.
+Objects freed by reference counting are freed as before. `restore()`, which the app calls
+when it exits, unfreezes everything, so nothing is kept beyond the TUI's life (tests run
+many apps in one process).
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ import gc
 # Allocations between young collections: Python's 700 makes one every few frames of a large
 # table; ten thousand costs at most a few ms each and keeps the older generations quiet.
 YOUNG_THRESHOLD = 10_000
+# A full collection whose survivors outside the permanent generation exceed this share of
+# those in it freezes them (see above).
+REFREEZE_GROWTH = 0.25
 
 
 class QuietCollector:
@@ -57,5 +67,8 @@ class QuietCollector:
 
     @staticmethod
     def _after_collection(phase: str, info: dict[str, int]) -> None:
-        if phase == "stop" and info["generation"] == 2:
-            gc.freeze()  # the survivors, all in the oldest generation now
+        if phase != "stop" or info["generation"] != 2:
+            return
+        # The survivors are all in the oldest generation now, no garbage among them.
+        if len(gc.get_objects(generation=2)) > REFREEZE_GROWTH * gc.get_freeze_count():
+            gc.freeze()
