@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from textual.widgets._footer import FooterKey
+
 from tests.tui.conftest import (
     SUPERVISOR_PID,
     RecordingCommands,
@@ -26,7 +28,7 @@ from tests.tui.synthetic import (
     write_supervisor_state,
 )
 from workbench import busy, layout, run_control
-from workbench.tui.collector import REFREEZE_GROWTH, YOUNG_THRESHOLD
+from workbench.tui.collector import REFREEZE_GROWTH, YOUNG_THRESHOLD, QuietCollector
 from workbench.tui.data import ExperimentReader
 from workbench.tui.screens.add_run import AddRunScreen
 from workbench.tui.screens.confirm import ConfirmScreen
@@ -437,3 +439,32 @@ async def test_the_processes_pane_shows_each_process_busy_share_of_its_last_minu
         assert processes["run_lr1e-3"]["busy"] == "33%"
         assert processes["inference"]["busy"] == "50%"
         assert processes["supervisor"]["busy"] == "-"
+
+
+async def test_screen_switches_leave_no_footer_keys_behind(experiment, make_app, monkeypatch):
+    # Every switch makes the footers' keys again; the old ones must go, or a TUI left
+    # open keeps a footer's worth of widgets per `enter` and `escape` for its whole life.
+    # (The collector's freeze is off here, so that every key is in gc's lists to count.)
+    monkeypatch.setattr(QuietCollector, "settle", lambda self: None)
+    app = make_app(experiment)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await next_polls(pilot, app)
+
+        def live_keys() -> int:
+            gc.collect()
+            return sum(isinstance(o, FooterKey) for o in gc.get_objects())
+
+        for _ in range(2):
+            await pilot.press("enter")
+            await pilot.pause()
+            await pilot.press("escape")
+            await pilot.pause()
+        before = live_keys()
+        for _ in range(10):
+            await pilot.press("enter")
+            await pilot.pause()
+            await pilot.press("escape")
+            await pilot.pause()
+        await pilot.pause(0.2)
+        assert live_keys() <= before
+        await pilot.press("q")

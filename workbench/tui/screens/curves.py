@@ -17,12 +17,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from workbench.curves import COMPARED_METRICS, EVAL_METRIC, REWARD_METRIC, run_colours
 from workbench.tui.data import ExperimentSnapshot, RunView
 from workbench.tui.format import format_reward
 from workbench.tui.widgets.curves import RunsChart, RunSeries
+from workbench.tui.widgets.footer import Footer
 from workbench.tui.widgets.runs_table import STATUS_STYLES
 
 SWATCH = "━━"

@@ -16,13 +16,14 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from workbench.sweep.fit import SigmoidFit
 from workbench.tui.data import ExperimentSnapshot
 from workbench.tui.format import format_steps
 from workbench.tui.leaderboard import EARLY_STOPPED, Leaderboard, LeaderboardRow
 from workbench.tui.messages import EvictRun, RestartRun, ShowCurves, SwitchRanking
+from workbench.tui.widgets.footer import Footer
 from workbench.tui.widgets.leaderboard_table import (
     STATE_STYLES,
     LeaderboardTable,

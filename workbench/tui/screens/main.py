@@ -24,7 +24,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Container
 from textual.events import Resize
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from workbench import layout
 from workbench.supervisor.startup import FAILED, StartupPhase
@@ -40,6 +40,7 @@ from workbench.tui.messages import (
     ShowSamples,
     StopAll,
 )
+from workbench.tui.widgets.footer import Footer
 from workbench.tui.widgets.log_pane import LOG_MAX_LINES, LogPane, LogTarget
 from workbench.tui.widgets.processes_table import ProcessesTable
 from workbench.tui.widgets.runs_table import RunsTable

@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from workbench import layout
 from workbench.curves import EVAL_METRIC
@@ -26,6 +26,7 @@ from workbench.tui.data import ExperimentSnapshot, RunView
 from workbench.tui.format import format_age, format_count, format_reward, format_steps
 from workbench.tui.messages import EvictRun, RestartRun, ShowCurves, ShowSamples
 from workbench.tui.widgets.curves import CurveChart, StepCurveChart
+from workbench.tui.widgets.footer import Footer
 from workbench.tui.widgets.runs_table import STATUS_STYLES
 
 

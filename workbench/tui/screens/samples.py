@@ -19,10 +19,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from workbench import layout
 from workbench.samples import SampleGroup, StepSamples, read_steps, reward_histogram
+from workbench.tui.widgets.footer import Footer
 
 HISTOGRAM_BINS = 8
 HISTOGRAM_BAR_WIDTH = 10
