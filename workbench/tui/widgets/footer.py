@@ -21,4 +21,9 @@ class Footer(TextualFooter):
         await super().recompose()
         watchers = getattr(self, _WATCHERS, {}).get("compact")
         if watchers:
-            watchers[:] = [(node, callback) for node, callback in watchers if not node._closing]
+            # `_closing` is what Textual's own pruning reads; a Textual without it keeps all.
+            watchers[:] = [
+                (node, callback)
+                for node, callback in watchers
+                if not getattr(node, "_closing", False)
+            ]
