@@ -214,7 +214,8 @@ class ExperimentChanges:
         size = math.ceil(len(self._runs) / self._full_pass_looks)
         start = self._next_slice % len(self._runs)
         self._next_slice = start + size
-        return (self._runs[start:] + self._runs[:start])[:size]
+        # Indexed around the end, not a rotated copy of every run: this runs every poll.
+        return [self._runs[(start + index) % len(self._runs)] for index in range(size)]
 
 
 _MASK = 0
