@@ -109,3 +109,23 @@ def test_the_cpu_server_reserves_a_fixed_kv_cache_not_a_fraction_of_the_machine(
     """With the variable unset vLLM's CPU build asks for gpu_memory_utilization of all RAM
     and refuses to start while a neighbour holds most of it."""
     assert server.server_environment("key", base={})["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_on_two_cores_vllm_runs_its_model_in_the_engine_process_and_elsewhere_as_it_chooses():
+    small = server.server_environment("key", base={}, usable_cpus=2)
+    assert small["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server.server_environment(
+        "key", base={}, usable_cpus=16
+    )
+    # a value the user set wins
+    mine = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    assert (
+        server.server_environment("key", base=mine, usable_cpus=2)["VLLM_ENABLE_V1_MULTIPROCESSING"]
+        == "1"
+    )
+
+
+def test_the_server_asks_for_workbenchs_cpu_lora_products_unless_told_otherwise():
+    assert server.server_environment("key", base={})["WORKBENCH_VLLM_CPU_LORA"] == "slot-matmul"
+    mine = {"WORKBENCH_VLLM_CPU_LORA": "vllm"}
+    assert server.server_environment("key", base=mine)["WORKBENCH_VLLM_CPU_LORA"] == "vllm"

@@ -3,6 +3,8 @@ and multi-turn episodes whose tokens and log-probs are the model's own."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 from peft import PeftModel
@@ -81,6 +83,48 @@ def test_completions_carry_token_ids_and_logprobs_the_trainer_reproduces(
         n = len(result.prompt_token_ids)
         ours = [float(logprobs[n - 1 + i, tok]) for i, tok in enumerate(completion.token_ids)]
         assert ours == pytest.approx(completion.logprobs, abs=2e-3)
+
+
+def test_requests_for_two_adapters_and_the_base_batched_together_each_get_their_own_model(
+    server, tiny_reverse, tmp_path
+):
+    """Sent at once, vLLM decodes them in the same batches: every token must still go
+    through its own adapter's weights (or none), as peft computes them alone."""
+    adapters = {
+        "mix-a": random_adapter(tiny_reverse, tmp_path / "mix-a", seed=21),
+        "mix-b": random_adapter(tiny_reverse, tmp_path / "mix-b", seed=22),
+    }
+    names = [*adapters, server.model]
+    with InferenceClient(server) as client:
+        for name, path in adapters.items():
+            client.load_adapter(name, path)
+        with ThreadPoolExecutor(len(names)) as pool:
+            results = dict(
+                zip(
+                    names,
+                    pool.map(
+                        lambda name: client.chat(
+                            PROMPT, model=name, n=4, max_tokens=12, temperature=1.0, seed=3
+                        ),
+                        names,
+                    ),
+                    strict=True,
+                )
+            )
+        for name in adapters:
+            client.unload_adapter(name)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_reverse), dtype=torch.float32).eval()
+    for name, result in results.items():
+        model = PeftModel.from_pretrained(base, str(adapters[name])) if name in adapters else base
+        for completion in result.completions:
+            ids = torch.tensor([result.prompt_token_ids + completion.token_ids])
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+            n = len(result.prompt_token_ids)
+            ours = [float(logprobs[n - 1 + i, t]) for i, t in enumerate(completion.token_ids)]
+            assert ours == pytest.approx(completion.logprobs, abs=2e-3), name
+        if name in adapters:
+            base = model.unload()
 
 
 def test_every_model_turn_is_trained_on_its_sampled_tokens_with_vllms_logprobs(
