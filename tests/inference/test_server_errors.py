@@ -129,3 +129,10 @@ def test_the_server_asks_for_workbenchs_cpu_lora_products_unless_told_otherwise(
     assert server.server_environment("key", base={})["WORKBENCH_VLLM_CPU_LORA"] == "slot-matmul"
     mine = {"WORKBENCH_VLLM_CPU_LORA": "vllm"}
     assert server.server_environment("key", base=mine)["WORKBENCH_VLLM_CPU_LORA"] == "vllm"
+
+
+def test_a_cpu_lora_kernel_that_does_not_exist_is_refused_naming_the_variable():
+    server.check_cpu_lora_kernel({"WORKBENCH_VLLM_CPU_LORA": "vllm"})
+    server.check_cpu_lora_kernel({})
+    with pytest.raises(server.InferenceSetupError, match="WORKBENCH_VLLM_CPU_LORA='slotmatmul'"):
+        server.check_cpu_lora_kernel({"WORKBENCH_VLLM_CPU_LORA": "slotmatmul"})

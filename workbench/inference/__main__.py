@@ -23,6 +23,7 @@ from workbench.inference.server import (
     InferenceSetupError,
     NotEnoughMemory,
     build_vllm_command,
+    check_cpu_lora_kernel,
     check_cpu_memory,
     check_model_dir,
     check_vllm_installed,
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.inference.port == 0:
             raise InferenceSetupError(f"{args.config}: [inference] port must be set (not 0) here")
         check_vllm_installed()
+        check_cpu_lora_kernel()
         port = serving_port(config, endpoint, may_move=args.move_port_if_taken)
         from workbench.models.build_progress import BuildProgressFile
         from workbench.models.resolve import resolve_model

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from workbench.config import InferenceConfig
 from workbench.inference.endpoint import Endpoint, write_endpoint
-from workbench.inference.vllm_plugin import CPU_LORA_ENV, DEFAULT_CPU_LORA_KERNEL
+from workbench.inference.vllm_plugin import CPU_LORA_ENV, CPU_LORA_KERNELS, DEFAULT_CPU_LORA_KERNEL
 from workbench.models.resolve import local_model_problem
 from workbench.ports import bind_error, free_port
 from workbench.procfs import memory_available_bytes
@@ -123,6 +123,17 @@ def check_cpu_memory(model: Path) -> None:
     problem = cpu_memory_problem(available, kv_cache_gib, weights)
     if problem is not None:
         raise NotEnoughMemory(problem)
+
+
+def check_cpu_lora_kernel(environ: dict[str, str] | None = None) -> None:
+    """A `WORKBENCH_VLLM_CPU_LORA` that names no kernel is a typo: say so before vLLM starts
+    rather than quietly run vLLM's own."""
+    value = (os.environ if environ is None else environ).get(CPU_LORA_ENV)
+    if value is not None and value not in CPU_LORA_KERNELS:
+        raise InferenceSetupError(
+            f"{CPU_LORA_ENV}={value!r} is not one of {', '.join(CPU_LORA_KERNELS)} "
+            "(unset it for the default, slot-matmul)"
+        )
 
 
 def check_model_dir(model: Path) -> None:
