@@ -289,3 +289,17 @@ def test_several_nodes_without_a_fixed_port_are_refused_naming_the_key(experimen
         recipe.write("nnodes = 2\n")
     with pytest.raises(PlanError, match=r"trainer.rendezvous_port: nnodes = 2 needs a fixed port"):
         plan_from_recipe(experiment)
+
+
+@pytest.mark.parametrize("small", [True, False], ids=["two-cores", "more-cores"])
+def test_on_two_cores_the_trainer_computes_on_one_thread_unless_told(
+    experiment: Path, no_gpu, monkeypatch, small
+):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(plan, "is_small_machine", lambda: small)
+    write_recipe(experiment)
+    _, trainer = plan_from_recipe(experiment).processes[:2]
+    assert trainer.env.get("OMP_NUM_THREADS") == ("1" if small else None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    _, trainer = plan_from_recipe(experiment).processes[:2]
+    assert trainer.env["OMP_NUM_THREADS"] == "2" if small else "OMP_NUM_THREADS" not in trainer.env

@@ -20,11 +20,10 @@ from workbench.inference.vllm_plugin import CPU_LORA_ENV, CPU_LORA_KERNELS, DEFA
 from workbench.models.resolve import local_model_problem
 from workbench.ports import bind_error, free_port
 from workbench.procfs import memory_available_bytes
+from workbench.small_machine import is_small_machine
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 VLLM_MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-# Where vLLM's CPU worker would get one compute core anyway (see `server_environment`).
-SMALL_MACHINE_CPUS = 2
 # vLLM's CPU build reserves this many GiB for its KV cache when the variable is set, and
 # otherwise a fraction of the machine's whole memory (`gpu_memory_utilization`), refusing
 # to start when that much is not free: beside a process holding 17 of 24 GB it never did.
@@ -201,16 +200,13 @@ def server_environment(
     env.setdefault(CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_GIB)
     # On a CPU, our plugin's multi-LoRA products (workbench.inference.vllm_plugin).
     env.setdefault(CPU_LORA_ENV, DEFAULT_CPU_LORA_KERNEL)
-    if usable_cpus is None:
-        usable_cpus = len(os.sched_getaffinity(0))
-    if usable_cpus <= SMALL_MACHINE_CPUS:
+    if is_small_machine(usable_cpus):
         # vLLM's CPU platform otherwise runs the model in a worker process of its own, its
         # one compute thread pinned to core 0 and core 1 kept for the scheduler, which waits
         # on the worker spinning (`sched_yield`, shm_broadcast's SpinCondition). On two
         # cores shared with the trainer that spin is a third of a core, and the pin keeps
         # generation off the core the trainer leaves free. With this the engine-core
         # process runs the model itself, one thread, unpinned (what vLLM does on a GPU).
-        # 4 runs x 20 steps of reverse_text on 2 cores: 87 s -> 70-73 s, the same rewards.
         # On more cores vLLM's pinned worker computes on several threads: left alone.
         env.setdefault(VLLM_MULTIPROCESSING_ENV, "0")
     return env

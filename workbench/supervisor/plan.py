@@ -37,6 +37,7 @@ from workbench.inference import endpoint
 from workbench.lifeline import PARENT_PID_ENV
 from workbench.ports import bind_error, free_port, interface_ipv4, interface_names
 from workbench.recipe import Recipe, load_recipe
+from workbench.small_machine import is_small_machine
 from workbench.supervisor import paths
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec
@@ -560,7 +561,9 @@ def plan_from_recipe(experiment: Path) -> Plan:
         env={
             **cuda_env(devices.trainer),
             **socket_interface_env(recipe.trainer.rendezvous_interface),
-            **shared_cpu_env(gpu_count),
+            # One thread where vLLM and the trainer take turns on two cores
+            # (workbench.small_machine has the figures).
+            **shared_cpu_env(gpu_count, threads=1 if is_small_machine() else None),
             PARENT_PID_ENV: str(os.getpid()),
         },
         restart=TRAINER_RESTART,
