@@ -1,8 +1,8 @@
 """`python -m workbench.inference --config PATH`: start vLLM for an experiment.
 
-Checks what can be checked before vLLM's slow start (vLLM installed, port free, model
-directory, enough free memory on a CPU machine), then replaces this process with vLLM's
-server so signals from the supervisor reach it directly. The port comes from the config
+Checks what can be checked before vLLM's slow start (vLLM installed,
+`WORKBENCH_VLLM_CPU_LORA`, port free, model directory, enough free memory on a CPU
+machine), then replaces this process with vLLM's server so signals from the supervisor reach it directly. The port comes from the config
 (or, with --move-port-if-taken, from `supervisor/endpoint.json`, rewritten when the port
 was taken meanwhile); the API key from `supervisor/endpoint.json`.
 
