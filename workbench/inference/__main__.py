@@ -2,9 +2,10 @@
 
 Checks what can be checked before vLLM's slow start (vLLM installed,
 `WORKBENCH_VLLM_CPU_LORA`, port free, model directory, enough free memory on a CPU
-machine), then replaces this process with vLLM's server so signals from the supervisor reach it directly. The port comes from the config
-(or, with --move-port-if-taken, from `supervisor/endpoint.json`, rewritten when the port
-was taken meanwhile); the API key from `supervisor/endpoint.json`.
+machine), then replaces this process with vLLM's server so signals from the supervisor
+reach it directly. The port comes from the config (or, with --move-port-if-taken, from
+`supervisor/endpoint.json`, rewritten when the port was taken meanwhile); the API key from
+`supervisor/endpoint.json`.
 
 Exit status: 2 a setup that a restart cannot fix, 1 too little free memory (a restart may
 find more), otherwise vLLM's own.
