@@ -11,7 +11,11 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e
 from vllm.lora.layers.utils import LoRAMapping  # noqa: E402
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU  # noqa: E402
 
-from workbench.inference.cpu_lora import SlotMatmulPunicaWrapperCPU  # noqa: E402
+from workbench.inference.cpu_lora import (  # noqa: E402
+    MIN_PRODUCT_ROWS,
+    SlotMatmulPunicaWrapperCPU,
+    tokens_by_slot,
+)
 
 SLOTS, RANK, WIDTH = 4, 8, 48
 # Three adapters in slots 0-2 (LoRA ids 11-13); slot 3 holds none.
@@ -35,24 +39,70 @@ def _linear_lora(wrapper, x, lora_a, lora_b, output_slices):
     return y
 
 
-@pytest.mark.parametrize("is_prefill", [True, False], ids=["prefill", "decode"])
+# Prefill rows come in runs of one request's tokens; decode rows one per sequence. A step
+# of one adapter's tokens only (a single run) takes the path without a gather.
+STEPS = {
+    "prefill": ([11] * 5 + [13] * 3 + [12] * 4 + [11] * 2, True),
+    "decode": ([12, 11, 13, 11, 12], False),
+    "one adapter": ([12] * 6, False),
+}
+
+
+@pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("output_slices", [(WIDTH,), (WIDTH, 16, 16)], ids=["one", "merged"])
-def test_each_token_gets_its_own_adapters_delta_as_with_vllms_products(is_prefill, output_slices):
+def test_each_token_gets_its_own_adapters_delta_as_with_vllms_products(
+    step, output_slices, monkeypatch
+):
     generator = torch.Generator().manual_seed(0)
-    # Prefill rows come in runs of one request's tokens; decode rows one per sequence.
-    token_ids = [11] * 5 + [13] * 3 + [12] * 4 + [11] * 2 if is_prefill else [12, 11, 13, 11, 12]
+    token_ids, is_prefill = STEPS[step]
     x = torch.randn(len(token_ids), WIDTH, generator=generator)
     lora_a = tuple(torch.randn(SLOTS, 1, RANK, WIDTH, generator=generator) for _ in output_slices)
     lora_b = tuple(torch.randn(SLOTS, 1, n, RANK, generator=generator) for n in output_slices)
     vllm_wrapper, our_wrapper = _wrappers(token_ids, is_prefill)
-    # ours computes it (a mapping it does not understand would hand it to vLLM's path)
-    assert our_wrapper._one_hot_for(len(token_ids), SLOTS, torch.float32) is not None
-    vllms, ours = (
-        _linear_lora(w, x, lora_a, lora_b, output_slices) for w in (vllm_wrapper, our_wrapper)
-    )
+    vllms = _linear_lora(vllm_wrapper, x, lora_a, lora_b, output_slices)
+    # ours computes it: a mapping it does not understand would hand it to vLLM's path
+    monkeypatch.setattr(PunicaWrapperCPU, "add_lora_linear", _not_vllms_path)
+    ours = _linear_lora(our_wrapper, x, lora_a, lora_b, output_slices)
     torch.testing.assert_close(ours, vllms, rtol=1e-5, atol=1e-4)
     # and the delta is really there: not the untouched output
     assert (ours - 1).abs().amin(dim=1).gt(0).all()
+
+
+def _not_vllms_path(*args, **kwargs):
+    raise AssertionError("vLLM's own LoRA product ran")
+
+
+def test_tokens_are_grouped_by_slot_and_one_slot_with_every_token_needs_no_gather():
+    slots = [2, 0, -1] + [2] * (MIN_PRODUCT_ROWS - 1) + [0]
+    groups = tokens_by_slot(torch.tensor(slots))
+    twos = [i for i, slot in enumerate(slots) if slot == 2]
+    assert [(g.slot, g.rows.tolist(), g.count) for g in groups] == [
+        (0, [1, len(slots) - 1], 2),
+        (2, twos, MIN_PRODUCT_ROWS),
+    ]
+    # too few rows for the products' usual kernel: padded with the last row
+    assert groups[0].gather.tolist() == [1] + [len(slots) - 1] * (MIN_PRODUCT_ROWS - 1)
+    assert groups[1].gather.tolist() == twos
+    (alone,) = tokens_by_slot(torch.tensor([3] * MIN_PRODUCT_ROWS))
+    assert (alone.slot, alone.rows, alone.gather) == (3, None, None)
+    (few,) = tokens_by_slot(torch.tensor([3, 3]))
+    assert (few.rows, few.gather.tolist(), few.count) == (None, [0] + [1] * 15, 2)
+    assert tokens_by_slot(torch.tensor([-1, -1])) == []
+
+
+def test_a_tokens_delta_is_bit_for_bit_the_same_however_many_tokens_its_adapter_has():
+    # What a run's curve not depending on the other runs rests on: the same token through
+    # the same adapter, once as its adapter's only token in the step, once among many.
+    generator = torch.Generator().manual_seed(2)
+    lora_a = (torch.randn(SLOTS, 1, RANK, WIDTH, generator=generator),)
+    lora_b = (torch.randn(SLOTS, 1, WIDTH, RANK, generator=generator),)
+    tokens = 3 * MIN_PRODUCT_ROWS
+    x = torch.randn(tokens, WIDTH, generator=generator)
+    deltas = []
+    for token_ids in ([11] + [12] * (tokens - 1), [11] * tokens):
+        (_, ours) = _wrappers(token_ids, is_prefill=False)
+        deltas.append(_linear_lora(ours, x, lora_a, lora_b, (WIDTH,))[0])
+    assert torch.equal(deltas[0], deltas[1])
 
 
 def test_a_token_without_an_adapter_is_left_as_the_base_model_made_it():

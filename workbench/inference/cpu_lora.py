@@ -1,4 +1,4 @@
-"""vLLM's multi-LoRA product on the CPU as two matrix products per slice, not one per token.
+"""vLLM's multi-LoRA product on the CPU as two matrix products per adapter, not one per token.
 
 vLLM's CPU wrapper (`PunicaWrapperCPU`, through `vllm.lora.ops.torch_ops`) gathers every
 token's own copy of its adapter's matrices (`lora_b_weights[token_indices]`, T x out x r
@@ -7,39 +7,80 @@ sequences in a batch that copy is most of a decode step: on the built-in model, 
 128 completions, the LoRA layers took 44 % of vLLM's worker thread and the base model's own
 products 9 % (py-spy, vLLM 0.32 CPU).
 
-Here every slot's product is computed for every token in one product, and each token keeps
-its own slot's rows:
+Here the tokens are grouped by adapter slot once per step, and each layer computes each
+slot's tokens with that slot's weights in two ordinary products:
 
-    shrink:  h = (x @ [A_0; ...; A_{L-1}]^T)[t, slot(t)]            x [T, in] -> h [T, r]
-    expand:  y += [0 .. h_t at slot(t) .. 0] @ [B_0^T; ...; B_{L-1}^T]    h [T, r] -> [T, out]
+    y[rows(s)] += (x[rows(s)] @ A_s^T) @ B_s^T        for every slot s with tokens
 
-That is L times the multiply-adds of the per-token form, and the LoRA share of a layer stays
-small (rank x slots against the layer's width), but it reads each weight once per step
-instead of once per token. A token with no adapter (slot -1) gets no delta, as on the GPU
-(vLLM's CPU ops would index the last slot with it).
+Each weight is read once per step, and the work is that of the tokens, whatever the number
+of slots (`[inference] max_loras`). When one slot has every token of the step, as with a
+single run, no rows are gathered at all. A slot with very few tokens is padded to a few rows
+(`MIN_PRODUCT_ROWS`), so that each token's delta comes out bit for bit the same however
+many tokens of its adapter the step holds. A token with no adapter (slot -1) is in no group
+and gets no delta, as on the GPU (vLLM's CPU ops would index the last slot with it).
 
-Only the linear layers' `add_shrink` and `add_expand` change; embeddings and logits keep
-vLLM's path, and so does any call whose token count does not match the mapping.
-`workbench.inference.vllm_plugin` puts this class in vLLM's place where workbench starts it.
+Only `add_lora_linear`, the linear layers' entry, changes; embeddings, logits and the
+sharded layers' separate shrink and expand keep vLLM's path, and so does any call whose
+token count does not match the step's mapping. `workbench.inference.vllm_plugin` puts this
+class in vLLM's place where workbench starts it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
+# Products of very few rows go through other BLAS kernels (gemv, small-M kernels) whose
+# float sums round differently: with torch 2.13's CPU matmul on this project's machines,
+# M <= 3 rows of [M, k] @ [k, n] differ in their last bits from the same rows inside a
+# larger product, for LoRA's rank and width shapes. A slot with fewer tokens than this is
+# padded to this many rows (with margin over 3, as the cut-off is the BLAS build's choice),
+# so a token's delta does not depend on how many tokens of its adapter share the step,
+# and a run's curve not on which other runs share the server.
+MIN_PRODUCT_ROWS = 16
+
+
+@dataclass(frozen=True)
+class SlotTokens:
+    """One adapter slot's tokens in a step."""
+
+    slot: int
+    # Their rows in the step, or None for every row in order (one slot has all tokens).
+    rows: Tensor | None
+    # The rows to multiply: `rows` padded to MIN_PRODUCT_ROWS with repeats of the last
+    # row, or None where the step's tokens can be multiplied as they are.
+    gather: Tensor | None
+    count: int
+
+
+def tokens_by_slot(token_slots: Tensor) -> list[SlotTokens]:
+    """Each adapter slot that has tokens, with their rows; tokens of slot -1 are in none."""
+    groups = []
+    for slot in torch.unique(token_slots).tolist():
+        if slot < 0:
+            continue
+        rows = (token_slots == slot).nonzero().squeeze(1)
+        count = rows.shape[0]
+        every_row = count == token_slots.shape[0]
+        gather = None if every_row and count >= MIN_PRODUCT_ROWS else rows
+        if count < MIN_PRODUCT_ROWS:
+            gather = torch.cat([rows, rows[-1:].expand(MIN_PRODUCT_ROWS - count)])
+        groups.append(SlotTokens(slot, None if every_row else rows, gather, count))
+    return groups
+
 
 class SlotMatmulPunicaWrapperCPU(PunicaWrapperCPU):
-    """`PunicaWrapperCPU` whose linear-layer LoRA products read each adapter weight once."""
+    """`PunicaWrapperCPU` whose linear-layer LoRA products run per adapter slot."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        # Per step, from the mapping: [T, slots], 1 in each token's slot, a zero row for a
-        # token without one. Shared by every layer of the step.
-        self._slot_one_hot: Tensor | None = None
+        # Per step, from the mapping: shared by every layer of the step.
+        self._slot_groups: list[SlotTokens] = []
+        self._step_tokens = -1
 
     def update_metadata(
         self,
@@ -50,75 +91,48 @@ class SlotMatmulPunicaWrapperCPU(PunicaWrapperCPU):
         **kwargs: Any,
     ) -> None:
         super().update_metadata(mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
-        slots = self.token_lora_indices
-        one_hot = torch.zeros(slots.shape[0], max_loras, dtype=torch.float32, device=slots.device)
-        has_slot = slots >= 0
-        one_hot[has_slot, slots[has_slot]] = 1.0
-        self._slot_one_hot = one_hot
+        token_slots = self.token_lora_indices
+        self._slot_groups = tokens_by_slot(token_slots)
+        self._step_tokens = token_slots.shape[0]
 
-    def _one_hot_for(self, rows: int, slot_count: int, dtype: torch.dtype) -> Tensor | None:
-        """This step's one-hot slots for weights of `slot_count` slots, or None where they do
-        not describe these rows (vLLM's own path then runs)."""
-        one_hot = self._slot_one_hot
-        # vLLM passes one more than its adapter slots as `max_loras` (the extra index means
-        # "no adapter" in its sampler's padded indices); a token's slot is always below it.
-        if one_hot is None or one_hot.shape[0] != rows or one_hot.shape[1] < slot_count:
-            return None
-        return one_hot[:, :slot_count].to(dtype)
+    def computes(self, rows: int) -> bool:
+        """Whether this step's grouping describes a layer input of `rows` tokens."""
+        return rows == self._step_tokens
 
-    def add_shrink(
-        self,
-        y: tuple[Tensor, ...] | Tensor,
-        x: Tensor,
-        lora_a_stacked: tuple[Tensor, ...],
-        scale: float,
-        **kwargs: Any,
-    ) -> None:
-        x = x.view(-1, x.shape[-1])
-        slot_count, rank, width = (lora_a_stacked[0].shape[i] for i in (0, -2, -1))
-        one_hot = self._one_hot_for(x.shape[0], slot_count, y[0].dtype)
-        if one_hot is None:
-            return super().add_shrink(y, x, lora_a_stacked, scale, **kwargs)
-        x = x.to(one_hot.dtype)
-        for out, lora_a in zip(y, lora_a_stacked, strict=True):
-            every_slot = x @ lora_a.reshape(slot_count * rank, width).to(one_hot.dtype).t()
-            own_slot = (every_slot.view(-1, slot_count, rank) * one_hot.unsqueeze(2)).sum(1)
-            # vLLM's ops assign here rather than add (the buffers arrive zeroed).
-            torch.mul(own_slot, scale, out=out.view(-1, out.shape[-1])[:, :rank])
-        return None
-
-    def add_expand(
+    def add_lora_linear(
         self,
         y: Tensor,
-        x: tuple[Tensor, ...] | Tensor,
+        x: Tensor,
+        lora_a_stacked: tuple[Tensor, ...],
         lora_b_stacked: tuple[Tensor, ...],
+        scale: float,
         output_slices: tuple[int, ...],
-        offset_start: int = 0,
-        add_inputs: bool = True,
+        *,
+        buffer: tuple[Tensor, ...] | None = None,
         **kwargs: Any,
     ) -> None:
-        flat_y = y.view(-1, y.shape[-1])
-        slot_count, rank = lora_b_stacked[0].shape[0], lora_b_stacked[0].shape[-1]
-        one_hot = self._one_hot_for(flat_y.shape[0], slot_count, flat_y.dtype)
-        if one_hot is None:
-            return super().add_expand(
-                y, x, lora_b_stacked, output_slices, offset_start, add_inputs, **kwargs
-            )
-        offset = offset_start
-        for hidden, lora_b, width in zip(x, lora_b_stacked, output_slices, strict=True):
-            hidden = hidden.view(-1, hidden.shape[-1])[:, :rank].to(one_hot.dtype)
-            # Each token's rank-r row in its slot's columns, zeros in the others'.
-            spread = (hidden.unsqueeze(1) * one_hot.unsqueeze(2)).view(hidden.shape[0], -1)
-            # [slots, out, r] -> [slots * r, out]: every slot's B^T, stacked (a copy).
-            stacked_b_t = (
-                lora_b.reshape(slot_count, -1, rank).transpose(1, 2).reshape(slot_count * rank, -1)
-            ).to(one_hot.dtype)
-            delta = spread @ stacked_b_t
-            common = min(width, delta.shape[1])
-            target = flat_y[:, offset : offset + common]
-            if add_inputs:
-                target += delta[:, :common]
+        # Our path writes every slice side by side over the whole of y, each B as wide as
+        # its slice; anything else (padded or sharded slices) goes to vLLM's.
+        widths = tuple(lora_b.shape[-2] for lora_b in lora_b_stacked)
+        fills_y = y.ndim == 2 and widths == tuple(output_slices) and sum(widths) == y.shape[1]
+        if not (self.computes(x.shape[0]) and fills_y):
+            return super().add_lora_linear(
+                y, x, lora_a_stacked, lora_b_stacked, scale, output_slices,
+                buffer=buffer, **kwargs,
+            )  # fmt: skip
+        # float32 products whatever the model's dtype, as vLLM's CPU ops compute them.
+        x = x.to(torch.float32)
+        for group in self._slot_groups:
+            slot = group.slot
+            tokens = x if group.gather is None else x.index_select(0, group.gather)
+            deltas = [
+                (tokens @ lora_a[slot, 0].to(torch.float32).t())
+                @ lora_b[slot, 0].to(torch.float32).t()
+                for lora_a, lora_b in zip(lora_a_stacked, lora_b_stacked, strict=True)
+            ]
+            delta = (deltas[0] if len(deltas) == 1 else torch.cat(deltas, dim=1))[: group.count]
+            if group.rows is None:
+                y.add_(delta.to(y.dtype), alpha=scale)
             else:
-                target.copy_(delta[:, :common])
-            offset += width
+                y.index_add_(0, group.rows, delta.to(y.dtype), alpha=scale)
         return None
