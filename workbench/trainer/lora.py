@@ -84,6 +84,12 @@ class LoRARouting:
         self.total_tokens = 0
         self.host_offsets = torch.zeros(n_adapters, dtype=torch.int32)
         self.device_offsets = self.host_offsets
+        # The slots with tokens in this micro-batch, their offsets and, on the device, their
+        # indices: the layers multiply only these slots' adapters (see `_grouped_forward`).
+        self.active_slots: list[int] = []
+        self.active_host_offsets = self.host_offsets
+        self.active_device_offsets = self.host_offsets
+        self.active_device_index = torch.zeros(0, dtype=torch.long)
 
     def set_num_tokens(
         self, lora_num_tokens: torch.Tensor | Sequence[int], device: torch.device | None = None
@@ -100,24 +106,42 @@ class LoRARouting:
         host_counts = counts.tolist()
         if min(host_counts) < 0:
             raise ValueError(f"lora_num_tokens must be non-negative, got {host_counts}")
+        device = device or torch.device("cpu")
         self.num_tokens = counts
         self.host_counts = host_counts
         self.total_tokens = sum(host_counts)
         # Cumulative end of each slot's tokens (int32), as the grouped kernels want them: the
         # per-run loop reads them on the host, torch._grouped_mm on the device (one pinned,
         # non-blocking copy per micro-batch).
-        self.host_offsets = torch.tensor(list(itertools.accumulate(host_counts)), dtype=torch.int32)
-        self.device_offsets = to_device(self.host_offsets, device or torch.device("cpu"))
+        self.host_offsets = _cumulative(host_counts)
+        self.device_offsets = to_device(self.host_offsets, device)
+        self.active_slots = [slot for slot, count in enumerate(host_counts) if count]
+        if len(self.active_slots) == self.n_adapters:
+            self.active_host_offsets, self.active_device_offsets = (
+                self.host_offsets,
+                self.device_offsets,
+            )
+        else:
+            self.active_host_offsets = _cumulative([c for c in host_counts if c])
+            self.active_device_offsets = to_device(self.active_host_offsets, device)
+        self.active_device_index = to_device(torch.tensor(self.active_slots), device)
 
-    def offsets(self, grouped_mm: bool, device: torch.device) -> torch.Tensor:
-        """The offsets a grouped op takes: on `device` for torch._grouped_mm, else on the host."""
+    def offsets(self, grouped_mm: bool, device: torch.device, active: bool = False) -> torch.Tensor:
+        """The offsets a grouped op takes: on `device` for torch._grouped_mm, else on the host;
+        of every slot, or with `active` of the slots with tokens only."""
         if self.num_tokens is None:
             raise RuntimeError("no token counts set; call set_lora_num_tokens(model, counts)")
+        host = self.active_host_offsets if active else self.host_offsets
         if not grouped_mm:
-            return self.host_offsets
-        if self.device_offsets.device == device:
-            return self.device_offsets
-        return self.host_offsets.to(device)  # counts set without the device: a copy per layer
+            return host
+        on_device = self.active_device_offsets if active else self.device_offsets
+        if on_device.device == device:
+            return on_device
+        return host.to(device)  # counts set without the device: a copy per layer
+
+
+def _cumulative(counts: list[int]) -> torch.Tensor:
+    return torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32)
 
 
 def set_lora_num_tokens(model: nn.Module, lora_num_tokens: torch.Tensor | Sequence[int]) -> None:
@@ -347,12 +371,29 @@ class MultiLoRALinear(nn.Module):
         )
 
     def _grouped_forward(self, flat: torch.Tensor, grouped_mm: bool) -> torch.Tensor:
+        routing = self.routing
+        slots = routing.active_slots
+        # Only the slots with tokens in this micro-batch: most rows hold one run's tokens,
+        # and stacking (and scaling, and differentiating) every slot's adapter in every
+        # layer cost as much as the products on the CPU. Each slot's rows see the same
+        # products either way. A compiled graph takes every slot, or it would be
+        # specialised to which slots have tokens.
+        if torch.compiler.is_compiling() or len(slots) == self.n_adapters:
+            lora_a, lora_b, rank_scaling = self.lora_A, self.lora_B, self.rank_scaling
+            offsets = routing.offsets(grouped_mm, flat.device)
+        else:
+            lora_a = [self.lora_A[slot] for slot in slots]
+            lora_b = [self.lora_B[slot] for slot in slots]
+            index = routing.active_device_index
+            if index.device != self.rank_scaling.device:
+                index = index.to(self.rank_scaling.device)
+            rank_scaling = self.rank_scaling.index_select(0, index)
+            offsets = routing.offsets(grouped_mm, flat.device, active=True)
         # The weights are float32; the product runs in the activations' dtype.
-        lora_a = torch.stack(tuple(self.lora_A)).to(flat.dtype)
-        scaled_lora_b = torch.stack(tuple(self.lora_B)) * self.rank_scaling[:, None]
-        offsets = self.routing.offsets(grouped_mm, flat.device)
+        stacked_a = torch.stack(tuple(lora_a)).to(flat.dtype)
+        scaled_lora_b = torch.stack(tuple(lora_b)) * rank_scaling[:, None]
         return multi_lora(
-            flat.contiguous(), lora_a, scaled_lora_b.to(flat.dtype), offsets, grouped_mm
+            flat.contiguous(), stacked_a, scaled_lora_b.to(flat.dtype), offsets, grouped_mm
         )
 
     def _plain_forward(self, flat: torch.Tensor) -> torch.Tensor:
