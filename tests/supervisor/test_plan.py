@@ -16,6 +16,7 @@ from workbench.config import TrainerSection, load_inference_config, load_trainer
 from workbench.inference.endpoint import Endpoint, read_endpoint, write_endpoint
 from workbench.inference.server import parallel_args
 from workbench.lifeline import PARENT_PID_ENV
+from workbench.priority import DEFAULT_NICE, INFERENCE_YIELDS_BY, NICE_ENV
 from workbench.supervisor import paths, plan
 from workbench.supervisor.plan import (
     DeviceAssignment,
@@ -303,3 +304,22 @@ def test_on_two_cores_the_trainer_computes_on_one_thread_unless_told(
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     _, trainer = plan_from_recipe(experiment).processes[:2]
     assert trainer.env["OMP_NUM_THREADS"] == "2" if small else "OMP_NUM_THREADS" not in trainer.env
+
+
+@pytest.mark.parametrize("small", [True, False], ids=["two-cores", "more-cores"])
+@pytest.mark.parametrize("users_nice", [None, "0", "17"])
+def test_on_two_cores_vllm_yields_the_cpu_to_the_trainer(
+    experiment: Path, no_gpu, monkeypatch, small, users_nice
+):
+    if users_nice is None:
+        monkeypatch.delenv(NICE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(NICE_ENV, users_nice)
+    monkeypatch.setattr(plan, "is_small_machine", lambda: small)
+    write_recipe(experiment)
+    inference, trainer = plan_from_recipe(experiment).processes[:2]
+    batch = int(users_nice or DEFAULT_NICE)
+    # the trainer keeps the value every process takes; vLLM raises its own above it there
+    assert NICE_ENV not in trainer.env
+    expected = min(19, batch + INFERENCE_YIELDS_BY) if small else batch
+    assert inference.env[NICE_ENV] == str(expected)

@@ -36,6 +36,7 @@ from workbench.config import ConfigError, TrainerSection, model_to_toml
 from workbench.inference import endpoint
 from workbench.lifeline import PARENT_PID_ENV
 from workbench.ports import bind_error, free_port, interface_ipv4, interface_names
+from workbench.priority import NICE_ENV, inference_nice
 from workbench.recipe import Recipe, load_recipe
 from workbench.small_machine import is_small_machine
 from workbench.supervisor import paths
@@ -544,6 +545,8 @@ def plan_from_recipe(experiment: Path) -> Plan:
         env={
             **cuda_env(devices.inference),
             **shared_cpu_env(gpu_count),
+            # It raises its own nice value to this as it starts (workbench.priority).
+            NICE_ENV: str(inference_nice(is_small_machine())),
             "VLLM_API_KEY": api_key,
             PARENT_PID_ENV: str(os.getpid()),
         },
