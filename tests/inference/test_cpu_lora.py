@@ -34,7 +34,7 @@ def _wrappers(token_ids: list[int], is_prefill: bool):
 
 
 def _linear_lora(wrapper, x, lora_a, lora_b, output_slices):
-    y = torch.ones(x.shape[0], sum(output_slices))
+    y = torch.ones(x.shape[0], sum(output_slices), dtype=x.dtype)
     wrapper.add_lora_linear(y, x, lora_a, lora_b, 0.5, output_slices)
     return y
 
@@ -66,6 +66,24 @@ def test_each_token_gets_its_own_adapters_delta_as_with_vllms_products(
     torch.testing.assert_close(ours, vllms, rtol=1e-5, atol=1e-4)
     # and the delta is really there: not the untouched output
     assert (ours - 1).abs().amin(dim=1).gt(0).all()
+
+
+def test_a_bfloat16_model_gets_vllms_deltas_to_bfloat16s_rounding(monkeypatch):
+    # The output stays bfloat16, each value within one rounding step of vLLM's.
+    generator = torch.Generator().manual_seed(3)
+    token_ids, output_slices = [11] * 5 + [13] * 3 + [12] * 20, (WIDTH, 16, 16)
+    x = torch.randn(len(token_ids), WIDTH, generator=generator).bfloat16()
+    lora_a = tuple(torch.randn(SLOTS, 1, RANK, WIDTH, generator=generator) for _ in output_slices)
+    lora_b = tuple(torch.randn(SLOTS, 1, n, RANK, generator=generator) for n in output_slices)
+    lora_a, lora_b = (tuple(w.bfloat16() for w in ws) for ws in (lora_a, lora_b))
+    vllm_wrapper, our_wrapper = _wrappers(token_ids, is_prefill=False)
+    vllms = _linear_lora(vllm_wrapper, x, lora_a, lora_b, output_slices)
+    monkeypatch.setattr(PunicaWrapperCPU, "add_lora_linear", _not_vllms_path)
+    ours = _linear_lora(our_wrapper, x, lora_a, lora_b, output_slices)
+    assert ours.dtype == torch.bfloat16
+    # at most one bfloat16 step apart: 0.25 for the largest values here (32 to 64)
+    assert (ours.float() - vllms.float()).abs().max() <= 0.25
+    assert vllms.float().abs().max() < 64
 
 
 def _not_vllms_path(*args, **kwargs):
