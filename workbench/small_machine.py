@@ -8,7 +8,8 @@ on 2 cores, 4 runs x 20 steps of reverse_text, alternating:
 - then the trainer on torch's default two threads against one: 72 and 74 s against 68 and
   63 s (two threads wait on each other whenever vLLM holds a core).
 Both settings give way to the user's own (`VLLM_ENABLE_V1_MULTIPROCESSING`,
-`OMP_NUM_THREADS`). On more cores each keeps its usual threads.
+`OMP_NUM_THREADS`). On more cores each keeps its usual threads. A third follows from the
+same rule: vLLM yields the CPU to the trainer (`workbench.priority.inference_nice`).
 """
 
 from __future__ import annotations
