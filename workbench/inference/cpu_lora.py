@@ -66,9 +66,10 @@ def tokens_by_slot(token_slots: Tensor) -> list[SlotTokens]:
         rows = (token_slots == slot).nonzero().squeeze(1)
         count = rows.shape[0]
         every_row = count == token_slots.shape[0]
-        gather = None if every_row and count >= MIN_PRODUCT_ROWS else rows
         if count < MIN_PRODUCT_ROWS:
             gather = torch.cat([rows, rows[-1:].expand(MIN_PRODUCT_ROWS - count)])
+        else:
+            gather = None if every_row else rows
         groups.append(SlotTokens(slot, None if every_row else rows, gather, count))
     return groups
 
@@ -80,7 +81,6 @@ class SlotMatmulPunicaWrapperCPU(PunicaWrapperCPU):
         super().__init__(*args, **kwargs)
         # Per step, from the mapping: shared by every layer of the step.
         self._slot_groups: list[SlotTokens] = []
-        self._step_tokens = -1
 
     def update_metadata(
         self,
@@ -91,13 +91,12 @@ class SlotMatmulPunicaWrapperCPU(PunicaWrapperCPU):
         **kwargs: Any,
     ) -> None:
         super().update_metadata(mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
-        token_slots = self.token_lora_indices
-        self._slot_groups = tokens_by_slot(token_slots)
-        self._step_tokens = token_slots.shape[0]
+        self._slot_groups = tokens_by_slot(self.token_lora_indices)
 
     def computes(self, rows: int) -> bool:
-        """Whether this step's grouping describes a layer input of `rows` tokens."""
-        return rows == self._step_tokens
+        """Whether this step's grouping describes a layer input of `rows` tokens (never
+        before the first step's mapping, when vLLM's count is None)."""
+        return rows == self.indices_len[0]
 
     def add_lora_linear(
         self,

@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 
 CPU_LORA_ENV = "WORKBENCH_VLLM_CPU_LORA"
-CPU_LORA_KERNELS = ("slot-matmul", "vllm")
-DEFAULT_CPU_LORA_KERNEL = "slot-matmul"
+SLOT_MATMUL = "slot-matmul"
+CPU_LORA_KERNELS = (SLOT_MATMUL, "vllm")
+DEFAULT_CPU_LORA_KERNEL = SLOT_MATMUL
 SLOT_MATMUL_WRAPPER = "workbench.inference.cpu_lora.SlotMatmulPunicaWrapperCPU"
 
 
 def register() -> None:
-    if os.environ.get(CPU_LORA_ENV) != "slot-matmul":
+    if os.environ.get(CPU_LORA_ENV) != SLOT_MATMUL:
         return
     from vllm.platforms import current_platform
 
