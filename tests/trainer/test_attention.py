@@ -281,3 +281,27 @@ def test_flex_compiles_once_for_rows_of_eight_different_lengths_and_matches_per_
             expected = packed_attention("per_sample", query, key, value, packed, 0.25)
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5, msg=str(lengths))
     assert 1 <= counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
+@pytest.mark.parametrize("bad_sample", [0, 1])
+def test_a_sample_that_is_not_finite_sends_no_gradient_to_the_other_samples_of_its_row(
+    bad_sample: int,
+):
+    # Samples of 5 and 4 tokens share one padded batch; the shorter one is padded. A diverged
+    # run's sample holds inf: the others' gradients must stay what they would be without it.
+    lengths = [5, 4]
+    packed = packed_row(lengths)
+    assert len(packed.length_buckets()) == 1, "one padded batch for both samples"
+    query, key, value = qkv(sum(lengths))
+    bounds = [(0, 5), (5, 9)]
+    start, end = bounds[bad_sample]
+    with torch.no_grad():
+        for tensor in (query, key, value):
+            tensor[:, :, start:end] = torch.inf
+    for tensor in (query, key, value):
+        tensor.requires_grad_()
+    out = packed_attention("per_sample", query, key, value, packed, None)
+    good_start, good_end = bounds[1 - bad_sample]
+    out[:, good_start:good_end].square().sum().backward()
+    for tensor in (query, key, value):
+        assert torch.isfinite(tensor.grad[:, :, good_start:good_end]).all()

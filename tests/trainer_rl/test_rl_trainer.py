@@ -246,7 +246,7 @@ def test_per_sample_attention_chunked_head_and_recompute_train_what_the_dense_re
         "default": {},
         "recompute": {"activation_checkpointing": True, "logprob_chunk_tokens": 5},
     }
-    adapters = {}
+    gradients = {}
     for name, section in settings.items():
         experiment = tmp_path / name
         experiment.mkdir()
@@ -255,11 +255,8 @@ def test_per_sample_attention_chunked_head_and_recompute_train_what_the_dense_re
             run = make_run(experiment, run_id, orch)
             write_rollouts(run, random_batch(run_id, 0, 6, seed=4))
         trainer = make_trainer(experiment, tiny_llama, **section)
+        gradients[name] = gradients_at_the_update(trainer, ("run_a", "run_b"))
         assert iterate(trainer) == "trained"
-        adapters[name] = {
-            run_id: trainer.manager.get_state_dict_for_run(trainer.manager.id_2_idx[run_id])
-            for run_id in ("run_a", "run_b")
-        }
         losses = {
             run_id: read_metrics(experiment / run_id, "trainer")[-1]["loss"]
             for run_id in ("run_a", "run_b")
@@ -268,11 +265,33 @@ def test_per_sample_attention_chunked_head_and_recompute_train_what_the_dense_re
             reference_losses = losses
         else:
             assert losses == pytest.approx(reference_losses, rel=1e-5)
+    # Gradients, not the adapters after the update: AdamW's first step divides each
+    # gradient by its own size, so where one is near its eps (1e-8) the last bits of float32
+    # rounding, which differ between CPUs, become a thousandth of the weight. Each tensor
+    # is compared at the scale of its largest gradient (lora_A's are all 0 at the first
+    # update, where every lora_B is 0).
+    assert all(g.abs().max() > 0 for k, g in gradients["reference"].items() if "lora_B" in k)
     for name in ("default", "recompute"):
-        for run_id, state in adapters[name].items():
-            for key, tensor in state.items():
-                expected = adapters["reference"][run_id][key]
-                torch.testing.assert_close(tensor, expected, rtol=1e-4, atol=1e-6, msg=key)
+        for key, expected in gradients["reference"].items():
+            scale = float(expected.abs().max())
+            got = gradients[name][key]
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * scale, msg=key)
+
+
+def gradients_at_the_update(trainer, run_ids) -> dict[str, torch.Tensor]:
+    """Filled with each run's adapter gradients when the trainer's next update steps."""
+    seen: dict[str, torch.Tensor] = {}
+    step = trainer.optimizer.step
+
+    def step_and_keep_gradients():
+        for run_id in run_ids:
+            idx = trainer.manager.id_2_idx[run_id]
+            for name, param in trainer.manager.get_named_parameters_for_run(idx):
+                seen[f"{run_id}.{name}"] = param.grad.clone()
+        return step()
+
+    trainer.optimizer.step = step_and_keep_gradients
+    return seen
 
 
 def test_the_trainer_logs_one_line_per_run_and_update_with_its_figures(

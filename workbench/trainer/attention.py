@@ -140,7 +140,7 @@ BUCKET_MIN_FILL = 0.8
 class LengthBucket:
     count: int  # samples
     longest: int  # tokens of the longest; the others are padded to it
-    gather: torch.Tensor  # [count * longest] row position of each padded slot (pads: 0)
+    gather: torch.Tensor  # [count * longest] row position of each slot (pads: `_length_buckets`)
     real: torch.Tensor  # [tokens] the padded slots that hold real tokens, in sample order
     positions: torch.Tensor  # [tokens] their row positions, in the same order
 
@@ -159,6 +159,11 @@ def _length_buckets(lengths: tuple[int, ...], device: torch.device) -> list[Leng
         valid = torch.zeros(len(members), longest, dtype=torch.bool)
         for slot, sample in enumerate(members):
             gather[slot, : lengths[sample]] = torch.arange(lengths[sample]) + starts[sample]
+            # Pads copy the sample's own last token, which no real token attends to (right-
+            # padded, causal). Their gradient, 0 times the sample's values, goes back to that
+            # token: to the sample itself, never to another run's token (0 x inf is nan
+            # where a diverged run's values are not finite).
+            gather[slot, lengths[sample] :] = starts[sample] + lengths[sample] - 1
             valid[slot, : lengths[sample]] = True
         buckets.append(
             LengthBucket(
