@@ -65,6 +65,14 @@ def _bounds(metadata: list[Any]) -> list[str]:
 def type_text(annotation: Any) -> str:
     """`int | None` -> "integer"; `Literal["a", "b"]` -> `"a"`, `"b"`; lists and tables."""
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a bounded member of a union: `int >= 1 | "auto"`
+        base, *extras = typing.get_args(annotation)
+        metadata = [
+            item
+            for extra in extras
+            for item in (extra.metadata if isinstance(extra, FieldInfo) else [extra])
+        ]
+        return ", ".join([type_text(base), *_bounds(metadata)])
     if origin is Literal:
         return ", ".join(f"`{tomlkit.item(value).as_string()}`" for value in annotation.__args__)
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):

@@ -23,7 +23,7 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tomlkit
 import tomlkit.exceptions
@@ -572,6 +572,14 @@ class TrainerSection(StrictModel):
     )
     compile: bool = Field(
         False, description="torch.compile each decoder layer (optional, never needed)"
+    )
+    row_threads: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="on the CPU, how many packed rows of an update compute at once, each on "
+        "a thread of its own (a small model's products split badly over threads; rows do "
+        "not); `auto`: as many as the trainer has torch threads. Gradients are the same, "
+        "bit for bit, as one row after another; each row in flight holds its activations. "
+        "One row at a time on a GPU, with compiled layers and with the base sharded",
     )
 
     @field_validator("rendezvous_port")

@@ -61,6 +61,9 @@ def trainer(
         int, typer.Option(min=0, help="LM head chunk; 0: full logits.")
     ] = 1024,
     compile: Annotated[bool, typer.Option(help="torch.compile each decoder layer.")] = False,
+    row_threads: Annotated[
+        str, typer.Option(help="CPU: rows computed at once, one per thread; auto or a count.")
+    ] = "auto",
     legacy: Annotated[
         bool, typer.Option(help="Also measure the legacy compute (dense mask, full logits).")
     ] = True,
@@ -93,11 +96,14 @@ def trainer(
     checkpointing = {"auto": "auto", "on": True, "off": False}.get(activation_checkpointing)
     if checkpointing is None:
         raise typer.BadParameter("choose auto, on or off", param_hint="--activation-checkpointing")
+    if row_threads != "auto" and not (row_threads.isdigit() and int(row_threads) >= 1):
+        raise typer.BadParameter("choose auto or a count of 1 or more", param_hint="--row-threads")
     compute = {
         "attention": attention,
         "activation_checkpointing": checkpointing,
         "logprob_chunk_tokens": logprob_chunk_tokens,
         "compile": compile,
+        "row_threads": row_threads if row_threads == "auto" else int(row_threads),
     }
     chosen = {"steps": steps, "compute": compute, "legacy": legacy, "separate": separate}
     chosen["peft"] = peft

@@ -57,11 +57,13 @@ MODEL_SHAPES = ("tiny", "qwen3-vocab", "qwen3-0.6b")
 DEFAULT_TOKENS = {"tiny": 16384, "qwen3-vocab": 8192, "qwen3-0.6b": 1024}
 DEFAULT_SEQ_LEN = {"tiny": 2048, "qwen3-vocab": 8192, "qwen3-0.6b": 512}
 DEFAULT_SAMPLE_LEN = {"tiny": 64, "qwen3-vocab": 512, "qwen3-0.6b": 128}
-# The compute of releases before per-sample attention and chunked log-probs.
+# The compute of releases before per-sample attention, chunked log-probs and rows side by
+# side on the CPU.
 LEGACY_COMPUTE = {
     "attention": "dense",
     "logprob_chunk_tokens": 0,
     "activation_checkpointing": False,
+    "row_threads": 1,
 }
 # Dense bf16 peak of the GPUs we quote MFU on (tensor cores, no sparsity).
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -391,6 +393,8 @@ def _shared_step(model, rows, spec: WorkerSpec, device, rows_per_rank: int):
         train_step(trainer, rows, rows_per_rank)
 
     described = trainer.row_model.plan.describe()
+    if trainer.row_threads is not None:
+        described += f", {trainer.row_threads.threads} rows at once"
     if spec.ranks > 1:
         described += f", base {'sharded' if trainer.base_sharded else 'replicated'}"
     return step, described, lora_compute_summary(trainer.model)

@@ -40,12 +40,12 @@ from workbench.envs import get_environment
 from workbench.models import char_tokenizer, shipped
 from workbench.models.resolve import ModelResolutionError, StepCallback, ignore_steps
 from workbench.models.shipped import BUILD_INFO_FILE, read_build_info
+from workbench.trainer.row_threads import torch_threads
 from workbench.trainer.sft import (
     SFTConfig,
     evaluate_greedy,
     hf_progress_bars_disabled,
     load_model,
-    torch_threads,
     train_sft,
 )
 

@@ -38,6 +38,7 @@ import functools
 import itertools
 import logging
 import math
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -69,12 +70,14 @@ _ROUTING_ATTRIBUTE = "_workbench_lora_routing"
 # ---------------------------------------------------------------------------- routing
 
 
-class LoRARouting:
+class LoRARouting(threading.local):
     """Which tokens of the current micro-batch belong to which adapter slot.
 
     One object per model, shared by all its `MultiLoRALinear` layers, so the counts are
     converted (host list, offsets on the host and on the device) once per micro-batch
-    rather than once per layer.
+    rather than once per layer. Its state is per thread: on the CPU several threads each
+    compute a row of their own (`workbench.trainer.row_threads`), and each must route its
+    own row's tokens, in the forward and in the recomputation during its backward.
     """
 
     def __init__(self, n_adapters: int):

@@ -45,6 +45,7 @@ class RLLossOutput:
     masked_fraction: torch.Tensor
     mean_ratio: torch.Tensor
     loss_tokens: torch.Tensor
+    masked_tokens: torch.Tensor
 
 
 def compute_rl_loss(
@@ -120,7 +121,8 @@ def compute_rl_loss(
     run_loss = per_run_sum(per_token) / normaliser.clamp_min(1.0)
     with torch.no_grad():
         seen = micro_loss_tokens.clamp_min(1.0)
-        masked_fraction = per_run_sum(is_masked.float()) / seen
+        masked_tokens = per_run_sum(is_masked.float())
+        masked_fraction = masked_tokens / seen
         mean_ratio = per_run_sum(torch.where(loss_mask, ratio, 0.0)) / seen
     return RLLossOutput(
         loss=run_loss.sum(),
@@ -128,6 +130,7 @@ def compute_rl_loss(
         masked_fraction=masked_fraction,
         mean_ratio=mean_ratio,
         loss_tokens=micro_loss_tokens.long(),
+        masked_tokens=masked_tokens.long(),
     )
 
 

@@ -32,15 +32,22 @@ from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
 from workbench.trainer.compute import HostRow, RowLogprobs, prepare_model
 from workbench.trainer.divergence import DivergenceWatch, NonFiniteWeights, adapter_divergence
 from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lora_num_tokens
-from workbench.trainer.loss import compute_rl_loss
+from workbench.trainer.loss import RLLossOutput, compute_rl_loss
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
 from workbench.trainer.packer import MicroBatch, Packer, filler_row
+from workbench.trainer.row_threads import (
+    RowThreads,
+    accumulate_in_order,
+    resolve_row_threads,
+    torch_threads,
+)
 from workbench.trainer.runs import MultiRunManager
 from workbench.trainer.sharding import shard_base
 from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
 KEEP_BROADCASTS = 3
+LOSS, MASKED, TOKENS = range(3)  # the rows of `train_step`'s per-run tally
 
 
 @dataclass
@@ -59,6 +66,8 @@ class Trainer:
     base_sharded: bool = False
     divergence: DivergenceWatch = field(default_factory=DivergenceWatch)
     stop_requested: bool = False
+    # On the CPU, the rows of an update computed side by side (None: one after another).
+    row_threads: RowThreads | None = None
 
 
 @dataclass
@@ -68,6 +77,7 @@ class StepStats:
     loss: dict[int, float]
     grad_norm: dict[int, float]
     lr: dict[int, float]
+    masked: dict[int, float]  # the share of the run's loss tokens the loss masked
 
 
 # ---------------------------------------------------------------------- setup
@@ -103,6 +113,13 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
     sharded = section.shards_base(distributed.world_size())
     if sharded:
         shard_base(row_model, model, device, distributed.world_size())
+    threads, not_threaded = resolve_row_threads(
+        section.row_threads, device, compiled=section.compile, base_sharded=sharded
+    )
+    if not_threaded:
+        logger.warning(
+            "row_threads = %s: one row at a time (%s)", section.row_threads, not_threaded
+        )
     optimizer = MultiLoRAOptimizer(manager)
     scheduler = MultiLoRAScheduler(optimizer)
     checkpointer = RunCheckpointer(manager, optimizer, scheduler)
@@ -118,6 +135,7 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
         base_model=config.model.base,
         row_model=row_model,
         base_sharded=sharded,
+        row_threads=RowThreads(threads) if threads > 1 else None,
     )
 
     def resume_run(idx: int, run_id: str) -> None:
@@ -171,18 +189,24 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
     temperatures = torch.ones(manager.max_runs)
     for idx in manager.used_idxs:
         temperatures[idx] = manager.config[idx].sampling.temperature  # > 0 (config.py)
-    # Summed on the device and read once per update: a read per row would wait for each
-    # row's backward before the next row could be queued.
-    run_loss = torch.zeros(manager.max_runs, dtype=torch.float64, device=device)
+    # Per run: loss, masked and loss tokens (LOSS, MASKED, TOKENS), summed on the device and
+    # read once per update: a read per row would wait for each row's backward before the
+    # next row could be queued.
+    tally = torch.zeros(3, manager.max_runs, dtype=torch.float64, device=device)
 
-    for row in rows:
+    def add_to_tally(out: RLLossOutput) -> None:
+        tally[LOSS] += out.run_loss.detach().double()
+        tally[MASKED] += out.masked_tokens.double()
+        tally[TOKENS] += out.loss_tokens.double()
+
+    def row_loss(row: MicroBatch) -> RLLossOutput:
         set_lora_num_tokens(model, row.lora_num_tokens)
         input_ids = to_device(row.input_ids, device)
         # vLLM reports log-probs after temperature scaling; the trainer's are scaled the same
         # way, per run (runs may sample at different temperatures).
         token_temperatures = torch.repeat_interleave(temperatures, row.lora_num_tokens)
         logprobs = trainer.row_model(input_ids, HostRow(row.position_ids, token_temperatures))
-        out = compute_rl_loss(
+        return compute_rl_loss(
             logprobs,
             to_device(row.inference_logprobs, device),
             to_device(row.advantages, device),
@@ -191,24 +215,45 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
             loss_configs,
             loss_tokens_per_run=row.run_loss_tokens,
         )
-        out.loss.backward()
-        run_loss += out.run_loss.double()
+
+    if trainer.row_threads is None:
+        for row in rows:
+            out = row_loss(row)
+            out.loss.backward()
+            add_to_tally(out)
+    else:
+        # On the CPU, rows side by side: each row's adapter gradients come back to this
+        # thread and are added in row order, the sums the loop above makes (row_threads.py).
+        def row_gradients(row: MicroBatch):
+            out = row_loss(row)
+            params = [
+                param
+                for idx, tokens in enumerate(row.lora_num_tokens.tolist())
+                if tokens
+                for _, param in manager.get_named_parameters_for_run(idx)
+            ]
+            return params, torch.autograd.grad(out.loss, params, allow_unused=True), out
+
+        with torch_threads(1):
+            for params, grads, out in trainer.row_threads.map_in_order(row_gradients, rows):
+                accumulate_in_order(params, grads)
+                add_to_tally(out)
     if trainer.base_sharded:
         for _ in range(rows_per_rank - len(rows)):
             run_filler_row(trainer)
 
-    run_loss = run_loss.cpu()
     distributed.all_reduce_grads(
         [param for idx in ready for _, param in manager.get_named_parameters_for_run(idx)], device
     )
-    run_loss = distributed.all_reduce_sum(run_loss, device)
+    tally = distributed.all_reduce_sum(tally.cpu(), device)
     norms = trainer.optimizer.step()
     trainer.scheduler.step()
     trainer.optimizer.zero_grad()
     return StepStats(
-        loss={idx: float(run_loss[idx]) for idx in ready},
+        loss={idx: float(tally[LOSS, idx]) for idx in ready},
         grad_norm={idx: float(norms.get(idx, float("nan"))) for idx in ready},
         lr={idx: trainer.optimizer.get_lr(idx) for idx in ready},
+        masked={idx: float(tally[MASKED, idx] / tally[TOKENS, idx].clamp_min(1)) for idx in ready},
     )
 
 
@@ -270,6 +315,7 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
                 loss=stats.loss[idx],
                 grad_norm=stats.grad_norm[idx],
                 lr=stats.lr[idx],
+                masked=round(stats.masked[idx], 4),
                 tokens=progress.total_tokens,
                 samples=progress.total_samples,
                 step_s=round(step_s, 3),

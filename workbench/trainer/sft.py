@@ -45,6 +45,7 @@ from workbench.config import LORA_TARGET_MODULES, LoraConfig, StrictModel
 from workbench.envs import Environment, Prompt, get_environment
 from workbench.envs.verifiers_env import PREFIX as VERIFIERS_PREFIX
 from workbench.models.resolve import resolve_model
+from workbench.trainer.row_threads import torch_threads
 
 Message = dict[str, str]
 IGNORE_INDEX = -100
@@ -403,18 +404,6 @@ def load_model(model_path: Path | str) -> tuple[PreTrainedTokenizerBase, torch.n
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer, model
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """Run with `threads` intra-op threads (None: leave torch's setting), then restore it."""
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 @contextlib.contextmanager
