@@ -3,12 +3,17 @@ checkpointing. Each must give every sample exactly what it gets alone."""
 
 from __future__ import annotations
 
+import contextlib
+import unittest.mock
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tests.trainer.builders import DEVICE_DTYPES, build_trainer, tiny_causal_lm
 from workbench.config import TrainerSection
+from workbench.trainer import lm_head
 from workbench.trainer.attention import PackedSequences
 from workbench.trainer.attention_choice import AttentionRuntime, available_attention_paths
 from workbench.trainer.compute import (
@@ -20,6 +25,7 @@ from workbench.trainer.compute import (
 from workbench.trainer.lm_head import chunked_token_logprobs
 from workbench.trainer.lora import set_lora_num_tokens
 from workbench.trainer.loss import compute_logprobs
+from workbench.trainer.row_threads import torch_threads
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # CUDA's flex kernel needs heads of 16 or more; the CPU tests keep the tiny model's 8.
@@ -163,6 +169,71 @@ def test_chunked_lm_head_equals_full_logits_in_values_and_gradients(bias):
     torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-6)
     for ours, reference in zip(got, expected, strict=True):
         torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_lm_head_computes_only_the_needed_tokens_and_gives_them_the_full_gradients():
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(40, 16, generator=generator, requires_grad=True)
+    head = nn.Linear(16, 50)
+    input_ids = torch.randint(0, 50, (40,), generator=generator)
+    temperatures = torch.tensor([1.0] * 15 + [0.6] * 10 + [1.7] * 15)
+    # Three samples' completions (the loss mask): 20 of 40 tokens.
+    needed = torch.zeros(40, dtype=torch.bool)
+    needed[5:12] = needed[18:25] = needed[34:40] = True
+    weights = torch.randn(40, generator=generator)
+
+    full = compute_logprobs(head(hidden) / temperatures[:, None], input_ids)
+    (full * weights * needed).sum().backward()
+    expected = [hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()]
+    hidden.grad = None
+    head.zero_grad(set_to_none=True)
+
+    with counting_head_rows() as rows:
+        chunked = chunked_token_logprobs(
+            hidden, head, input_ids, temperatures, chunk_tokens=8, needed=needed
+        )
+    assert sum(rows) == 20, "the head ran on the needed tokens only"
+    torch.testing.assert_close(chunked[needed], full[needed], rtol=1e-5, atol=1e-6)
+    assert (chunked[~needed] == 0).all()
+    (chunked * weights).sum().backward()
+    got = [hidden.grad, head.weight.grad, head.bias.grad]
+    for ours, reference in zip(got, expected, strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_a_token_gets_the_same_log_prob_bits_whether_few_or_many_tokens_are_needed():
+    # A row holding one short completion: the head still multiplies MIN_HEAD_ROWS rows,
+    # since the CPU's products of a few rows round differently (on one thread, for this
+    # width, those of 1 to 8 rows).
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(64, 256, generator=generator)
+    head = nn.Linear(256, 300, bias=False)
+    input_ids = torch.randint(0, 300, (64,), generator=generator)
+    temperatures = torch.ones(64)
+    many = torch.zeros(64, dtype=torch.bool)
+    many[20:60] = True
+    with counting_head_rows() as rows, torch.no_grad(), torch_threads(1):
+        among_many = chunked_token_logprobs(hidden, head, input_ids, temperatures, needed=many)
+        for token in range(20, 60):
+            alone = torch.zeros(64, dtype=torch.bool)
+            alone[token] = True
+            got = chunked_token_logprobs(hidden, head, input_ids, temperatures, needed=alone)
+            assert torch.equal(got[token], among_many[token]), f"token {token}"
+    assert rows == [40] + [lm_head.MIN_HEAD_ROWS] * 40
+
+
+@contextlib.contextmanager
+def counting_head_rows():
+    """The rows of each LM head product in the block."""
+    rows: list[int] = []
+    real_linear = F.linear
+
+    def counting_linear(x, *args):
+        rows.append(x.shape[0])
+        return real_linear(x, *args)
+
+    with unittest.mock.patch.object(lm_head.F, "linear", counting_linear):
+        yield rows
 
 
 def lora_gradients(trainer, samples, counts, plan) -> dict[str, torch.Tensor]:

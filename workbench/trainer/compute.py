@@ -129,6 +129,8 @@ class HostRow:
 
     position_ids: torch.Tensor
     temperatures: torch.Tensor
+    # The tokens whose log-prob the loss reads (its loss mask); None: every token.
+    needed: torch.Tensor | None = None
 
 
 class RowLogprobs(nn.Module):
@@ -147,7 +149,7 @@ class RowLogprobs(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, host: HostRow) -> torch.Tensor:
         return packed_row_logprobs(
-            self.model, self.plan, input_ids, host.position_ids, host.temperatures
+            self.model, self.plan, input_ids, host.position_ids, host.temperatures, host.needed
         )
 
 
@@ -157,10 +159,13 @@ def packed_row_logprobs(
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     temperatures: torch.Tensor,
+    needed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token log-probs [T] (float32) of one packed row; `temperatures` [T] per token.
 
     Pass `temperatures` on the CPU: they are checked there, so a GPU row costs no host sync.
+    With the LM head in chunks, only the `needed` tokens' log-probs are computed (host bool
+    [T], the loss mask; see `chunked_token_logprobs`), the others are 0.
 
     Every sample attends only to itself, so each gets the log-probs it would get alone.
     The caller routes the row's tokens to their adapters first (`set_lora_num_tokens`).
@@ -180,6 +185,7 @@ def packed_row_logprobs(
             input_ids,
             temperatures,
             plan.logprob_chunk_tokens,
+            needed,
         )
     logits = model(**inputs).logits[0]
     if bool((temperatures != 1).any()):

@@ -22,6 +22,8 @@ from workbench.trainer.transfer import to_device
 # Config attributes with which a model's logits are not `lm_head(hidden)`; such models keep
 # the full-logits path (`logprob_chunk_tokens = 0`).
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+# Fewest rows the head multiplies when only some tokens are needed (see below).
+MIN_HEAD_ROWS = 16
 
 
 def chunkable_lm_head(model: nn.Module) -> nn.Linear | None:
@@ -43,6 +45,7 @@ def chunked_token_logprobs(
     input_ids: torch.Tensor,
     temperatures: torch.Tensor,
     chunk_tokens: int = 1024,
+    needed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log p(input_ids[t] | tokens before t) in float32, aligned with `input_ids` [T].
 
@@ -50,6 +53,11 @@ def chunked_token_logprobs(
     is each token's sampling temperature. Position 0 (and, in a packed row, the first token
     of each sample, predicted from the previous sample) gets a value that must stay out of
     the loss mask, as with `loss.compute_logprobs`, which this equals.
+
+    `needed` [T] (bool, on the host): the tokens whose log-prob is read, the loss mask. Only
+    their predictions go through the head (at least `MIN_HEAD_ROWS`), the others get 0. The RL loss reads completion
+    tokens only, and prompts (and, in multi-turn episodes, environment messages) are often
+    most of a row: their vocabulary-wide products were half or more of the head's work.
     """
     if hidden.ndim != 2 or input_ids.shape != hidden.shape[:1]:
         raise ValueError(
@@ -62,10 +70,34 @@ def chunked_token_logprobs(
         raise ValueError("temperatures must be positive")
     # Position t predicts token t + 1; the last position predicts nothing we have.
     inverse_temperature = 1.0 / to_device(temperatures[:-1].float(), hidden.device)
+    if needed is None:
+        predicted = _ChunkedLMHeadLogprobs.apply(
+            hidden[:-1], head.weight, head.bias, input_ids[1:], inverse_temperature, chunk_tokens
+        )
+        return torch.cat([predicted.new_zeros(1), predicted])
+    if needed.shape != input_ids.shape:
+        raise ValueError(f"needed must be [T] like input_ids, got {tuple(needed.shape)}")
+    # The positions that predict a needed token, found on the host (a nonzero on the GPU
+    # would wait for it) and copied once.
+    predicts_needed = needed[1:].cpu()
+    on_host = torch.nonzero(predicts_needed).flatten()
+    if on_host.numel() < MIN_HEAD_ROWS:
+        # Padded with other positions: torch's CPU products of a few rows round differently
+        # from the same rows among more (on one thread, widths 128 to 1024: up to 12 rows),
+        # and a token's log-prob must not depend on how many needed tokens share its row
+        # (runs packed together or alone train the same).
+        others = torch.nonzero(~predicts_needed).flatten()[: MIN_HEAD_ROWS - on_host.numel()]
+        on_host = torch.cat([on_host, others]).sort().values
+    positions = to_device(on_host, hidden.device)
     predicted = _ChunkedLMHeadLogprobs.apply(
-        hidden[:-1], head.weight, head.bias, input_ids[1:], inverse_temperature, chunk_tokens
+        hidden.index_select(0, positions),
+        head.weight,
+        head.bias,
+        input_ids[1:].index_select(0, positions),
+        inverse_temperature.index_select(0, positions),
+        chunk_tokens,
     )
-    return torch.cat([predicted.new_zeros(1), predicted])
+    return predicted.new_zeros(input_ids.shape[0]).index_copy(0, positions + 1, predicted)
 
 
 class _ChunkedLMHeadLogprobs(torch.autograd.Function):

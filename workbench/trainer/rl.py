@@ -205,7 +205,8 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
         # vLLM reports log-probs after temperature scaling; the trainer's are scaled the same
         # way, per run (runs may sample at different temperatures).
         token_temperatures = torch.repeat_interleave(temperatures, row.lora_num_tokens)
-        logprobs = trainer.row_model(input_ids, HostRow(row.position_ids, token_temperatures))
+        host = HostRow(row.position_ids, token_temperatures, needed=row.loss_mask.bool())
+        logprobs = trainer.row_model(input_ids, host)
         return compute_rl_loss(
             logprobs,
             to_device(row.inference_logprobs, device),
