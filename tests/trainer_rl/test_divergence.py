@@ -17,7 +17,7 @@ from workbench import layout, run_control
 from workbench.metrics import read_metrics
 from workbench.rollouts import write_rollouts
 from workbench.trainer.checkpoint import ADAPTER_FILE, PART
-from workbench.trainer.divergence import NON_FINITE_UPDATES
+from workbench.trainer.divergence import NON_FINITE_UPDATES, STALLED
 from workbench.trainer.rl import Trainer, iterate
 
 GOOD = "lr = 0.01\nmax_steps = 8\n"
@@ -136,20 +136,80 @@ def test_a_diverging_run_is_evicted_and_the_run_beside_it_trains_as_if_it_had_no
     assert_trains_the_same(beside / "run_good", alone / "run_good", exact=False)
 
 
-def test_a_learning_rate_that_overflows_diverges_and_is_evicted(tmp_path, tiny_llama):
-    # lr 1e30: update 1 throws the adapter so far that from update 2 its activations
-    # overflow float32 and the loss and gradient norm are nan, on any CPU. (lr 1000 ends
-    # in nan on some CPUs and on others in a saturated softmax whose gradient is 0.)
+@pytest.mark.parametrize(
+    ("lr", "reason", "evicted_at"),
+    [
+        # The issue's run: update 2 throws the adapter so far that from update 3 its gradient
+        # norm is nan on some CPUs and, on others, exactly 0 (a saturated softmax).
+        ("1000.0", rf"gradient norm (nan|{re.escape(STALLED)}) at updates 3-5", 5),
+        # Update 1 throws it so far that from update 2 its activations overflow float32, on
+        # any CPU, in rows it shares with run_good (a padded sample's gradient goes back to
+        # that sample only: attention.py).
+        ("1e30", "loss nan, gradient norm nan at updates 2-4", 4),
+    ],
+)
+def test_a_learning_rate_far_too_high_diverges_and_is_evicted(
+    tmp_path, tiny_llama, lr, reason, evicted_at
+):
     beside = tmp_path / "beside"
-    train(beside, tiny_llama, {"run_good": GOOD, "run_x": "lr = 1e30\nmax_steps = 8\n"})
+    train(beside, tiny_llama, {"run_good": GOOD, "run_x": f"lr = {lr}\nmax_steps = 8\n"})
     healthy = tmp_path / "healthy"
-    train(healthy, tiny_llama, {"run_good": GOOD, "run_x": GOOD}, until={"run_x": 4})
+    train(healthy, tiny_llama, {"run_good": GOOD, "run_x": GOOD}, until={"run_x": evicted_at})
 
-    reason = run_control.read_eviction(beside / "run_x").reason
-    assert reason.startswith("diverged: loss nan, gradient norm nan at updates 2-4; "), reason
-    # Its nan and infinite activations share rows with run_good's and change nothing there
-    # (a padded sample's gradient goes back to that sample only: attention.py).
+    got = run_control.read_eviction(beside / "run_x").reason
+    assert re.match(rf"diverged: {reason}; ", got), got
+    # Its nan and huge activations share rows with run_good's and change nothing there.
     assert_trains_the_same(beside / "run_good", healthy / "run_good")
+
+
+def write_steps(trainer, runs: dict[str, Path], steps: int, change=None) -> None:
+    """`steps` updates of every run, one random batch each; `change(run_id, batch)` may
+    alter a batch before it is written."""
+    for step in range(steps):
+        for run_id, run in runs.items():
+            batch = random_batch(run_id, step, 6, seed=1)
+            if change is not None:
+                change(run_id, batch)
+            write_rollouts(run, batch)
+        assert iterate(trainer) == "trained"
+
+
+def test_a_run_whose_gradient_is_0_with_advantages_three_updates_in_a_row_is_evicted(
+    tmp_path, tiny_llama
+):
+    # Its sampler's log-probs are e^100 away from the trainer's: every token's importance
+    # ratio is masked, the gradient is exactly 0 and the adapter never moves.
+    runs = {name: make_run(tmp_path, name, GOOD) for name in ("run_good", "run_far")}
+    trainer = make_trainer(tmp_path, tiny_llama)
+    iterate(trainer)
+
+    def far_from_the_sampler(run_id, batch):
+        if run_id == "run_far":
+            for sample in batch.samples:
+                sample.completion_logprobs = [-100.0] * len(sample.completion_ids)
+
+    write_steps(trainer, runs, NON_FINITE_UPDATES, far_from_the_sampler)
+    reason = run_control.read_eviction(runs["run_far"]).reason
+    assert reason.startswith(f"diverged: gradient norm {STALLED} at updates 1-3; "), reason
+    lines = read_metrics(runs["run_far"], "trainer")
+    assert [(line["grad_norm"], line["masked"]) for line in lines] == [(0.0, 1.0)] * 3
+    assert run_control.read_eviction(runs["run_good"]) is None
+
+
+def test_a_run_whose_advantages_are_all_0_is_not_evicted(tmp_path, tiny_llama):
+    # Every group's rewards equal (all solved, or none): nothing to learn from those
+    # batches, which is not a divergence. Without the KL term the gradient is exactly 0.
+    runs = {"run_a": make_run(tmp_path, "run_a", GOOD + "loss = { kl_coef = 0.0 }\n")}
+    trainer = make_trainer(tmp_path, tiny_llama)
+    iterate(trainer)
+
+    def nothing_to_learn(run_id, batch):
+        for sample in batch.samples:
+            sample.advantage = 0.0
+
+    write_steps(trainer, runs, NON_FINITE_UPDATES + 1, nothing_to_learn)
+    assert run_control.read_eviction(runs["run_a"]) is None
+    assert [line["grad_norm"] for line in read_metrics(runs["run_a"], "trainer")] == [0.0] * 4
 
 
 def test_non_finite_updates_that_are_not_in_a_row_are_skipped_and_the_run_goes_on(

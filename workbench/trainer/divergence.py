@@ -10,7 +10,14 @@ early stopping read as a divergence:
   `diverged: gradient norm nan at updates 3-5; ...`. A single one is not special: an update
   whose gradient norm is not finite is skipped by `MultiLoRAOptimizer.step` (the adapter and
   its AdamW state stay as they were; its schedule and step count advance, as for any
-  update), so the run goes on as if that batch had taught nothing.
+  update), so the run goes on as if that batch had taught nothing. A gradient of exactly 0
+  although some of the run's tokens had a non-zero advantage counts the same way
+  (`gradient norm 0 with non-zero advantages`): the same end reached in finite numbers,
+  an adapter thrown so far that its softmax saturated (every log-prob 0 or far below) or
+  that every token's importance ratio is masked. Its adapter never moves again, so
+  neither do its log-probs. Which of the two a too-large learning rate gives depends on
+  the CPU's rounding: lr 1000 on the test model is nan on one machine and 0 on another.
+  (A batch whose advantages are all 0, every group's rewards equal, is not counted.)
 - `check_finite`: an adapter (or checkpoint) with a non-finite value is never broadcast or
   checkpointed: `write_adapter` and `RunCheckpointer.save` raise `NonFiniteWeights`, and the
   training loop evicts the run (`diverged: adapter weights not finite after update N ...`). The
@@ -30,14 +37,16 @@ import torch
 
 from workbench.run_control import DIVERGED_PREFIX
 
-# Updates in a row with a non-finite loss or gradient norm before the run is evicted. One
-# bad batch (a single overflow, one rollout with an extreme log-prob) is skipped and the run
-# goes on; a diverged adapter stays as it is (its updates are skipped) and so keeps giving
-# non-finite gradients: three in a row tell the two apart, and stop the run after three
-# updates, a few seconds of training, rather than at its max_steps.
+# Updates in a row with a non-finite loss or gradient norm (or a stalled gradient) before
+# the run is evicted. One bad batch (a single overflow, one rollout with an extreme
+# log-prob) is skipped and the run goes on; a diverged adapter stays as it is (its updates
+# are skipped) and so keeps giving non-finite gradients: three in a row tell the two
+# apart, and stop the run after three updates, a few seconds of training, rather than at
+# its max_steps.
 NON_FINITE_UPDATES = 3
 # What the reason suggests: a restart resumes the adapter that diverged.
 WHAT_TO_DO = "try a lower lr in a new run (workbench runs add)"
+STALLED = "0 with non-zero advantages"
 
 
 class NonFiniteWeights(ValueError):
@@ -84,17 +93,17 @@ def _shown(value: float) -> str:
 
 @dataclass
 class _Streak:
-    """Non-finite updates in a row of one run: the first and last, and what was not finite."""
+    """Bad updates in a row of one run: the first and last, and what was bad in them."""
 
     first: int
     last: int
     count: int = 0
     seen: dict[str, list[str]] = field(default_factory=dict)  # "loss" -> ["nan", "inf"]
 
-    def add(self, what: str, value: float) -> None:
-        shown = self.seen.setdefault(what, [])
-        if _shown(value) not in shown:
-            shown.append(_shown(value))
+    def add(self, what: str, shown: str) -> None:
+        values = self.seen.setdefault(what, [])
+        if shown not in values:
+            values.append(shown)
 
     def reason(self) -> str:
         figures = ", ".join(f"{what} {'/'.join(values)}" for what, values in self.seen.items())
@@ -106,7 +115,7 @@ class _Streak:
 
 
 class DivergenceWatch:
-    """Counts each slot's non-finite updates in a row (the master's training loop)."""
+    """Counts each slot's bad updates in a row (the master's training loop)."""
 
     def __init__(self, updates: int = NON_FINITE_UPDATES):
         if updates < 1:
@@ -114,11 +123,16 @@ class DivergenceWatch:
         self.updates = updates
         self._streaks: dict[int, _Streak] = {}
 
-    def observe(self, idx: int, step: int, loss: float, grad_norm: float) -> str | None:
-        """Update `step` of the run in slot `idx`: the eviction reason once it has had
-        `updates` non-finite ones in a row, else None. A finite update ends a streak."""
+    def observe(
+        self, idx: int, step: int, loss: float, grad_norm: float, stalled: bool = False
+    ) -> str | None:
+        """Update `step` of the run in slot `idx` (`stalled`: its gradient was 0 although
+        some of its tokens had a non-zero advantage): the eviction reason once it has had
+        `updates` bad ones in a row, else None. Any other update ends a streak."""
         figures = (("loss", loss), ("gradient norm", grad_norm))
-        bad = [(what, value) for what, value in figures if not math.isfinite(value)]
+        bad = [(what, _shown(value)) for what, value in figures if not math.isfinite(value)]
+        if stalled:
+            bad.append(("gradient norm", STALLED))
         if not bad:
             self._streaks.pop(idx, None)
             return None

@@ -46,6 +46,8 @@ class RLLossOutput:
     mean_ratio: torch.Tensor
     loss_tokens: torch.Tensor
     masked_tokens: torch.Tensor
+    # Loss tokens whose advantage is not 0: the ones that can move the adapter.
+    advantaged_tokens: torch.Tensor
 
 
 def compute_rl_loss(
@@ -122,6 +124,7 @@ def compute_rl_loss(
     with torch.no_grad():
         seen = micro_loss_tokens.clamp_min(1.0)
         masked_tokens = per_run_sum(is_masked.float())
+        advantaged_tokens = per_run_sum((loss_mask & (advantages != 0)).float())
         masked_fraction = masked_tokens / seen
         mean_ratio = per_run_sum(torch.where(loss_mask, ratio, 0.0)) / seen
     return RLLossOutput(
@@ -131,6 +134,7 @@ def compute_rl_loss(
         mean_ratio=mean_ratio,
         loss_tokens=micro_loss_tokens.long(),
         masked_tokens=masked_tokens.long(),
+        advantaged_tokens=advantaged_tokens.long(),
     )
 
 

@@ -47,7 +47,7 @@ from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
 KEEP_BROADCASTS = 3
-LOSS, MASKED, TOKENS = range(3)  # the rows of `train_step`'s per-run tally
+LOSS, MASKED, TOKENS, ADVANTAGED = range(4)  # the rows of `train_step`'s per-run tally
 
 
 @dataclass
@@ -78,6 +78,8 @@ class StepStats:
     grad_norm: dict[int, float]
     lr: dict[int, float]
     masked: dict[int, float]  # the share of the run's loss tokens the loss masked
+    # Its gradient was exactly 0 although some of its tokens had an advantage (`divergence`).
+    stalled: dict[int, bool]
 
 
 # ---------------------------------------------------------------------- setup
@@ -189,15 +191,16 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
     temperatures = torch.ones(manager.max_runs)
     for idx in manager.used_idxs:
         temperatures[idx] = manager.config[idx].sampling.temperature  # > 0 (config.py)
-    # Per run: loss, masked and loss tokens (LOSS, MASKED, TOKENS), summed on the device and
-    # read once per update: a read per row would wait for each row's backward before the
-    # next row could be queued.
-    tally = torch.zeros(3, manager.max_runs, dtype=torch.float64, device=device)
+    # Per run: loss, masked, loss and advantaged tokens (the rows of the tally), summed on
+    # the device and read once per update: a read per row would wait for each row's
+    # backward before the next row could be queued.
+    tally = torch.zeros(4, manager.max_runs, dtype=torch.float64, device=device)
 
     def add_to_tally(out: RLLossOutput) -> None:
         tally[LOSS] += out.run_loss.detach().double()
         tally[MASKED] += out.masked_tokens.double()
         tally[TOKENS] += out.loss_tokens.double()
+        tally[ADVANTAGED] += out.advantaged_tokens.double()
 
     def row_loss(row: MicroBatch) -> RLLossOutput:
         set_lora_num_tokens(model, row.lora_num_tokens)
@@ -255,6 +258,7 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
         grad_norm={idx: float(norms.get(idx, float("nan"))) for idx in ready},
         lr={idx: trainer.optimizer.get_lr(idx) for idx in ready},
         masked={idx: float(tally[MASKED, idx] / tally[TOKENS, idx].clamp_min(1)) for idx in ready},
+        stalled={idx: norms.get(idx) == 0.0 and bool(tally[ADVANTAGED, idx] > 0) for idx in ready},
     )
 
 
@@ -292,7 +296,8 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
     """Master: broadcast each updated run's adapter, log its metrics, checkpoint if due.
 
     A run whose training diverged (`workbench.trainer.divergence`: its loss or gradient
-    norm not finite for several updates in a row, or its adapter not finite) is evicted
+    norm not finite, or its gradient 0 although its advantages were not, for several
+    updates in a row, or its adapter not finite) is evicted
     instead, its metrics still logged; its adapter of this update is not broadcast."""
     manager = trainer.manager
     for idx in manager.ready_to_update_idxs:
@@ -301,7 +306,7 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
             continue  # deleted while it trained; the next discovery forgets it
         progress = manager.progress[idx]
         diverged = trainer.divergence.observe(
-            idx, progress.step, stats.loss[idx], stats.grad_norm[idx]
+            idx, progress.step, stats.loss[idx], stats.grad_norm[idx], stats.stalled[idx]
         )
         try:
             if diverged is None:
