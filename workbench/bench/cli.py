@@ -65,7 +65,10 @@ def trainer(
         str, typer.Option(help="CPU: rows computed at once, one per thread; auto or a count.")
     ] = "auto",
     legacy: Annotated[
-        bool, typer.Option(help="Also measure the legacy compute (dense mask, full logits).")
+        bool,
+        typer.Option(
+            help="Also measure the legacy compute (dense mask, full logits, one row at a time)."
+        ),
     ] = True,
     separate: Annotated[bool, typer.Option(help="Also measure N separate trainers.")] = True,
     peft: Annotated[bool, typer.Option(help="Also measure peft with one adapter.")] = True,

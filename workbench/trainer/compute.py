@@ -164,8 +164,8 @@ def packed_row_logprobs(
     """Per-token log-probs [T] (float32) of one packed row; `temperatures` [T] per token.
 
     Pass `temperatures` on the CPU: they are checked there, so a GPU row costs no host sync.
-    With the LM head in chunks, only the `needed` tokens' log-probs are computed (host bool
-    [T], the loss mask; see `chunked_token_logprobs`), the others are 0.
+    With the LM head in chunks and `needed` given (host bool [T], the loss mask), only the
+    needed tokens' log-probs are sure to be computed (see `chunked_token_logprobs`).
 
     Every sample attends only to itself, so each gets the log-probs it would get alone.
     The caller routes the row's tokens to their adapters first (`set_lora_num_tokens`).

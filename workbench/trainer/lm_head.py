@@ -55,9 +55,11 @@ def chunked_token_logprobs(
     the loss mask, as with `loss.compute_logprobs`, which this equals.
 
     `needed` [T] (bool, on the host): the tokens whose log-prob is read, the loss mask. Only
-    their predictions go through the head (at least `MIN_HEAD_ROWS`), the others get 0. The RL loss reads completion
-    tokens only, and prompts (and, in multi-turn episodes, environment messages) are often
-    most of a row: their vocabulary-wide products were half or more of the head's work.
+    their predictions go through the head, the others get 0 (where fewer than
+    `MIN_HEAD_ROWS` are needed, the first others make up the number and get their
+    log-probs). The RL loss reads completion tokens only, and prompts (and, in multi-turn
+    episodes, environment messages) are often most of a row: their vocabulary-wide
+    products were half or more of the head's work.
     """
     if hidden.ndim != 2 or input_ids.shape != hidden.shape[:1]:
         raise ValueError(
