@@ -33,6 +33,24 @@ def assert_same_adapters(got: dict, want: dict, atol: float = 1e-5) -> None:
         torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=atol)
 
 
+def assert_same_adapters_but_near_zero_gradients(
+    got: dict, want: dict, atol: float, lr: float
+) -> None:
+    """As `assert_same_adapters`, but 1 % of the elements may be off by up to `lr`: those
+    whose gradient is near 0, which Adam's normalised step moves by about lr either way,
+    so that a sum in another order can move them by more than `atol` (measured: 4.9e-4 at
+    lr 0.05, one element of 512, on one machine of two). A resume that lost the AdamW
+    state or the step count is off beyond `atol` in most elements."""
+    assert set(got) == set(want) and any(key.startswith("run_b/") for key in want)
+    off = total = 0
+    for key in want:
+        difference = (got[key] - want[key]).abs()
+        assert float(difference.max()) <= lr, key
+        off += int((difference > atol + 1e-4 * want[key].abs()).sum())
+        total += difference.numel()
+    assert off <= 0.01 * total, f"{off} of {total} elements off by more than {atol}"
+
+
 @pytest.mark.slow
 def test_sharded_tied_model_with_full_logits_and_recomputation_matches_one_rank(tmp_path):
     # The paths around the sharded units: a tied LM head (the embedding matrix, gathered by
@@ -87,5 +105,7 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks(tmp_path, first, then):
     after = train(then, experiment, model, tmp_path / "out_then", *settings[then])
     assert after["updates"] == 1
     # Two Adam steps: an element whose gradient is near zero moves by about lr either way,
-    # so a sum in another order can move it by a little more than one step's 1e-5.
-    assert_same_adapters(after["adapters"], reference["adapters"], atol=2e-4)
+    # so a sum in another order can move it by more than one step's 1e-5.
+    assert_same_adapters_but_near_zero_gradients(
+        after["adapters"], reference["adapters"], atol=2e-4, lr=0.05
+    )
