@@ -128,3 +128,41 @@ def random_multi_turn_batch(run_id: str, step: int, n: int, seed: int, vocab: in
             )
         )
     return RolloutBatch(run_id, step, max(0, step - 1), samples)
+
+
+def gradients_at_each_update(trainer) -> dict:
+    """Filled, at each update the trainer makes, with the gradients that update steps from:
+    `{run_id}/{param}` of every run ready to update, after the ranks' all-reduce and
+    before clipping. An update's entries replace the one's before."""
+    seen: dict = {}
+    step = trainer.optimizer.step
+    manager = trainer.manager
+
+    def step_and_keep_gradients():
+        seen.clear()
+        for idx in manager.ready_to_update_idxs:
+            for name, param in manager.get_named_parameters_for_run(idx):
+                seen[f"{manager.idx_2_id[idx]}/{name}"] = param.grad.detach().clone()
+        return step()
+
+    trainer.optimizer.step = step_and_keep_gradients
+    return seen
+
+
+def assert_same_gradients(got: dict, want: dict, rtol: float = 1e-5) -> None:
+    """Equal to `rtol` of each tensor's largest gradient.
+
+    Used where two paths sum the same float32 terms in another order (another packing,
+    two ranks all-reduced). Their gradients agree to rounding; the adapters after AdamW's
+    first update do not always, because that update divides each gradient by its own size:
+    where one is near AdamW's eps (1e-8), the last bits of rounding, which differ between
+    CPUs, become a thousandth of the learning rate or more. A tensor whose gradients are all
+    0 (each lora_A at the first update, where every lora_B is 0) must be 0 on both paths.
+    """
+    import torch
+
+    assert set(got) == set(want), sorted(set(got) ^ set(want))
+    assert any(tensor.abs().max() > 0 for tensor in want.values()), "no gradient at all"
+    for key, expected in want.items():
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(got[key], expected, rtol=0, atol=rtol * scale, msg=key)

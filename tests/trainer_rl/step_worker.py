@@ -3,8 +3,10 @@
 Usage: torchrun --nproc_per_node N step_worker.py EXPERIMENT MODEL_DIR OUT_DIR [KEY=JSON ...]
 (each KEY=JSON a [trainer] setting, e.g. base_sharding=\"sharded\")
 Trains until no batch is left (a run resumes from its checkpoint, if any) and writes
-OUT_DIR/rank{R}.safetensors with `{run_id}/{param}` keys, and OUT_DIR/rank{R}.json with the
-number of updates and the bytes of frozen base weights the rank held.
+OUT_DIR/rank{R}.safetensors with `{run_id}/{param}` keys, OUT_DIR/rank{R}.gradients.safetensors
+with the gradients the last update stepped from, same keys, and OUT_DIR/rank{R}.json with the
+number of updates and the bytes of frozen base weights the rank held. `tests.helpers` is
+imported from the repository root, which the tests' `torchrun` puts on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from tests.helpers import gradients_at_each_update
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.trainer import distributed
 from workbench.trainer.rl import build_trainer, iterate, load_base_model
@@ -37,6 +40,7 @@ def train_and_save(experiment: Path, model_dir: Path, out: Path, settings: dict)
     )
     model = load_base_model(str(model_dir), torch.float32, torch.device("cpu"))
     trainer = build_trainer(config, model, torch.device("cpu"))
+    gradients = gradients_at_each_update(trainer)
     updates = 0
     while iterate(trainer) == "trained":
         updates += 1
@@ -47,6 +51,7 @@ def train_and_save(experiment: Path, model_dir: Path, out: Path, settings: dict)
         for name, param in manager.get_named_parameters_for_run(idx)
     }
     save_file(tensors, str(out / f"rank{dist.get_rank()}.safetensors"))
+    save_file(gradients, str(out / f"rank{dist.get_rank()}.gradients.safetensors"))
     held = {
         "updates": updates,
         "base_bytes": base_parameter_bytes(model),

@@ -19,6 +19,7 @@ from tests.trainer_rl.test_multi_process import (
     experiment_with_batches,
     torchrun,
     wait_for,
+    worker_environment,
     write_trainer_config,
 )
 from workbench import layout
@@ -32,7 +33,7 @@ from workbench.trainer.launch import rendezvous_args
 
 def start_node(node_rank: int, port: int, log: Path, *worker_args: str) -> subprocess.Popen:
     """One node's launcher (torchrun's agent) with one rank running the step worker."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env = {k: v for k, v in worker_environment().items() if k not in ("RANK", "WORLD_SIZE")}
     return subprocess.Popen(
         [
             sys.executable, "-m", "workbench.trainer.launch", "--nproc_per_node", "1",

@@ -12,7 +12,13 @@ from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from tests.helpers import make_run, random_batch, random_multi_turn_batch
+from tests.helpers import (
+    assert_same_gradients,
+    gradients_at_each_update,
+    make_run,
+    random_batch,
+    random_multi_turn_batch,
+)
 from workbench import layout, run_control
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.metrics import read_metrics
@@ -165,25 +171,24 @@ def test_the_update_ignores_the_environments_tokens_and_does_not_count_them(tmp_
         else:
             write_rollouts(run, without_closing_message(episodes))
         trainer = make_trainer(experiment, tiny_llama)
+        gradients = gradients_at_each_update(trainer)
         assert iterate(trainer) == "trained"
         line = read_metrics(run, "trainer")[-1]
         state = trainer.manager.get_state_dict_for_run(trainer.manager.id_2_idx["run_a"])
-        outcomes[name] = (line["loss"], line["grad_norm"], state)
+        outcomes[name] = (line["loss"], line["grad_norm"], state, gradients)
 
-    loss, grad_norm, state = outcomes["as written"]
+    loss, grad_norm, state, gradients = outcomes["as written"]
     # What the environment's tokens are and what log-probs a writer left on them change
     # nothing: the same length, bit for bit.
-    other_loss, other_grad_norm, other_state = outcomes["other environment tokens"]
+    other_loss, other_grad_norm, other_state, _ = outcomes["other environment tokens"]
     assert (other_loss, other_grad_norm) == (loss, grad_norm)
     assert all(torch.equal(other_state[key], tensor) for key, tensor in state.items())
     # They are not counted either: the loss is the mean over the model's tokens, the same
     # as without the closing messages (counting them would lower loss and gradient).
-    absent_loss, absent_grad_norm, absent_state = outcomes["closing message absent"]
+    # Rows of another length sum in another order: the gradients agree to rounding.
+    absent_loss, absent_grad_norm, _, absent_gradients = outcomes["closing message absent"]
     assert (absent_loss, absent_grad_norm) == pytest.approx((loss, grad_norm), rel=1e-5)
-    # Adam's first step is about lr * sign(g), so where a gradient is near 0 its rounding
-    # (rows of another length) shows: the adapters agree to lr / 1000.
-    for key, tensor in state.items():
-        torch.testing.assert_close(absent_state[key], tensor, rtol=0, atol=1e-5, msg=key)
+    assert_same_gradients(absent_gradients, gradients)
 
 
 def test_packed_samples_do_not_attend_across_sample_boundaries(tiny_llama):
@@ -255,7 +260,7 @@ def test_per_sample_attention_chunked_head_and_recompute_train_what_the_dense_re
             run = make_run(experiment, run_id, orch)
             write_rollouts(run, random_batch(run_id, 0, 6, seed=4))
         trainer = make_trainer(experiment, tiny_llama, **section)
-        gradients[name] = gradients_at_the_update(trainer, ("run_a", "run_b"))
+        gradients[name] = gradients_at_each_update(trainer)
         assert iterate(trainer) == "trained"
         losses = {
             run_id: read_metrics(experiment / run_id, "trainer")[-1]["loss"]
@@ -265,33 +270,10 @@ def test_per_sample_attention_chunked_head_and_recompute_train_what_the_dense_re
             reference_losses = losses
         else:
             assert losses == pytest.approx(reference_losses, rel=1e-5)
-    # Gradients, not the adapters after the update: AdamW's first step divides each
-    # gradient by its own size, so where one is near its eps (1e-8) the last bits of float32
-    # rounding, which differ between CPUs, become a thousandth of the weight. Each tensor
-    # is compared at the scale of its largest gradient (lora_A's are all 0 at the first
-    # update, where every lora_B is 0).
+    # Gradients, not the adapters after the update (see assert_same_gradients).
     assert all(g.abs().max() > 0 for k, g in gradients["reference"].items() if "lora_B" in k)
     for name in ("default", "recompute"):
-        for key, expected in gradients["reference"].items():
-            scale = float(expected.abs().max())
-            got = gradients[name][key]
-            torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * scale, msg=key)
-
-
-def gradients_at_the_update(trainer, run_ids) -> dict[str, torch.Tensor]:
-    """Filled with each run's adapter gradients when the trainer's next update steps."""
-    seen: dict[str, torch.Tensor] = {}
-    step = trainer.optimizer.step
-
-    def step_and_keep_gradients():
-        for run_id in run_ids:
-            idx = trainer.manager.id_2_idx[run_id]
-            for name, param in trainer.manager.get_named_parameters_for_run(idx):
-                seen[f"{run_id}.{name}"] = param.grad.clone()
-        return step()
-
-    trainer.optimizer.step = step_and_keep_gradients
-    return seen
+        assert_same_gradients(gradients[name], gradients["reference"])
 
 
 def test_the_trainer_logs_one_line_per_run_and_update_with_its_figures(
