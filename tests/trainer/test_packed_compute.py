@@ -3,6 +3,7 @@ checkpointing. Each must give every sample exactly what it gets alone."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import unittest.mock
 
@@ -286,6 +287,42 @@ def test_activation_checkpointing_on_or_off_gives_the_reference_adapter_gradient
             torch.testing.assert_close(
                 gradients[name][param], grad, rtol=rtol, atol=rtol * scale, msg=f"{name} {param}"
             )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_backward_in_another_thread_recomputes_each_layer_with_its_forwards_routing(
+    tmp_path, device
+):
+    # On CUDA autograd runs the backward (and so every recomputation) in a device thread of
+    # its own, whose routing the training loop never set. On the CPU a backward runs in the
+    # thread that calls it: a forward in one thread and its backward in another is that.
+    runs = {"run_a": "seed = 1\n", "run_b": "seed = 2\n"}
+    samples = random_samples([6, 9, 5])
+    counts = torch.tensor([15, 5])
+    section = TrainerSection(attention="per_sample", activation_checkpointing=False)
+    kept = build_trainer(tmp_path / "kept", runs, device=device)
+    expected = lora_gradients(kept, samples, counts, prepare_model(kept.model, section, device))
+
+    trainer = build_trainer(tmp_path / "recomputed", runs, device=device)
+    section = TrainerSection(attention="per_sample", activation_checkpointing=True)
+    plan = prepare_model(trainer.model, section, device)
+    input_ids, positions = packed(samples)
+    weights = torch.linspace(-1, 1, len(input_ids), device=device)
+
+    def forward_in_a_thread_of_its_own() -> torch.Tensor:
+        set_lora_num_tokens(trainer.model, counts)
+        logprobs = packed_row_logprobs(
+            trainer.model, plan, input_ids.to(device), positions, torch.ones(len(input_ids))
+        )
+        return (logprobs * weights).sum()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        loss = pool.submit(forward_in_a_thread_of_its_own).result()
+    loss.backward()  # this thread never routed a token
+    for name, param in trainer.model.named_parameters():
+        if name in expected:
+            torch.testing.assert_close(param.grad, expected[name], rtol=1e-5, atol=1e-7)
+    assert any(g.abs().sum() > 0 for n, g in expected.items() if "lora_B.1" in n)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "recomputed"])

@@ -10,6 +10,7 @@ with the row's sample boundaries, then the LM head and log-softmax in token chun
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from workbench.config import TrainerSection
 from workbench.trainer.attention import AttentionPath, PackedSequences, use_packed_attention
 from workbench.trainer.attention_choice import AttentionRuntime, resolve_attention
 from workbench.trainer.lm_head import chunkable_lm_head, chunked_token_logprobs
+from workbench.trainer.lora import LoRARouting, find_lora_routing
 from workbench.trainer.loss import compute_logprobs
 from workbench.trainer.transfer import to_device
 
@@ -101,14 +103,25 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
     Wraps the layer's forward (not the module), so parameter names and the LoRA modules
     registered with the run manager stay as they are. Non-reentrant checkpointing, which
     needs the recomputation to save the same tensors as the forward: the multi-LoRA layers
-    read the same routing then (set per row and kept until its backward is done).
+    route it as they routed the forward, whichever thread autograd recomputes in (on CUDA
+    a device thread of autograd's own, whose routing the training loop never set).
     """
+    routing = find_lora_routing(model)
     for layer in decoder_layers(model):
-        layer.forward = functools.partial(_checkpointed, layer.forward)
+        layer.forward = functools.partial(_checkpointed, layer.forward, routing)
 
 
-def _checkpointed(forward, *args, **kwargs):
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+def _checkpointed(forward, routing: LoRARouting | None, *args, **kwargs):
+    if routing is None or torch.compiler.is_compiling():
+        # Compiled, the recomputation is part of the compiled backward graph: it reads no
+        # routing from Python.
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    routed = routing.snapshot()
+
+    def contexts():
+        return contextlib.nullcontext(), routing.routed_as(routed)
+
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
 
 def compile_decoder_layers(model: nn.Module) -> None:

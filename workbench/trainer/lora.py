@@ -34,6 +34,7 @@ does), the weights cast on the way in; their gradients come back float32.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -78,6 +79,11 @@ class LoRARouting(threading.local):
     rather than once per layer. Its state is per thread: on the CPU several threads each
     compute a row of their own (`workbench.trainer.row_threads`), and each must route its
     own row's tokens, in the forward and in the recomputation during its backward.
+
+    The thread that runs a backward is not always the one that ran its forward: on CUDA
+    autograd runs the backward in a device thread of its own, whose routing was never set.
+    A recomputation there routes as its forward did through `snapshot` and `routed_as`
+    (`compute.apply_activation_checkpointing`).
     """
 
     def __init__(self, n_adapters: int):
@@ -131,6 +137,21 @@ class LoRARouting(threading.local):
             torch.tensor(self.active_slots, dtype=torch.long), device
         )
 
+    def snapshot(self) -> dict:
+        """The calling thread's routing, for `routed_as`."""
+        return dict(self.__dict__)
+
+    @contextlib.contextmanager
+    def routed_as(self, snapshot: dict) -> Iterator[None]:
+        """Route the calling thread as `snapshot` inside the block, as it was before after."""
+        before = dict(self.__dict__)
+        self.__dict__.update(snapshot)
+        try:
+            yield
+        finally:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+
     def offsets(self, grouped_mm: bool, device: torch.device, active: bool = False) -> torch.Tensor:
         """The offsets a grouped op takes: on `device` for torch._grouped_mm, else on the host;
         of every slot, or with `active` of the slots with tokens only."""
@@ -159,8 +180,13 @@ def set_lora_num_tokens(model: nn.Module, lora_num_tokens: torch.Tensor | Sequen
     get_lora_routing(model).set_num_tokens(lora_num_tokens, device)
 
 
+def find_lora_routing(model: nn.Module) -> LoRARouting | None:
+    """The routing of `model`'s multi-LoRA layers; None before `apply_lora_to_model`."""
+    return getattr(model, _ROUTING_ATTRIBUTE, None)
+
+
 def get_lora_routing(model: nn.Module) -> LoRARouting:
-    routing = getattr(model, _ROUTING_ATTRIBUTE, None)
+    routing = find_lora_routing(model)
     if routing is None:
         raise RuntimeError("this model has no multi-LoRA layers; call apply_lora_to_model first")
     return routing
