@@ -327,9 +327,22 @@ def _flex(query, key, value, packed: PackedSequences, scaling) -> torch.Tensor:
     flex = _compiled_flex_attention()
     enable_gqa = query.shape[1] != key.shape[1]
     out = flex(
-        query, key, value, block_mask=packed.flex_block_mask(), scale=scaling, enable_gqa=enable_gqa
+        query,
+        key,
+        value,
+        block_mask=packed.flex_block_mask(),
+        scale=scaling,
+        enable_gqa=enable_gqa,
+        kernel_options=_FLEX_TRAINING_KERNEL,
     )
     return out.transpose(1, 2)
+
+
+# A row under 128 tokens would otherwise take flex's decoding kernel, meant for a few new
+# queries against a long cache: on an H200 (torch 2.11) it had no kernel for a packed row's
+# block mask and compilation failed ("NoValidChoicesError"). Rows of any length are the
+# training kernel's work.
+_FLEX_TRAINING_KERNEL = {"FORCE_USE_FLEX_ATTENTION": True}
 
 
 _KERNELS = {
