@@ -263,7 +263,8 @@ def _measure_worker(spec: WorkerSpec) -> dict[str, Any]:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     config = model_config(spec.shape)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    with device:  # random weights drawn where they are used: no host copy of the model
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     model.config.use_cache = False
     model = model.to(device).eval()
     rows = pack_batches(

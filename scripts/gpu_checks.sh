@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The trainer's CUDA checks, in one call on a GPU machine, from the project's root; results
+# under $OUT (default /tmp/gpu-out). Carry the wheels the machine lacks in .gpu/ (see
+# README, Development). Sized for about five minutes: every CUDA test of the trainer
+# (`-k cuda`: the device-parametrised ones), then the anchor's shape with 1 and 4 runs
+# against peft, and 4 runs with flex attention. Each step has its own time limit, so one
+# that hangs leaves the others their time.
+set -u
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+if compgen -G ".gpu/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .gpu/*.whl || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1
+{ nvidia-smi -L; python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"; } 2>&1 | tee "$OUT/gpu.txt"
+
+step() {  # step NAME SECONDS COMMAND...: run it, its output in $OUT/NAME.txt, then a summary
+  local name=$1 limit=$2 started; shift 2
+  started=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+  echo "== $name: exit $? after $(( $(date +%s) - started )) s"
+}
+
+step pytest-cuda 150 python3 -m pytest -q -p no:cacheprovider -rfE -k cuda tests/trainer
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-cuda.txt" | cut -c1-250
+
+bench=(python3 -c "from workbench.cli import app; app()" bench trainer --models qwen3-0.6b --tokens 16384 --seq-len 16384
+  --sample-len 512 --rank 16 --no-legacy --no-separate)
+step bench-varlen 150 "${bench[@]}" --runs 1,4
+cp benchmarks/results/trainer-latest.json "$OUT/bench-varlen.json" 2>/dev/null
+step bench-flex 100 "${bench[@]}" --runs 4 --no-peft --attention flex
+cp benchmarks/results/trainer-latest.json "$OUT/bench-flex.json" 2>/dev/null
+grep -hE "^  (peft|shared)" "$OUT"/bench-*.txt
