@@ -235,8 +235,8 @@ class RunCondition:
 
     @property
     def open_to_trainer(self) -> bool:
-        """Whether the trainer may give the run a slot (or keep the one it has), its
-        orch.toml permitting: open, or rejected for an earlier orch.toml."""
+        """Whether the trainer may give the run a slot, its orch.toml permitting: open, or
+        rejected for an earlier orch.toml. Only an open run keeps a slot it has."""
         return self.kind is Condition.OPEN or self.reconsidered
 
 

@@ -184,6 +184,28 @@ def test_a_run_its_orchestrator_rejected_frees_its_slot_until_its_config_changes
     assert run_control.read_validation_error(bad) is None
 
 
+def test_a_run_rejected_and_edited_before_the_trainer_looks_again_is_validated_anew(
+    experiment: Path,
+):
+    # The user fixes orch.toml while the trainer is inside a long update: the next
+    # discovery sees a rejection of an older file. The run must not keep its slot on the
+    # old config with the rejection standing (its orchestrator would never start again).
+    manager = MultiRunManager(experiment, max_runs=1)
+    hooks = HookLog(manager)
+    bad = make_run(experiment, "run_bad", 'env = "nope"\n')
+    refresh(manager)
+    hooks.take()
+    read = run_control.current_config_signature(bad)
+    run_control.write_validation_error(bad, "orch.toml: env: unknown environment 'nope'", read)
+    layout.orch_config_path(bad).write_text('env = "reverse_text"\n')
+    refresh(manager)
+    assert manager.idx_2_id == {0: "run_bad"}
+    assert manager.config[0].env == "reverse_text", "the edited file, not the rejected one"
+    assert run_control.read_validation_error(bad) is None
+    assert run_control.run_condition(bad).kind is run_control.Condition.OPEN
+    assert [call[0] for call in hooks.take()] == ["forgotten", "discovered", "deletion", "creation"]
+
+
 def test_a_greedy_training_temperature_is_rejected_by_the_trainer_with_the_reason(
     experiment: Path,
 ):

@@ -177,15 +177,21 @@ class MultiRunManager:
             )
         # Evicted and rejected runs leave; so do finished ones (their orchestrator writes
         # finished.txt after the trainer's last adapter), freeing the slot for a waiting
-        # run. A rejection of an orch.toml edited since keeps a run that has a slot, and
-        # has one that waits looked at again.
-        present = {
-            path.name: path
+        # run. Only an open run keeps its slot: one rejected since it was admitted leaves
+        # even when its orch.toml was edited after the rejection, and that edited file is
+        # then validated below like any waiting run's (which clears the rejection).
+        conditions = {
+            path.name: (path, run_control.run_condition(path))
             for path in layout.list_run_dirs(self.output_dir)
-            if run_control.run_condition(path).open_to_trainer
         }
+        present = {run_id: path for run_id, (path, c) in conditions.items() if c.open_to_trainer}
         for idx, run_id in sorted(self.idx_2_id.items()):
-            if run_id not in present or idx in self._failed_creation:
+            condition = conditions.get(run_id, (None, None))[1]
+            if (
+                condition is None
+                or condition.kind is not run_control.Condition.OPEN
+                or idx in self._failed_creation
+            ):
                 self._forget(idx, run_id)
 
         waiting = []
