@@ -22,8 +22,8 @@ the processes will meet it:
 
 `check_recipe` serves `workbench up` (and `--dry-run`, `sweep plan`): problems name the
 file, line and key like the loader's. `check_new_run` serves `workbench runs add` and the
-supervisor's add_run. A run's orchestrator calls `environment_problem` before it waits
-for anything, for run directories written by hand.
+supervisor's add_run. A run's orchestrator calls `checked_environment` before it waits
+for anything, for run directories written by hand, and trains with what it built.
 """
 
 from __future__ import annotations
@@ -249,10 +249,25 @@ def check_new_run(
 def environment_problem(config: OrchestratorConfig) -> Finding | None:
     """Why the run's environment cannot be built with its `env_args` (or hold out its eval
     prompts), as (key, message); None if it can."""
-    env, problem = _environment(config, {})
+    env, problem = checked_environment(config)
     if env is not None:
         env.close()
     return problem
+
+
+def checked_environment(config: OrchestratorConfig) -> _Built:
+    """The run's environment, built and checked as `environment_problem` checks it, for the
+    caller to use and close; or None and the finding (nothing it built is left open).
+
+    An orchestrator trains with the environment it checked: a verifiers environment is a
+    process of its own, and building it twice would start (and load the taskset) twice."""
+    built: dict[tuple[str, str], _Built] = {}
+    env, problem = _environment(config, built)
+    if env is None:
+        for other, _ in built.values():
+            if other is not None:
+                other.close()
+    return env, problem
 
 
 def max_loras_problem(

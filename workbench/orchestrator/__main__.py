@@ -37,7 +37,7 @@ from workbench.inference.readiness import is_healthy
 from workbench.lifeline import die_with_parent
 from workbench.orchestrator.loop import Orchestrator, RunEvicted
 from workbench.orchestrator.state import remove_killed_writes
-from workbench.preflight import environment_problem
+from workbench.preflight import checked_environment
 from workbench.priority import run_as_batch
 
 logger = logging.getLogger("workbench.orchestrator")
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     remove_killed_writes(run)  # of an orchestrator of this run killed mid-write
     busy.record_to(experiment, run.name)
     read = None  # which orch.toml the config came from, once read
+    env = None  # the run's environment, once built and checked
     try:
         wait_until(layout.orch_config_path(run).is_file, run, "control/orch.toml", args.poll_s)
         # The trainer may reject a config our own validation accepts (its hooks): write
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         config_path = layout.orch_config_path(run)
         read = run_control.current_config_signature(run)  # before reading: an edit retries
         config = load_orchestrator_config(config_path)
-        problem = environment_problem(config)
+        env, problem = checked_environment(config)
         if problem is not None:
             raise ConfigError(config_path, [ConfigProblem(key=problem[0], message=problem[1])])
         wait_until(
@@ -125,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         with InferenceClient(endpoint) as client:
             adapters = AdapterVersions(client, run.name)
             try:
-                Orchestrator(run, config, client, adapters, poll_s=args.poll_s).run_until_done()
+                Orchestrator(
+                    run, config, client, adapters, poll_s=args.poll_s, env=env
+                ).run_until_done()
             finally:
                 # With the supervisor gone vLLM is stopping too (it got the same SIGTERM):
                 # unloading would wait on a server that no longer answers.
@@ -150,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_EVICTED
         logger.info("stopped by signal; state is checkpointed after every step")
         return 0
+    finally:
+        if env is not None:
+            env.close()  # a verifiers environment's process
     return 0
 
 

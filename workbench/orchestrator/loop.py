@@ -28,7 +28,7 @@ from typing import Any
 from workbench import busy, layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.envs import get_environment
-from workbench.envs.base import Prompt
+from workbench.envs.base import Environment, Prompt
 from workbench.inference.client import AdapterVersions
 from workbench.metrics import append_metrics
 from workbench.orchestrator.advantages import (
@@ -69,7 +69,10 @@ class Orchestrator:
         *,
         poll_s: float = 0.2,
         sleep: Callable[[float], None] = time.sleep,
+        env: Environment | None = None,
     ):
+        """`env`: the run's environment, already built from `config` (see
+        `preflight.checked_environment`); None: built here."""
         self.run = run
         self.run_id = run.name
         self.config = config
@@ -77,7 +80,7 @@ class Orchestrator:
         self.adapters = adapters
         self.poll_s = poll_s
         self.sleep = sleep
-        self.env = get_environment(config.env, **config.env_args)
+        self.env = env if env is not None else get_environment(config.env, **config.env_args)
         self.dataset = self.env.dataset(seed=config.seed, split="train")
         self.state = self._resume()
         self.rng = self.state.rng(config.seed)
