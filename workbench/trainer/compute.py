@@ -144,6 +144,12 @@ def compile_decoder_layers(model: nn.Module, *, inside_checkpoint: bool = False)
     a checkpoint then runs eagerly around the compiled forward, for the attention paths
     that break the layer's graph (`attention.EAGER_UNDER_COMPILE`).
     """
+    # The frozen embedding's output does not require grad, every later layer's input does:
+    # dynamo guards on it, and compiled each layer twice over. Made to require grad (Hugging
+    # Face's `enable_input_require_grads`), every layer takes the same graph; the cost is
+    # the first layer's input gradient, computed in backward and dropped (a few of that
+    # layer's matmuls, a fraction of a percent of a model's backward).
+    model.get_input_embeddings().register_forward_hook(_output_requires_grad)
     for layer in decoder_layers(model):
         if inside_checkpoint:
             # Dynamic from the first row: every row has a length of its own, and a first
@@ -151,6 +157,11 @@ def compile_decoder_layers(model: nn.Module, *, inside_checkpoint: bool = False)
             layer.forward = torch.compile(layer.forward, dynamic=True)
         else:
             layer.compile()
+
+
+def _output_requires_grad(module: nn.Module, inputs, output: torch.Tensor) -> None:
+    if torch.is_grad_enabled() and not output.requires_grad:
+        output.requires_grad_(True)
 
 
 @dataclass(frozen=True)
