@@ -332,14 +332,15 @@ def test_a_decoder_layer_with_multi_lora_compiles_into_one_graph(
 ):
     runs = {"run_a": "seed = 1\n", "run_b": "seed = 2\n"}
     trainer = build_trainer(tmp_path / "exp", runs, device=device, dtype=dtype)
-    section = TrainerSection(attention="per_sample", activation_checkpointing=checkpointing)
+    # "dense", a path traced whole: "per_sample" runs eagerly inside a compiled layer
+    # (attention.EAGER_UNDER_COMPILE), a graph break by design.
+    section = TrainerSection(attention="dense", activation_checkpointing=checkpointing)
     prepare_model(trainer.model, section, torch.device(device))
     input_ids, positions = (t[None].to(device) for t in packed(random_samples([12, 8])))
     packed_sequences = PackedSequences.from_position_ids(positions, device)
-    # The attention's sample buckets are built on first use, by the first layer of a forward
+    # The attention's mask is built on first use, by the first layer of a forward
     # (attention.py); built here, this layer is what the LoRA layers make of it.
-    packed_sequences.length_buckets()
-    packed_sequences.bucket_order()
+    packed_sequences.dense_mask()
     set_lora_num_tokens(trainer.model, [12, 8])
     hidden = trainer.model.get_input_embeddings()(input_ids)
     position_embeddings = trainer.model.model.rotary_emb(hidden, positions)
@@ -353,6 +354,31 @@ def test_a_decoder_layer_with_multi_lora_compiles_into_one_graph(
     )
     assert explanation.graph_break_count == 0, [b.reason for b in explanation.break_reasons]
     assert explanation.graph_count == 1
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "recomputed"])
+def test_compiled_decoder_layers_stop_compiling_once_warm_whatever_the_rows(
+    tmp_path, checkpointing
+):
+    # A compiled layer that specialised on its row (the row's length, its samples' lengths,
+    # whether its input required grad) compiled again for nearly every row, until dynamo's
+    # recompile limit ran the layers eagerly for good.
+    runs = {"run_a": "seed = 1\n", "run_b": "seed = 2\n"}
+    trainer = build_trainer(tmp_path, runs)
+    section = TrainerSection(compile=True, activation_checkpointing=checkpointing)
+    plan = prepare_model(trainer.model, section, "cpu")
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    lora_gradients(trainer, random_samples([6, 9, 5]), torch.tensor([15, 5]), plan)
+    warm = (counters["frames"]["total"], counters["stats"]["unique_graphs"])
+    assert warm[0] > 0  # the layers did compile
+    rows = [([3, 11, 2, 7], [16, 7]), ([17], [17, 0]), ([4, 4, 4, 4, 4, 4, 2], [12, 14])]
+    for seed, (lengths, counts) in enumerate(rows, start=1):
+        samples = random_samples(lengths, seed=seed)
+        lora_gradients(trainer, samples, torch.tensor(counts), plan)
+    assert (counters["frames"]["total"], counters["stats"]["unique_graphs"]) == warm
+    assert counters["frames"]["total"] == counters["frames"]["ok"]
 
 
 def test_compiled_decoder_layers_give_the_same_logprobs_and_gradients_as_eager(tmp_path):

@@ -397,7 +397,18 @@ def _attention_function(path: AttentionPath):
             return _causal(query, key, value, scaling), None
         return packed_attention(path, query, key, value, packed_sequences, scaling), None
 
+    if path in EAGER_UNDER_COMPILE:
+        return torch.compiler.disable(attention)
     return attention
+
+
+# Paths whose attention call runs eagerly inside a compiled decoder layer. "per_sample" loops
+# in Python over the row's length buckets: traced, a graph specialises on the row's bucket
+# structure (how many buckets, their sizes), and recompiled for almost every row until
+# dynamo's recompile limit sent the whole layer to eager. Called eagerly, the layer around
+# it stays compiled (a graph before the attention and one after) and dynamo never reads the
+# row's `PackedSequences`.
+EAGER_UNDER_COMPILE: frozenset[AttentionPath] = frozenset({"per_sample"})
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

@@ -20,7 +20,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from workbench.config import TrainerSection
-from workbench.trainer.attention import AttentionPath, PackedSequences, use_packed_attention
+from workbench.trainer.attention import (
+    EAGER_UNDER_COMPILE,
+    AttentionPath,
+    PackedSequences,
+    use_packed_attention,
+)
 from workbench.trainer.attention_choice import AttentionRuntime, resolve_attention
 from workbench.trainer.lm_head import chunkable_lm_head, chunked_token_logprobs
 from workbench.trainer.lora import LoRARouting, find_lora_routing
@@ -69,9 +74,15 @@ def prepare_model(
         )
         chunk = 0
     checkpointing = resolve_activation_checkpointing(section.activation_checkpointing, device)
+    # Where the attention runs eagerly, each layer's graph breaks there, and dynamo runs a
+    # checkpoint whose body breaks wholly eagerly: such layers are compiled inside their
+    # checkpoint instead of around it.
+    compile_inside = section.compile and attention in EAGER_UNDER_COMPILE
+    if compile_inside:
+        compile_decoder_layers(model, inside_checkpoint=True)
     if checkpointing:
         apply_activation_checkpointing(model)
-    if section.compile:
+    if section.compile and not compile_inside:
         compile_decoder_layers(model)
     plan = ComputePlan(attention, chunk, checkpointing, section.compile)
     logger.info("trainer compute: %s", plan.describe())
@@ -124,11 +135,33 @@ def _checkpointed(forward, routing: LoRARouting | None, *args, **kwargs):
     return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
 
-def compile_decoder_layers(model: nn.Module) -> None:
+def compile_decoder_layers(model: nn.Module, *, inside_checkpoint: bool = False) -> None:
     """`torch.compile` each decoder layer (per block, as torchtitan does): one compiled graph
-    reused by every layer of the same shape; never needed for correctness."""
+    reused by every layer of the same shape; never needed for correctness.
+
+    By default the whole module call, checkpoint included (applied before). With
+    `inside_checkpoint`, only the layer's forward as it is now (apply checkpointing after):
+    a checkpoint then runs eagerly around the compiled forward, for the attention paths
+    that break the layer's graph (`attention.EAGER_UNDER_COMPILE`).
+    """
+    # The frozen embedding's output does not require grad, every later layer's input does:
+    # dynamo guards on it, and compiled each layer twice over. Made to require grad (Hugging
+    # Face's `enable_input_require_grads`), every layer takes the same graph; the cost is
+    # the first layer's input gradient, computed in backward and dropped (a few of that
+    # layer's matmuls, a fraction of a percent of a model's backward).
+    model.get_input_embeddings().register_forward_hook(_output_requires_grad)
     for layer in decoder_layers(model):
-        layer.compile()
+        if inside_checkpoint:
+            # Dynamic from the first row: every row has a length of its own, and a first
+            # graph specialised to one was only ever compiled again.
+            layer.forward = torch.compile(layer.forward, dynamic=True)
+        else:
+            layer.compile()
+
+
+def _output_requires_grad(module: nn.Module, inputs, output: torch.Tensor) -> None:
+    if torch.is_grad_enabled() and not output.requires_grad:
+        output.requires_grad_(True)
 
 
 @dataclass(frozen=True)
