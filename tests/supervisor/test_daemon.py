@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -464,3 +465,26 @@ def test_what_a_killed_orchestrator_left_half_written_is_removed_once_it_exited(
     wait_for(lambda: standin.process("run_a")["exits"], what="the exit of run_a")
     wait_for(lambda: not any(path.exists() for path in half_written), what="the removal")
     assert kept.is_dir()
+
+
+def test_state_json_is_rewritten_at_least_every_heartbeat_though_nothing_changed(
+    tmp_path: Path, monkeypatch
+):
+    # The heartbeat by which `workbench join` on another node tells a live supervisor from
+    # one killed outright (tests/supervisor/test_join.py).
+    from workbench.supervisor import daemon
+    from workbench.supervisor.client import STATE_HEARTBEAT_S, read_state
+    from workbench.supervisor.plan import Plan
+
+    now = [1000.0]
+    monkeypatch.setattr(daemon, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    supervisor = daemon.Supervisor(tmp_path, Plan(processes=[], orchestrator=None))
+    supervisor._publish_state()
+    first = read_state(tmp_path)["updated_at"]
+    time.sleep(0.01)  # the stamps have millisecond resolution
+    now[0] += STATE_HEARTBEAT_S / 2
+    supervisor._publish_state()
+    assert read_state(tmp_path)["updated_at"] == first, "nothing changed, no beat due yet"
+    now[0] += STATE_HEARTBEAT_S / 2
+    supervisor._publish_state()
+    assert read_state(tmp_path)["updated_at"] > first

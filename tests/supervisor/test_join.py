@@ -4,13 +4,24 @@ tests/trainer_rl/test_multi_node.py)."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from workbench.config import ModelSection, TrainerConfig, TrainerSection, model_to_toml
 from workbench.supervisor import paths
-from workbench.supervisor.join import JoinError, joining_node, trainer_phase
+from workbench.supervisor.join import (
+    JoinError,
+    JoiningNode,
+    join,
+    joining_node,
+    trainer_phase,
+)
 from workbench.supervisor.plan import Rendezvous, write_rendezvous
 
 
@@ -83,3 +94,59 @@ def test_the_join_runs_while_the_supervisor_runs_and_its_trainer_may_restart():
         "failed",
         "its trainer has failed and will not be restarted",
     )
+
+
+def write_supervisor_state(experiment: Path, status: str, stamp: str) -> None:
+    state = {"status": status, "processes": {"trainer": {"state": "running"}}, "updated_at": stamp}
+    paths.state_path(experiment).parent.mkdir(parents=True, exist_ok=True)
+    paths.state_path(experiment).write_text(json.dumps(state))
+
+
+def agent_standing_in(experiment: Path, seconds: float) -> JoiningNode:
+    """This node as `join` runs it, with a process that sleeps in place of torchrun's agent
+    (a real agent needs node 0's trainer)."""
+    return JoiningNode(
+        experiment=experiment,
+        node_rank=1,
+        nnodes=2,
+        argv=[sys.executable, "-c", f"import time; time.sleep({seconds})"],
+        env=dict(os.environ),
+        log_path=experiment / "logs" / "trainer-node1.log",
+        endpoint="127.0.0.1:29400",
+    )
+
+
+def test_a_join_whose_supervisor_went_silent_stops_its_agent_and_leaves(experiment: Path):
+    # Killed outright, node 0's supervisor leaves a state.json that says "running" for ever.
+    write_supervisor_state(experiment, "running", "2026-01-01T00:00:00.000Z")
+    said: list[str] = []
+    started = time.monotonic()
+    code = join(agent_standing_in(experiment, 60), said.append, silent_s=1.0, watch_s=0.1)
+    assert code == 1 and time.monotonic() - started < 30, "the agent was stopped, not awaited"
+    assert "its supervisor has not written" in said[-1] and "killed outright" in said[-1]
+
+
+def test_a_join_whose_supervisor_keeps_writing_its_state_runs_until_the_experiment_stops(
+    experiment: Path,
+):
+    write_supervisor_state(experiment, "running", "0")
+    stop = threading.Event()
+
+    def supervisor_heartbeat() -> None:  # as the daemon does, more often than `silent_s`
+        for beat in range(1, 1000):
+            if stop.wait(0.2):
+                return
+            write_supervisor_state(experiment, "running" if beat < 15 else "stopping", str(beat))
+
+    beating = threading.Thread(target=supervisor_heartbeat)
+    beating.start()
+    said: list[str] = []
+    try:
+        code = join(
+            agent_standing_in(experiment, 0.5), said.append, pause_s=0.1, silent_s=1.0, watch_s=0.1
+        )
+    finally:
+        stop.set()
+        beating.join()
+    assert code == 0 and said[-1].endswith("leaving: its supervisor is stopping"), said
+    assert sum("exited with status 0" in line for line in said) >= 2, "agents ran to their end"

@@ -60,6 +60,12 @@ def running_supervisor_pid(experiment: Path) -> int | None:
     return pid
 
 
+# The supervisor writes state.json when it changes, and at least this often: its
+# `updated_at` is the heartbeat by which another node (`workbench join`), which cannot see
+# node 0's processes, tells a supervisor killed outright from one with nothing new to say.
+STATE_HEARTBEAT_S = 10.0
+
+
 def read_state(experiment: Path) -> dict[str, Any] | None:
     """`supervisor/state.json` as a dict, or None when there is none (or it is unreadable)."""
     try:

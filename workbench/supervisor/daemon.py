@@ -38,6 +38,7 @@ from workbench.config import ConfigError, normalize_run_id
 from workbench.experiment import write_run
 from workbench.orchestrator.state import remove_killed_writes
 from workbench.supervisor import paths
+from workbench.supervisor.client import STATE_HEARTBEAT_S
 from workbench.supervisor.control_socket import (
     COMMANDS,
     ControlError,
@@ -166,6 +167,7 @@ class Supervisor:
         self._stop_reason: str | None = None
         self._shutdown_stages: list[list[str]] = []
         self._last_state: str | None = None
+        self._state_written_at = -float("inf")  # time.monotonic() of the last write
         self.control: ControlServer | None = None
         self.watcher: RunDirectoryWatcher | None = None
         self.tracking: MetricsForwarder | None = None
@@ -599,10 +601,11 @@ class Supervisor:
     def _publish_state(self) -> None:
         payload = self.state_payload()
         text = json.dumps(payload, sort_keys=True)
-        if text == self._last_state:
+        now = time.monotonic()
+        if text == self._last_state and now < self._state_written_at + STATE_HEARTBEAT_S:
             return
         write_state(self.experiment, payload)  # on failure, the next tick tries again
-        self._last_state = text
+        self._last_state, self._state_written_at = text, now
 
 
 def write_state(experiment: Path, payload: dict[str, Any]) -> None:

@@ -11,7 +11,10 @@ When any node's ranks die, the collective fails everywhere: node 0's trainer exi
 supervisor restarts it from the checkpoints, as on one node; the agent here exits too, and
 this loop starts it again to meet the new trainer. It leaves when the supervisor's state
 (`supervisor/state.json`) says the experiment stops, or that the trainer will not be
-restarted. A supervisor killed outright cannot say so: stop the join yourself then.
+restarted. A supervisor killed outright cannot say so; it also stops rewriting that file,
+which a live one does at least every `STATE_HEARTBEAT_S`: once the file has not changed for
+`SUPERVISOR_SILENT_S` (timed on this node's clock, so the nodes' clocks need not agree),
+the agent is stopped and the join leaves.
 """
 
 from __future__ import annotations
@@ -31,13 +34,18 @@ from workbench.config import ConfigError, load_trainer_config
 from workbench.ports import interface_names
 from workbench.procfs import child_pids
 from workbench.supervisor import paths
-from workbench.supervisor.client import read_state
+from workbench.supervisor.client import STATE_HEARTBEAT_S, read_state
 from workbench.supervisor.lifecycle import SHUTDOWN_STATUSES, TERMINAL_STATES
 from workbench.supervisor.plan import read_rendezvous, trainer_argv
 from workbench.trainer.launch import socket_interface_env
 
 # Between two agents: long enough for node 0's trainer to exit and be restarted.
 RESTART_PAUSE_S = 2.0
+# Node 0's supervisor is taken for gone once its state.json has not changed for this long:
+# several heartbeats, for a shared filesystem that shows a write late.
+SUPERVISOR_SILENT_S = 6 * STATE_HEARTBEAT_S
+# How often a running agent's supervisor is looked at.
+WATCH_S = 1.0
 
 
 class JoinError(Exception):
@@ -129,17 +137,44 @@ def trainer_phase(state: dict[str, Any] | None) -> tuple[str, str]:
     return "running", f"its supervisor is {status}"
 
 
-def run_agent(node: JoiningNode) -> int:
+class SupervisorWatch:
+    """How long node 0's supervisor has been silent, as seen from this node: the time since
+    its state.json's `updated_at` last changed, on this node's monotonic clock."""
+
+    def __init__(self, experiment: Path, clock: Callable[[], float] = time.monotonic):
+        self.experiment = experiment
+        self.clock = clock
+        self._stamp: Any = None
+        self._since = clock()
+
+    def look(self) -> tuple[dict[str, Any] | None, float]:
+        """The supervisor's state now, and for how many seconds it has not changed."""
+        state = read_state(self.experiment)
+        stamp = None if state is None else state.get("updated_at")
+        now = self.clock()
+        if stamp != self._stamp:
+            self._stamp, self._since = stamp, now
+        return state, now - self._since
+
+
+def run_agent(
+    node: JoiningNode, stop_when: Callable[[], bool] = lambda: False, watch_s: float = WATCH_S
+) -> int:
     """Start this node's agent and wait for it; its exit status. Stopped early (Ctrl-C,
-    SIGTERM), it is killed with its workers: the ranks of a node other than 0 write nothing,
-    and they would not stop on SIGTERM, which only rank 0's trainer acts on."""
+    SIGTERM, or `stop_when()` true at one of its looks every `watch_s`), it is killed with
+    its workers: the ranks of a node other than 0 write nothing, and they would not stop on
+    SIGTERM, which only rank 0's trainer acts on."""
     node.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(node.log_path, "a") as log:
         agent = subprocess.Popen(
             node.argv, stdout=log, stderr=subprocess.STDOUT, env=node.env, start_new_session=True
         )
         try:
-            return agent.wait()
+            while True:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    return agent.wait(timeout=watch_s)
+                if stop_when():
+                    break
         finally:
             if agent.poll() is None:
                 workers = child_pids(agent.pid)
@@ -147,26 +182,44 @@ def run_agent(node: JoiningNode) -> int:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 agent.wait()
+        return agent.returncode
 
 
 def join(
     node: JoiningNode,
     say: Callable[[str], None],
     pause_s: float = RESTART_PAUSE_S,
+    silent_s: float = SUPERVISOR_SILENT_S,
+    watch_s: float = WATCH_S,
 ) -> int:
     """Run node's agent again and again while the experiment runs; 0 once it stops, 1 when
-    it was not running or its trainer gave up. SIGTERM stops it as Ctrl-C does."""
+    it was not running, its trainer gave up or its supervisor went silent (see the module's
+    docstring). SIGTERM stops it as Ctrl-C does."""
     name = f"node {node.node_rank}/{node.nnodes}"
-    phase, why = trainer_phase(read_state(node.experiment))
+    watch = SupervisorWatch(node.experiment)
+    phase, why = trainer_phase(watch.look()[0])
     if phase != "running":
         say(f"{name}: the experiment is not running ({why}); start it with `workbench up` first")
         return 1
+
+    def silent() -> bool:
+        return watch.look()[1] >= silent_s
+
     with _sigterm_as_interrupt():
         while True:
             say(f"{name}: trainer agent meets node 0 at {node.endpoint} (log: {node.log_path})")
-            code = run_agent(node)
+            code = run_agent(node, stop_when=silent, watch_s=watch_s)
             say(f"{name}: trainer agent exited with status {code}")
-            phase, why = trainer_phase(read_state(node.experiment))
+            state, quiet_for = watch.look()
+            if quiet_for >= silent_s:
+                state_file = paths.state_path(node.experiment)
+                say(
+                    f"{name}: leaving: its supervisor has not written {state_file} for "
+                    f"{quiet_for:.0f} s: it was killed outright. Start the experiment again "
+                    "with `workbench up` on node 0, then join again"
+                )
+                return 1
+            phase, why = trainer_phase(state)
             if phase != "running":
                 say(f"{name}: leaving: {why}")
                 return 1 if phase == "failed" else 0
