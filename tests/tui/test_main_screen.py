@@ -263,7 +263,9 @@ async def test_the_collector_is_quieted_while_the_tui_runs_and_given_back_on_qui
         cycle: list = []
         cycle.append(cycle)
         gc.collect()
-        assert gc.get_freeze_count() == frozen, "a little growth is not frozen"
+        # Not more: a frozen object that the app (or another thread) drops meanwhile leaves
+        # the permanent generation by its reference count, so the count may also fall.
+        assert gc.get_freeze_count() <= frozen, "a little growth is not frozen"
         del cycle
         assert gc.collect() >= 1
         # A TUI that grew (runs added for hours) has what it made since frozen as a full
