@@ -127,10 +127,10 @@ def _checkpointed(forward, routing: LoRARouting | None, *args, **kwargs):
         # Compiled, the recomputation is part of the compiled backward graph: it reads no
         # routing from Python.
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-    routed = routing.snapshot()
 
     def contexts():
-        return contextlib.nullcontext(), routing.routed_as(routed)
+        # Called by `checkpoint` as the forward starts, in the forward's thread.
+        return contextlib.nullcontext(), routing.routed_as(routing.snapshot())
 
     return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 

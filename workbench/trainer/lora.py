@@ -143,7 +143,7 @@ class LoRARouting(threading.local):
 
     @contextlib.contextmanager
     def routed_as(self, snapshot: dict) -> Iterator[None]:
-        """Route the calling thread as `snapshot` inside the block, as it was before after."""
+        """Route the calling thread as `snapshot` inside the block, then as it was before."""
         before = dict(self.__dict__)
         self.__dict__.update(snapshot)
         try:

@@ -185,13 +185,11 @@ class MultiRunManager:
             for path in layout.list_run_dirs(self.output_dir)
         }
         present = {run_id: path for run_id, (path, c) in conditions.items() if c.open_to_trainer}
+        open_runs = {
+            run_id for run_id, (_, c) in conditions.items() if c.kind is run_control.Condition.OPEN
+        }
         for idx, run_id in sorted(self.idx_2_id.items()):
-            condition = conditions.get(run_id, (None, None))[1]
-            if (
-                condition is None
-                or condition.kind is not run_control.Condition.OPEN
-                or idx in self._failed_creation
-            ):
+            if run_id not in open_runs or idx in self._failed_creation:
                 self._forget(idx, run_id)
 
         waiting = []
