@@ -195,6 +195,24 @@ def test_down_stops_every_process_group_and_leaves_no_orphans(standin: StandinEx
     assert {p["state"] for p in state["processes"].values()} == {"stopped"}
 
 
+def test_down_removes_what_a_process_killed_mid_write_left_of_its_activity_record(
+    tmp_path: Path,
+):
+    # A child of a killed supervisor is SIGKILLed by `down` if it does not stop in time,
+    # perhaps in the middle of rewriting its busy record: after `down` nothing would.
+    from workbench import layout
+    from workbench.supervisor.launch import stop_experiment
+
+    busy = layout.busy_dir(tmp_path)
+    busy.mkdir()
+    record = layout.busy_path(tmp_path, "run_a")
+    record.write_text("{}")
+    killed_write = busy / f".{record.name}.d4qfgof8.tmp"
+    killed_write.write_text('{"pro')
+    stop_experiment(tmp_path, timeout_s=1)
+    assert not killed_write.exists() and record.read_text() == "{}"
+
+
 def test_a_second_supervisor_for_the_same_experiment_refuses_naming_the_first(
     standin: StandinExperiment,
 ):

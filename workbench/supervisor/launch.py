@@ -163,6 +163,10 @@ def stop_experiment(experiment: Path, timeout_s: float = 300.0) -> StopReport:
     report.leftovers = kill_leftovers(experiment)
     if report.leftovers:
         report.graceful = False
+    # Nothing of the experiment runs now: the temp files of activity records whose writer
+    # was killed mid-write (a child of a killed supervisor, SIGKILLed above) are garbage
+    # that no later process of the same name would otherwise find.
+    layout.remove_staging(layout.busy_dir(experiment))
     return report
 
 
