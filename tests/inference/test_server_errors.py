@@ -125,6 +125,14 @@ def test_on_two_cores_vllm_runs_its_model_in_the_engine_process_and_elsewhere_as
     )
 
 
+def test_on_two_cores_vllm_computes_on_one_thread_unless_the_user_says_otherwise():
+    # torch's default is a thread per core, and its second thread would take the trainer's
+    assert server.server_environment("key", base={}, usable_cpus=2)["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in server.server_environment("key", base={}, usable_cpus=16)
+    mine = {"OMP_NUM_THREADS": "2"}
+    assert server.server_environment("key", base=mine, usable_cpus=2)["OMP_NUM_THREADS"] == "2"
+
+
 def test_the_server_asks_for_workbenchs_cpu_lora_products_unless_told_otherwise():
     assert server.server_environment("key", base={})["WORKBENCH_VLLM_CPU_LORA"] == "slot-matmul"
     mine = {"WORKBENCH_VLLM_CPU_LORA": "vllm"}

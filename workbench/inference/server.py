@@ -209,4 +209,11 @@ def server_environment(
         # process runs the model itself, one thread, unpinned (what vLLM does on a GPU).
         # On more cores vLLM's pinned worker computes on several threads: left alone.
         env.setdefault(VLLM_MULTIPROCESSING_ENV, "0")
+        # And that thread computes alone: unpinned, vLLM leaves torch its default of a
+        # thread per core, and with OMP_WAIT_POLICY=PASSIVE (workbench.supervisor.plan)
+        # each small parallel region of a decode step wakes the second one. Measured on 2
+        # cores: in a 2-run reverse_text experiment's first 35 s it used 2.8 CPU-s beside
+        # the model thread's 15.5; vLLM alone, 4 adapters x 16 prompts x 8 completions of
+        # 10 tokens took 2.55 s and 2.14 CPU-s a pass on two threads, 1.08 s and 0.99 on one.
+        env.setdefault("OMP_NUM_THREADS", "1")
     return env
