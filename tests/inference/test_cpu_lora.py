@@ -137,6 +137,31 @@ def test_a_token_without_an_adapter_is_left_as_the_base_model_made_it():
     torch.testing.assert_close(ours[[0, 2]], vllms[[0, 2]], rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("inference_mode", [False, True], ids=["versioned", "inference-mode"])
+def test_an_adapter_written_into_its_slot_is_the_one_used_from_then_on(inference_mode):
+    # vLLM writes each adapter into its slot in place, a reload under the same id too; the
+    # merged weights made for the slot's previous adapter must not outlive it. Weights
+    # made in inference mode keep no version counter, and are merged again every time.
+    token_ids, output_slices = [11] * 20 + [12] * 20, (WIDTH, 16, 16)
+    generator = torch.Generator().manual_seed(4)
+    with torch.inference_mode(inference_mode):
+        x = torch.randn(len(token_ids), WIDTH, generator=generator)
+        lora_a = tuple(
+            torch.randn(SLOTS, 1, RANK, WIDTH, generator=generator) for _ in output_slices
+        )
+        lora_b = tuple(torch.randn(SLOTS, 1, n, RANK, generator=generator) for n in output_slices)
+        vllm_wrapper, our_wrapper = _wrappers(token_ids, is_prefill=False)
+        before = _linear_lora(our_wrapper, x, lora_a, lora_b, output_slices)
+        # slot 1's adapter (id 12) replaced, as `set_lora` does: its rows change, not slot 0's
+        for weights in (*lora_a, *lora_b):
+            weights[1].copy_(torch.randn(weights[1].shape, generator=generator))
+        after = _linear_lora(our_wrapper, x, lora_a, lora_b, output_slices)
+        vllms = _linear_lora(vllm_wrapper, x, lora_a, lora_b, output_slices)
+    torch.testing.assert_close(after, vllms, rtol=1e-5, atol=1e-4)
+    assert torch.equal(after[:20], before[:20])
+    assert (after[20:] - before[20:]).abs().amax(dim=1).gt(1e-3).all()
+
+
 @pytest.mark.parametrize("kernel", ["slot-matmul", "vllm", None])
 def test_the_plugin_swaps_the_cpu_lora_wrapper_only_in_a_server_workbench_started(
     kernel, monkeypatch

@@ -12,9 +12,11 @@ slot's tokens with that slot's weights in two ordinary products:
 
     y[rows(s)] += (x[rows(s)] @ A_s^T) @ B_s^T        for every slot s with tokens
 
-Each weight is read once per step, and the work is that of the tokens, whatever the number
-of slots (`[inference] max_loras`). When one slot has every token of the step, as with a
-single run, no rows are gathered at all. A slot with very few tokens is padded to a few rows
+A merged projection's slices (q, k and v; gate and up) go in the same two products: the
+slices' A side by side, their B on a block diagonal (`slot_weights`, made once per adapter
+a slot takes, not per step). Each weight is read once per step, and the work is that of
+the tokens, whatever the number of slots (`[inference] max_loras`). When one slot has every
+token of the step, as with a single run, no rows are gathered at all. A slot with very few tokens is padded to a few rows
 (`MIN_PRODUCT_ROWS`), so that each token's delta comes out bit for bit the same however
 many tokens of its adapter the step holds. A token with no adapter (slot -1) is in no group
 and gets no delta, as on the GPU (vLLM's CPU ops would index the last slot with it).
@@ -74,6 +76,36 @@ def tokens_by_slot(token_slots: Tensor) -> list[SlotTokens]:
     return groups
 
 
+# (shrink, expand) of one slot's adapter in one layer: see `slot_weights`.
+WeightPair = tuple[Tensor, Tensor]
+
+
+def slot_weights(
+    lora_a_stacked: tuple[Tensor, ...], lora_b_stacked: tuple[Tensor, ...], slot: int
+) -> WeightPair:
+    """One slot's adapter in a layer as two float32 matrices, however many slices it has:
+    `shrink` [in, ranks] (every slice's A, transposed, side by side) and `expand`
+    [ranks, out] (each slice's B, transposed, on the block diagonal). `(x @ shrink) @
+    expand` is every slice's delta side by side: a merged projection (qkv, gate_up) takes
+    two products instead of two per slice, and each zero of the diagonal's off blocks adds
+    exactly nothing."""
+    shrink = torch.cat([lora_a[slot, 0] for lora_a in lora_a_stacked])
+    expand = torch.block_diag(*(lora_b[slot, 0] for lora_b in lora_b_stacked))
+    return (
+        shrink.to(torch.float32).t().contiguous(),
+        expand.to(torch.float32).t().contiguous(),
+    )
+
+
+def weights_version(tensors: tuple[Tensor, ...]) -> tuple[int, ...] | None:
+    """The tensors' version counters (each write into them counts), or None for tensors
+    made in inference mode, which keep none."""
+    try:
+        return tuple(tensor._version for tensor in tensors)
+    except RuntimeError:
+        return None
+
+
 class SlotMatmulPunicaWrapperCPU(PunicaWrapperCPU):
     """`PunicaWrapperCPU` whose linear-layer LoRA products run per adapter slot."""
 
@@ -81,6 +113,10 @@ class SlotMatmulPunicaWrapperCPU(PunicaWrapperCPU):
         super().__init__(*args, **kwargs)
         # Per step, from the mapping: shared by every layer of the step.
         self._slot_groups: list[SlotTokens] = []
+        # Per layer and slot: `slot_weights`, with the layer's weights' versions when they
+        # were made. vLLM writes an adapter into its slot in place (`set_lora`, also to
+        # reload one under its id), which moves the versions on.
+        self._weights: dict[tuple[int, int], tuple[Tensor, tuple[int, ...], WeightPair]] = {}
 
     def update_metadata(
         self,
@@ -97,6 +133,21 @@ class SlotMatmulPunicaWrapperCPU(PunicaWrapperCPU):
         """Whether this step's grouping describes a layer input of `rows` tokens (never
         before the first step's mapping, when vLLM's count is None)."""
         return rows == self.indices_len[0]
+
+    def merged_weights(
+        self, lora_a_stacked: tuple[Tensor, ...], lora_b_stacked: tuple[Tensor, ...], slot: int
+    ) -> WeightPair:
+        """`slot_weights`, made again only once the layer's weights were written to (and
+        every time where they keep no versions)."""
+        layer = lora_a_stacked[0]
+        versions = weights_version(lora_a_stacked + lora_b_stacked)
+        cached = self._weights.get((id(layer), slot))
+        if cached is not None and cached[0] is layer and versions and cached[1] == versions:
+            return cached[2]
+        weights = slot_weights(lora_a_stacked, lora_b_stacked, slot)
+        if versions:
+            self._weights[(id(layer), slot)] = (layer, versions, weights)
+        return weights
 
     def add_lora_linear(
         self,
@@ -122,14 +173,9 @@ class SlotMatmulPunicaWrapperCPU(PunicaWrapperCPU):
         # float32 products whatever the model's dtype, as vLLM's CPU ops compute them.
         x = x.to(torch.float32)
         for group in self._slot_groups:
-            slot = group.slot
+            shrink, expand = self.merged_weights(lora_a_stacked, lora_b_stacked, group.slot)
             tokens = x if group.gather is None else x.index_select(0, group.gather)
-            deltas = [
-                (tokens @ lora_a[slot, 0].to(torch.float32).t())
-                @ lora_b[slot, 0].to(torch.float32).t()
-                for lora_a, lora_b in zip(lora_a_stacked, lora_b_stacked, strict=True)
-            ]
-            delta = (deltas[0] if len(deltas) == 1 else torch.cat(deltas, dim=1))[: group.count]
+            delta = ((tokens @ shrink) @ expand)[: group.count]
             if group.rows is None:
                 y.add_(delta.to(y.dtype), alpha=scale)
             else:
