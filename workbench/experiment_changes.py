@@ -81,7 +81,7 @@ class ExperimentChanges:
         or not; None: only the runs that had events (for tests of the events alone)."""
         self.experiment = experiment
         self._full_pass_looks = full_pass_looks
-        self._inotify = _open_inotify()
+        self._inotify = open_inotify()
         self._watches: dict[str, int] = {}  # path -> watch descriptor
         self._watched: dict[int, tuple[str, str | None]] = {}  # wd -> (kind, run id)
         self._runs: list[str] = []  # every run directory, sorted: the slices' order
@@ -234,7 +234,9 @@ if INotify is not None:
     )
 
 
-def _open_inotify():
+def open_inotify():
+    """An inotify descriptor, or None where there is none to have (not Linux, or out of
+    instances): the caller then finds changes by looking."""
     if INotify is None:
         return None
     try:

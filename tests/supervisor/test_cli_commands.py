@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from tests.helpers import make_run
 from tests.supervisor.conftest import StandinExperiment, wait_for
-from workbench import layout, run_control
+from workbench import layout, run_control, up
 from workbench.bench import standins
 from workbench.cli import app
 from workbench.config import load_orchestrator_config
@@ -73,7 +73,9 @@ def test_up_detach_starts_the_supervisor_and_a_second_up_is_refused_naming_its_p
 def test_up_headless_follows_progress_and_exits_0_when_every_run_finished(
     cli, standin: StandinExperiment
 ):
-    standin.configure(orchestrator={"args": ["--finish-after", "0.3"]})
+    # Runs that last a few of up's looks at the state (POLL_S), so that it sees inference
+    # ready before everything stops.
+    standin.configure(orchestrator={"args": ["--finish-after", str(4 * up.POLL_S)]})
     result = cli("up", write_recipe(standin, "a", "b"), "--headless", "--max-steps", "3")
     assert result.exit_code == 0, result.output
     assert re.search(r"inference: (starting -> )?ready", result.output)

@@ -1,7 +1,7 @@
 """The supervisor daemon around stand-in children: order, readiness, restarts, stop, state.
 
 Each test runs the real `python -m workbench.supervisor` (own session, lock, socket,
-watchdog) with the stand-in plan of `standins.py`; see conftest.py.
+file watcher) with the stand-in plan of `standins.py`; see conftest.py.
 """
 
 from __future__ import annotations

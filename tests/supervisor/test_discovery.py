@@ -174,3 +174,32 @@ def test_watcher_follows_a_run_directory_that_is_deleted_and_created_again(
     watcher.sync()
     run_control.write_eviction(run, "again", by="user")
     changes.expect_change()
+
+
+def _inotify_descriptors() -> int:
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += "inotify" in fd.readlink().as_posix()
+        except OSError:  # closed meanwhile
+            continue
+    return count
+
+
+def test_a_sweep_of_many_runs_is_watched_through_one_descriptor_and_one_thread(
+    watcher, experiment: Path
+):
+    # Linux allows 128 inotify descriptors per user by default; a descriptor per watched
+    # directory (two per run) left the runs past about 60 to the periodic rescan.
+    watcher, changes = watcher
+    descriptors, threads = _inotify_descriptors(), threading.active_count()
+    runs = [make_run(experiment, f"run_{index:03d}") for index in range(100)]
+    watcher.sync()
+    assert len(watcher.watched) == 1 + 2 * len(runs)
+    changes.expect_change()
+    while changes.event.wait(0.3):  # the hundred runs' own events, read in batches
+        changes.event.clear()
+    assert (_inotify_descriptors(), threading.active_count()) == (descriptors, threads)
+    run_control.write_eviction(runs[-1], "the last of a hundred", by="user")
+    changes.expect_change()

@@ -2,7 +2,7 @@
 
 The supervisor's tests and its benchmark (`workbench bench supervisor`) start the daemon
 with `--plan workbench.bench.standins:plan` (`PLAN_REFERENCE`), so they run the real
-daemon (own session, lock, socket, watchdog) around small Python stand-ins
+daemon (own session, lock, socket, file watcher) around small Python stand-ins
 (`standin_child.py`) instead of vLLM, torchrun and orchestrators. `standins.json`:
 
     {"processes": [{"name": "inference", "kind": "inference", "ready": true,

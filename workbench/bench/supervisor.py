@@ -2,7 +2,7 @@
 
 Three measurements, each against the real thing on this machine:
 
-- discovery latency: a real supervisor (daemon, watchdog, state.json) runs the stand-in plan
+- discovery latency: a real supervisor (daemon, file watcher, state.json) runs the stand-in plan
   of the supervisor tests (`workbench/bench/standins.py`: small Python processes instead of
   vLLM, torchrun and orchestrators, so the supervisor's own latency is what is timed). A new
   `run_*` directory with a valid `control/orch.toml` appears, either the way `workbench runs

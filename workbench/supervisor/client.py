@@ -1,6 +1,6 @@
 """Talking to an experiment's supervisor: is it running, what is its state, send it requests.
 
-Used by the CLI and the TUI; light to import (no watchdog, no torch). Requests go over
+Used by the CLI and the TUI; light to import (no torch). Requests go over
 `supervisor/control.sock` (docs/contracts.md); state comes from `supervisor/state.json`,
 which the supervisor rewrites atomically after every change, so reading it never races.
 

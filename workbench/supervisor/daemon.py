@@ -4,8 +4,8 @@
 reaps exits, checks readiness, reconciles orchestrators with the run directories
 (discovery) and starts what is due, then writes state.json if anything changed. It only
 turns what happens into events for each process's lifecycle
-(`workbench.supervisor.lifecycle`, where every state change is decided). The watchdog
-thread and the control socket only wake it up.
+(`workbench.supervisor.lifecycle`, where every state change is decided). The run
+directory watcher's thread and the control socket only wake it up.
 
 Start order: the plan's processes in order (inference, then trainer); orchestrators once
 the processes they require (inference) are ready. Stop order: orchestrators first, then
@@ -254,7 +254,7 @@ class Supervisor:
         self._wake.set()
 
     def notice_change(self) -> None:
-        """Something under the experiment changed (watchdog's thread): rescan soon."""
+        """Something under the experiment changed (from the watcher's thread): rescan soon."""
         self._discovery_due = True
         self._wake.set()
 
