@@ -14,9 +14,13 @@ slot's tokens with that slot's weights in two ordinary products:
 
 A merged projection's slices (q, k and v; gate and up) go in the same two products: the
 slices' A side by side, their B on a block diagonal (`slot_weights`, made once per adapter
-a slot takes, not per step). Each weight is read once per step, and the work is that of
-the tokens, whatever the number of slots (`[inference] max_loras`). When one slot has every
-token of the step, as with a single run, no rows are gathered at all. A slot with very few tokens is padded to a few rows
+a slot takes, not per step). Those are float32 copies of each used slot's adapter, kept
+beside vLLM's own, a merged projection's B as many times larger as it has slices: on the
+CPU, where adapters are small next to the model, fewer and larger products are worth it.
+
+Each weight is read once per step, and the work is that of the tokens, whatever the number
+of slots (`[inference] max_loras`). When one slot has every token of the step, as with a
+single run, no rows are gathered at all. A slot with very few tokens is padded to a few rows
 (`MIN_PRODUCT_ROWS`), so that each token's delta comes out bit for bit the same however
 many tokens of its adapter the step holds. A token with no adapter (slot -1) is in no group
 and gets no delta, as on the GPU (vLLM's CPU ops would index the last slot with it).
