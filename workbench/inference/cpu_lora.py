@@ -92,7 +92,7 @@ def slot_weights(
     [ranks, out] (each slice's B, transposed, on the block diagonal). `(x @ shrink) @
     expand` is every slice's delta side by side: a merged projection (qkv, gate_up) takes
     two products instead of two per slice, and each zero of the diagonal's off blocks adds
-    exactly nothing."""
+    exactly nothing to a finite product."""
     shrink = torch.cat([lora_a[slot, 0] for lora_a in lora_a_stacked])
     expand = torch.block_diag(*(lora_b[slot, 0] for lora_b in lora_b_stacked))
     return (
