@@ -34,6 +34,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from workbench import layout
 
@@ -82,8 +83,8 @@ class ExperimentChanges:
         self.experiment = experiment
         self._full_pass_looks = full_pass_looks
         self._inotify = open_inotify()
-        self._watches: dict[str, int] = {}  # path -> watch descriptor
-        self._watched: dict[int, tuple[str, str | None]] = {}  # wd -> (kind, run id)
+        # Each watch notes (kind, run id) of its directory.
+        self._watches = DirectoryWatches(self._inotify, _MASK)
         self._runs: list[str] = []  # every run directory, sorted: the slices' order
         self._unwatched: set[str] = set()  # runs with a directory that could not be watched
         self._next_slice = 0
@@ -129,12 +130,12 @@ class ExperimentChanges:
         if event.mask & flags.Q_OVERFLOW:
             self._lost = True
             return
-        kind, run_id = self._watched.get(event.wd, (None, None))
+        kind, run_id = self._watches.note(event.wd) or (None, None)
         if event.mask & (flags.IGNORED | flags.MOVE_SELF):  # the directory went
             if event.mask & flags.MOVE_SELF:  # its watch would follow it elsewhere
                 with contextlib.suppress(OSError):
                     self._inotify.rm_watch(event.wd)
-            self._forget(event.wd)
+            self._watches.forget(event.wd)
             self._resync = True
             if run_id is not None:
                 runs.add(run_id)
@@ -181,31 +182,8 @@ class ExperimentChanges:
         return added
 
     def _watch(self, path: Path, kind: str, run_id: str | None) -> str:
-        """What came of watching `path`: "watched" (already), "added", "absent" (not there:
-        its parent's events tell when it is) or "failed" (there, but no watch: out of
-        inotify watches)."""
-        key = path.as_posix()
-        if key in self._watches:
-            return "watched"
-        assert self._inotify is not None
-        try:
-            wd = self._inotify.add_watch(key, _MASK)
-        except (FileNotFoundError, NotADirectoryError):
-            return "absent"
-        except OSError as err:
-            log.debug("cannot watch %s: %s", key, err)
-            return "failed"
-        # A descriptor the kernel hands out again is the same inode watched twice (a
-        # directory renamed into place): the newest path names it.
-        self._forget(wd)
-        self._watches[key] = wd
-        self._watched[wd] = (kind, run_id)
-        return "added"
-
-    def _forget(self, wd: int) -> None:
-        if self._watched.pop(wd, None) is not None:
-            for key in [key for key, known in self._watches.items() if known == wd]:
-                del self._watches[key]
+        """What came of watching `path` (`DirectoryWatches.add`)."""
+        return self._watches.add(path.as_posix(), (kind, run_id))
 
     def _slice(self) -> list[str]:
         """The next runs in turn, so that every run is looked at once per full pass."""
@@ -232,6 +210,69 @@ if INotify is not None:
         | flags.MOVE_SELF
         | flags.ONLYDIR
     )
+
+
+class DirectoryWatches:
+    """One inotify descriptor's watches, by directory and by watch descriptor, each with
+    what its owner notes about it (`ExperimentChanges`, the supervisor's run directory
+    watcher)."""
+
+    def __init__(self, inotify: Any, mask: int) -> None:
+        self.inotify = inotify
+        self._mask = mask
+        self._by_path: dict[str, int] = {}
+        self._by_wd: dict[int, tuple[str, Any]] = {}  # wd -> (path, note)
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._by_path
+
+    def paths(self) -> list[str]:
+        return list(self._by_path)
+
+    def path(self, wd: int) -> str | None:
+        """The directory a watch descriptor watches, if it is one of these watches."""
+        watched = self._by_wd.get(wd)
+        return None if watched is None else watched[0]
+
+    def note(self, wd: int) -> Any:
+        watched = self._by_wd.get(wd)
+        return None if watched is None else watched[1]
+
+    def note_of(self, path: str) -> Any:
+        return self._by_wd[self._by_path[path]][1]
+
+    def add(self, path: str, note: Any) -> str:
+        """What came of watching `path`: "watched" (already), "added", "absent" (not there:
+        its parent's events tell when it is) or "failed" (there, but no watch: out of
+        inotify watches)."""
+        if path in self._by_path:
+            return "watched"
+        try:
+            wd = self.inotify.add_watch(path, self._mask)
+        except (FileNotFoundError, NotADirectoryError):
+            return "absent"
+        except OSError as err:
+            log.debug("cannot watch %s: %s", path, err)
+            return "failed"
+        # A descriptor the kernel hands out again is the same inode watched twice (a
+        # directory renamed into place): the newest path names it.
+        self.forget(wd)
+        self._by_path[path] = wd
+        self._by_wd[wd] = (path, note)
+        return "added"
+
+    def remove(self, path: str) -> None:
+        """Stop watching `path` (its watch may be gone already, with its directory)."""
+        wd = self._by_path[path]
+        with contextlib.suppress(OSError):
+            self.inotify.rm_watch(wd)
+        self.forget(wd)
+
+    def forget(self, wd: int) -> None:
+        """Drop a watch the kernel ended (its directory went) or that was removed."""
+        watched = self._by_wd.pop(wd, None)
+        if watched is not None and self._by_path.get(watched[0]) == wd:
+            del self._by_path[watched[0]]
 
 
 def open_inotify():

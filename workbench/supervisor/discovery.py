@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - not on the Linux machines this is test
 
 from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
-from workbench.experiment_changes import open_inotify
+from workbench.experiment_changes import DirectoryWatches, open_inotify
 from workbench.run_control import Condition
 from workbench.supervisor.lifecycle import TERMINAL_STATES, ProcessState
 
@@ -209,8 +209,8 @@ class RunDirectoryWatcher:
         self._on_change = on_change
         self._inotify = open_inotify()
         self._lock = threading.Lock()  # the watches: `sync` changes them, the thread reads
-        self._watches: dict[Path, tuple[int, int]] = {}  # directory -> (descriptor, inode)
-        self._directories: dict[int, str] = {}  # descriptor -> directory
+        # Each watch notes its directory's inode.
+        self._watches = DirectoryWatches(self._inotify, _watch_mask())
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._follow, name="run-directory-watcher", daemon=True
@@ -236,38 +236,21 @@ class RunDirectoryWatcher:
         for run in layout.list_run_dirs(self._experiment_path):
             wanted.append(run)
             wanted.append(layout.control_dir(run))
-        inodes = {path: _inode(path) for path in wanted}
+        inodes = {os.fsdecode(path): _inode(path) for path in wanted}
         with self._lock:
-            for path, (wd, inode) in list(self._watches.items()):
+            for path in self._watches.paths():
                 # A directory that was deleted (or replaced by a new one of the same name)
                 # has a dead watch: drop it and watch the new directory afresh.
-                if inodes.get(path) != inode:
-                    with contextlib.suppress(OSError):
-                        self._inotify.rm_watch(wd)
-                    self._forget(wd)
+                if inodes.get(path) != self._watches.note_of(path):
+                    self._watches.remove(path)
             for path, inode in inodes.items():
-                if inode is None or path in self._watches:
-                    continue
-                try:
-                    wd = self._inotify.add_watch(os.fspath(path), _watch_mask())
-                except OSError as err:  # gone again, or out of inotify watches: rescans cover it
-                    log.debug("cannot watch %s: %s", path, err)
-                    continue
-                # The kernel hands out a descriptor again for an inode it already watches
-                # (a directory renamed into place): the newest path names it.
-                self._forget(wd)
-                self._watches[path] = (wd, inode)
-                self._directories[wd] = os.fsdecode(path)
+                if inode is not None:  # gone again, or out of watches: rescans cover it
+                    self._watches.add(path, inode)
 
     @property
     def watched(self) -> list[Path]:
         with self._lock:
-            return sorted(self._watches)
-
-    def _forget(self, wd: int) -> None:
-        if self._directories.pop(wd, None) is not None:
-            for path in [path for path, (known, _) in self._watches.items() if known == wd]:
-                del self._watches[path]
+            return sorted(Path(path) for path in self._watches.paths())
 
     def _follow(self) -> None:
         assert self._inotify is not None
@@ -284,7 +267,7 @@ class RunDirectoryWatcher:
         if event.mask & flags.Q_OVERFLOW:  # events were lost: any of them may have mattered
             return True
         with self._lock:
-            directory = self._directories.get(event.wd)
+            directory = self._watches.path(event.wd)
         if directory is None or not event.name:
             return False
         return self._matters_at(os.path.join(directory, event.name))
