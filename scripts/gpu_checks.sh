@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The trainer's CUDA checks, in one call on a GPU machine, from the project's root; results
 # under $OUT (default /tmp/gpu-out). Carry the wheels the machine lacks in .gpu/ (see
-# README, Development). Sized for about five minutes: every CUDA test of the trainer
+# README, Development). Sized for about six minutes: every CUDA test of the trainer
 # (`-k cuda`: the device-parametrised ones), then the anchor's shape with 1 and 4 runs
-# against peft, and 4 runs with flex attention. Each step has its own time limit, so one
-# that hangs leaves the others their time.
+# against peft, 8 runs, 4 runs with flex attention, and 4 runs with each layer compiled.
+# Each measurement is its own command with its own time limit and JSON, so one that hangs
+# leaves the others their time and their results.
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 if compgen -G ".gpu/*.whl" >/dev/null; then
@@ -22,13 +23,19 @@ step() {  # step NAME SECONDS COMMAND...: run it, its output in $OUT/NAME.txt, t
   echo "== $name: exit $? after $(( $(date +%s) - started )) s"
 }
 
-step pytest-cuda 150 python3 -m pytest -q -p no:cacheprovider -rfE -k cuda tests/trainer
+step pytest-cuda 120 python3 -m pytest -q -p no:cacheprovider -rfE -k cuda tests/trainer
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-cuda.txt" | cut -c1-250
 
 bench=(python3 -c "from workbench.cli import app; app()" bench trainer --models qwen3-0.6b --tokens 16384 --seq-len 16384
   --sample-len 512 --rank 16 --no-legacy --no-separate)
-step bench-varlen 150 "${bench[@]}" --runs 1,4
-cp benchmarks/results/trainer-latest.json "$OUT/bench-varlen.json" 2>/dev/null
-step bench-flex 100 "${bench[@]}" --runs 4 --no-peft --attention flex
-cp benchmarks/results/trainer-latest.json "$OUT/bench-flex.json" 2>/dev/null
+measure() {  # measure NAME SECONDS OPTIONS...: one bench trainer command, its JSON kept
+  local name=$1 limit=$2; shift 2
+  rm -f benchmarks/results/trainer-latest.json
+  step "bench-$name" "$limit" "${bench[@]}" "$@"
+  cp benchmarks/results/trainer-latest.json "$OUT/bench-$name.json" 2>/dev/null
+}
+measure varlen 100 --runs 1,4
+measure varlen-8 60 --runs 8 --no-peft
+measure flex 60 --runs 4 --no-peft --attention flex
+measure compile 90 --runs 4 --no-peft --compile
 grep -hE "^  (peft|shared)" "$OUT"/bench-*.txt

@@ -14,7 +14,7 @@ from torch import nn
 
 from tests.trainer.builders import DEVICE_DTYPES, build_trainer, tiny_causal_lm
 from workbench.config import TrainerSection
-from workbench.trainer import lm_head
+from workbench.trainer import attention, lm_head
 from workbench.trainer.attention import PackedSequences
 from workbench.trainer.attention_choice import AttentionRuntime, available_attention_paths
 from workbench.trainer.compute import (
@@ -237,7 +237,8 @@ def counting_head_rows():
         yield rows
 
 
-def lora_gradients(trainer, samples, counts, plan) -> dict[str, torch.Tensor]:
+def row_loss(trainer, samples, counts, plan) -> torch.Tensor:
+    """The samples packed in one row, routed by `counts`: their log-probs, weighted -1 to 1."""
     device = next(trainer.model.parameters()).device
     input_ids, positions = packed(samples)
     set_lora_num_tokens(trainer.model, counts)
@@ -245,7 +246,11 @@ def lora_gradients(trainer, samples, counts, plan) -> dict[str, torch.Tensor]:
         trainer.model, plan, input_ids.to(device), positions, torch.ones(len(input_ids))
     )
     weights = torch.linspace(-1, 1, len(input_ids), device=device)
-    (logprobs * weights).sum().backward()
+    return (logprobs.float() * weights).sum()
+
+
+def lora_gradients(trainer, samples, counts, plan) -> dict[str, torch.Tensor]:
+    row_loss(trainer, samples, counts, plan).backward()
     return {
         name: param.grad.clone()
         for name, param in trainer.model.named_parameters()
@@ -306,22 +311,67 @@ def test_a_backward_in_another_thread_recomputes_each_layer_with_its_forwards_ro
     trainer = build_trainer(tmp_path / "recomputed", runs, device=device)
     section = TrainerSection(attention="per_sample", activation_checkpointing=True)
     plan = prepare_model(trainer.model, section, device)
-    input_ids, positions = packed(samples)
-    weights = torch.linspace(-1, 1, len(input_ids), device=device)
-
-    def forward_in_a_thread_of_its_own() -> torch.Tensor:
-        set_lora_num_tokens(trainer.model, counts)
-        logprobs = packed_row_logprobs(
-            trainer.model, plan, input_ids.to(device), positions, torch.ones(len(input_ids))
-        )
-        return (logprobs * weights).sum()
-
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        loss = pool.submit(forward_in_a_thread_of_its_own).result()
+        loss = pool.submit(row_loss, trainer, samples, counts, plan).result()
     loss.backward()  # this thread never routed a token
     for name, param in trainer.model.named_parameters():
         if name in expected:
             torch.testing.assert_close(param.grad, expected[name], rtol=1e-5, atol=1e-7)
+    assert any(g.abs().sum() > 0 for n, g in expected.items() if "lora_B.1" in n)
+
+
+def _dense_with_a_graph_break(query, key, value, packed, scaling):
+    # A stand-in for a kernel dynamo cannot trace (torch's varlen on an H100, torch 2.11):
+    # the dense path with a graph break in front of it.
+    torch._dynamo.graph_break()
+    return attention._dense(query, key, value, packed, scaling)
+
+
+COMPILED_PATHS = [
+    *[pytest.param(device, path, id=f"{device}-{path}") for device, path in device_paths()],
+    pytest.param("cpu", "dense_with_a_graph_break", id="cpu-dense-with-a-graph-break"),
+]
+
+
+@pytest.mark.parametrize(("device", "path"), COMPILED_PATHS)
+def test_compiled_checkpointed_layers_route_their_recomputation_as_their_forward(
+    tmp_path, monkeypatch, device, path
+):
+    # Compiled around its checkpoint, a layer whose graph broke ran the checkpoint eagerly,
+    # without the routing its recomputation needs in autograd's device thread: every
+    # compiled, checkpointed update with varlen attention on an H100 failed in backward
+    # with "no token counts set". On CUDA the recomputation runs in that device thread as
+    # in training; on the CPU the backward runs in a thread that never routed a token.
+    if path == "dense_with_a_graph_break":
+        monkeypatch.setitem(attention._KERNELS, "dense", _dense_with_a_graph_break)
+        path = "dense"
+    runs = {"run_a": "seed = 1\n", "run_b": "seed = 2\n"}
+    dtype = widest_dtype(device, path)
+    samples = random_samples([6, 9, 5])
+    counts = torch.tensor([15, 5])
+    eager = TrainerSection(attention=path, activation_checkpointing=False)
+    built = {"device": device, "dtype": dtype, "head_dim": HEAD_DIM[device]}
+    kept = build_trainer(tmp_path / "kept", runs, **built)
+    expected = lora_gradients(kept, samples, counts, prepare_model(kept.model, eager, device))
+
+    trainer = build_trainer(tmp_path / "compiled", runs, **built)
+    section = TrainerSection(attention=path, activation_checkpointing=True, compile=True)
+    plan = prepare_model(trainer.model, section, device)
+    torch._dynamo.reset()
+    if device == "cuda":
+        loss = row_loss(trainer, samples, counts, plan)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            loss = pool.submit(row_loss, trainer, samples, counts, plan).result()
+    loss.backward()
+    for name, param in trainer.model.named_parameters():
+        if name not in expected:
+            continue
+        if dtype == torch.float32:
+            torch.testing.assert_close(param.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+        else:  # bfloat16: compare the gradient as a whole
+            error = (param.grad - expected[name]).norm() / expected[name].norm().clamp_min(1e-12)
+            assert error < 5e-2, f"{name}: relative error {error:.3g}"
     assert any(g.abs().sum() > 0 for n, g in expected.items() if "lora_B.1" in n)
 
 
@@ -338,9 +388,8 @@ def test_a_decoder_layer_with_multi_lora_compiles_into_one_graph(
     prepare_model(trainer.model, section, torch.device(device))
     input_ids, positions = (t[None].to(device) for t in packed(random_samples([12, 8])))
     packed_sequences = PackedSequences.from_position_ids(positions, device)
-    # The attention's mask is built on first use, by the first layer of a forward
-    # (attention.py); built here, this layer is what the LoRA layers make of it.
-    packed_sequences.dense_mask()
+    # Built before the first layer, as `packed_row_logprobs` does.
+    packed_sequences.build_for("dense")
     set_lora_num_tokens(trainer.model, [12, 8])
     hidden = trainer.model.get_input_embeddings()(input_ids)
     position_embeddings = trainer.model.model.rotary_emb(hidden, positions)
@@ -356,16 +405,19 @@ def test_a_decoder_layer_with_multi_lora_compiles_into_one_graph(
     assert explanation.graph_count == 1
 
 
+@pytest.mark.parametrize("attention_path", ["per_sample", "dense"])
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "recomputed"])
 def test_compiled_decoder_layers_stop_compiling_once_warm_whatever_the_rows(
-    tmp_path, checkpointing
+    tmp_path, checkpointing, attention_path
 ):
     # A compiled layer that specialised on its row (the row's length, its samples' lengths,
     # whether its input required grad) compiled again for nearly every row, until dynamo's
     # recompile limit ran the layers eagerly for good.
     runs = {"run_a": "seed = 1\n", "run_b": "seed = 2\n"}
     trainer = build_trainer(tmp_path, runs)
-    section = TrainerSection(compile=True, activation_checkpointing=checkpointing)
+    section = TrainerSection(
+        attention=attention_path, compile=True, activation_checkpointing=checkpointing
+    )
     plan = prepare_model(trainer.model, section, "cpu")
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters

@@ -91,6 +91,21 @@ class PackedSequences:
     def total_tokens(self) -> int:
         return int(sum(self.lengths))
 
+    def build_for(self, path: AttentionPath) -> PackedSequences:
+        """Build the tensors `path` reads, before the first layer runs (returns self).
+
+        Built on first use inside a compiled layer, they were traced: a graph specialised
+        on this row's sample lengths, and on CUDA a pinned copy dynamo cannot run ("NYI:
+        aten._pin_memory", a dense row on an H100, torch 2.11).
+        """
+        if path == "dense":
+            self.dense_mask()
+        elif path == "flex":
+            self.flex_block_mask()
+        elif path == "per_sample":
+            self.bucket_order()
+        return self
+
     def sample_of_token(self) -> torch.Tensor:
         if "sample_of_token" not in self._cache:
             ids = torch.repeat_interleave(
@@ -364,7 +379,11 @@ def packed_attention(
 ) -> torch.Tensor:
     """Attention of a packed row by `path`: query [1, Hq, T, D], key and value [1, Hkv, T, D]
     -> [1, T, Hq, D]."""
-    if query.shape[0] != 1 or query.shape[2] != packed.total_tokens:
+    # The row's length is checked in eager mode only: traced, the sum of its sample lengths
+    # specialised a compiled layer on how many samples the row has (one graph per count).
+    if query.shape[0] != 1 or (
+        not torch.compiler.is_compiling() and query.shape[2] != packed.total_tokens
+    ):
         raise ValueError(
             f"a packed row is one sequence of {packed.total_tokens} tokens; "
             f"attention got query {tuple(query.shape)}"

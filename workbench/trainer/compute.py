@@ -74,10 +74,15 @@ def prepare_model(
         )
         chunk = 0
     checkpointing = resolve_activation_checkpointing(section.activation_checkpointing, device)
-    # Where the attention runs eagerly, each layer's graph breaks there, and dynamo runs a
-    # checkpoint whose body breaks wholly eagerly: such layers are compiled inside their
-    # checkpoint instead of around it.
-    compile_inside = section.compile and attention in EAGER_UNDER_COMPILE
+    # Compiled around its checkpoint, a layer's recomputation is part of the compiled
+    # backward only while dynamo traces the layer whole. At any graph break in its body (an
+    # attention run eagerly by design, `attention.EAGER_UNDER_COMPILE`, or anything dynamo
+    # does not trace) dynamo runs the checkpoint eagerly, without the routing that its
+    # recomputation needs in autograd's device thread: every compiled, checkpointed update
+    # of Qwen3-0.6B with varlen attention failed so on an H100 (torch 2.11). So with
+    # checkpointing each layer is compiled inside its checkpoint, which stays eager and
+    # routes every recomputation (`_checkpointed`).
+    compile_inside = section.compile and (checkpointing or attention in EAGER_UNDER_COMPILE)
     if compile_inside:
         compile_decoder_layers(model, inside_checkpoint=True)
     if checkpointing:
@@ -124,8 +129,9 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
 
 def _checkpointed(forward, routing: LoRARouting | None, *args, **kwargs):
     if routing is None or torch.compiler.is_compiling():
-        # Compiled, the recomputation is part of the compiled backward graph: it reads no
-        # routing from Python.
+        # Traced whole (a caller compiling the layer around its checkpoint; `prepare_model`
+        # compiles inside it), the recomputation is part of the compiled backward graph and
+        # reads no routing from Python; dynamo takes no `context_fn` but its own.
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     def contexts():
@@ -151,12 +157,12 @@ def compile_decoder_layers(model: nn.Module, *, inside_checkpoint: bool = False)
     # layer's matmuls, a fraction of a percent of a model's backward).
     model.get_input_embeddings().register_forward_hook(_output_requires_grad)
     for layer in decoder_layers(model):
+        # Dynamic from the first row: every row has a length of its own, and a first graph
+        # specialised to one was only ever compiled again.
         if inside_checkpoint:
-            # Dynamic from the first row: every row has a length of its own, and a first
-            # graph specialised to one was only ever compiled again.
             layer.forward = torch.compile(layer.forward, dynamic=True)
         else:
-            layer.compile()
+            layer.compile(dynamic=True)
 
 
 def _output_requires_grad(module: nn.Module, inputs, output: torch.Tensor) -> None:
@@ -217,6 +223,7 @@ def packed_row_logprobs(
     The caller routes the row's tokens to their adapters first (`set_lora_num_tokens`).
     """
     packed = PackedSequences.from_position_ids(position_ids, input_ids.device)
+    packed.build_for(plan.attention)
     inputs = {
         "input_ids": input_ids[None],
         "position_ids": to_device(position_ids, input_ids.device)[None],
