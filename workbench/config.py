@@ -483,6 +483,11 @@ class InferenceSection(StrictModel):
 MAX_POLL_INTERVAL_S = 60.0
 
 
+# The trainer's attention paths that run rows whose samples share prompts (the trainer's
+# `attention.BRANCHING_PATHS`; named here so the config needs no torch).
+PROMPT_SHARING_ATTENTION = ("per_sample", "dense")
+
+
 class TrainerSection(StrictModel):
     max_concurrent_runs: int = Field(
         4, ge=1, description="adapter slots; extra runs wait for a free slot"
@@ -570,8 +575,18 @@ class TrainerSection(StrictModel):
         description="recompute decoder layers in backward instead of keeping their "
         "activations; `auto`: on CUDA, where memory bounds an update, off on the CPU",
     )
+    share_prompts: bool | Literal["auto"] = Field(
+        "auto",
+        description="pack the completions of one prompt behind one copy of it: each after the "
+        "first attends to the first's prompt tokens instead of repeating them (all but the "
+        "last, which predicts its first token), so the prompt goes through the model once "
+        "per group. The same log-probs and gradients, to float rounding. Needs attention `per_sample` or `dense`; "
+        "`auto`: on where the attention path resolves to one of those (the CPU's), else off",
+    )
     compile: bool = Field(
-        False, description="torch.compile each decoder layer (optional, never needed)"
+        False,
+        description="torch.compile each decoder layer (optional, never needed; with "
+        "activation checkpointing each layer is compiled inside its checkpoint)",
     )
     row_threads: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
@@ -592,6 +607,31 @@ class TrainerSection(StrictModel):
                 "one at random); set it, e.g. 29400"
             )
         return port
+
+    @field_validator("share_prompts")
+    @classmethod
+    def _shared_prompts_need_an_attention_that_runs_them(
+        cls, share: bool | str, info: ValidationInfo
+    ) -> bool | str:
+        attention = info.data.get("attention", "auto")
+        if share is True and attention not in ("auto", *PROMPT_SHARING_ATTENTION):
+            raise ValueError(
+                f"share_prompts = true needs attention {' or '.join(PROMPT_SHARING_ATTENTION)}, "
+                f'not {attention!r}; set share_prompts = "auto" or false'
+            )
+        return share
+
+    def shares_prompts(self, attention: str) -> bool:
+        """Whether rows share prompts once `attention` is resolved (`auto` -> a path)."""
+        if self.share_prompts == "auto":
+            return attention in PROMPT_SHARING_ATTENTION
+        if self.share_prompts and attention not in PROMPT_SHARING_ATTENTION:
+            raise ValueError(
+                f"trainer.share_prompts = true needs attention per_sample or dense, and "
+                f'attention = "auto" resolved to {attention!r} here; set share_prompts = '
+                '"auto" or false, or name the attention'
+            )
+        return bool(self.share_prompts)
 
     def shards_base(self, ranks: int) -> bool:
         """Whether `ranks` trainer ranks shard the base (`auto`: with more than one)."""

@@ -24,7 +24,7 @@ from tests.helpers import make_run
 from workbench import run_control
 from workbench.bench import standins
 from workbench.cli import app
-from workbench.config import ConfigError
+from workbench.config import ConfigError, TrainerSection
 from workbench.envs import Environment
 from workbench.experiment import create_experiment
 from workbench.models.char_tokenizer import build_char_tokenizer, save_char_tokenizer
@@ -411,6 +411,23 @@ def test_a_rendezvous_interface_this_machine_lacks_is_found_at_its_line(tmp_path
 def test_several_nodes_without_a_fixed_rendezvous_port_are_refused_at_the_key(tmp_path: Path):
     text = recipe_text(tmp_path).replace("max_concurrent_runs = 2", "nnodes = 2")
     assert "nnodes = 2 needs a fixed port" in problems(tmp_path, text)["trainer.rendezvous_port"][1]
+
+
+def test_shared_prompts_with_an_attention_that_cannot_run_them_are_refused_at_the_key(
+    tmp_path: Path,
+):
+    text = recipe_text(tmp_path).replace(
+        "max_concurrent_runs = 2",
+        'max_concurrent_runs = 2\nattention = "varlen"\nshare_prompts = true',
+    )
+    message = problems(tmp_path, text)["trainer.share_prompts"][1]
+    assert "share_prompts = true needs attention per_sample or dense, not 'varlen'" in message
+    # "auto" shares where the attention resolves to a path that runs it; `true` with an
+    # attention "auto" that resolves elsewhere (CUDA's varlen) is refused by the trainer.
+    assert TrainerSection(attention="varlen").shares_prompts("varlen") is False
+    assert TrainerSection().shares_prompts("per_sample") is True
+    with pytest.raises(ValueError, match="attention = \"auto\" resolved to 'flex'"):
+        TrainerSection(share_prompts=True).shares_prompts("flex")
 
 
 def test_vllm_parallelism_the_machine_cannot_give_is_found_at_its_line(

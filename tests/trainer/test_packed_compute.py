@@ -145,6 +145,95 @@ def test_every_attention_path_gives_each_sample_the_adapter_gradients_it_gets_al
             assert error < 5e-2, f"{name}: relative error {error:.3g}"
 
 
+def shared_prompt_rows(seed: int = 4):
+    """Two runs' groups of completions, packed whole and with their prompts shared: (ids,
+    positions, lora counts) of each layout, for each token of the shared layout the index
+    of the same token in the whole one, and which tokens of the whole one are prompt's."""
+    generator = torch.Generator().manual_seed(seed)
+    groups = [(6, [4, 7, 3, 5]), (9, [2, 6])]  # (prompt length, completion lengths) per run
+    whole_ids, whole_positions, shared_ids, shared_positions, index = [], [], [], [], []
+    whole_counts, shared_counts, in_prompt = [], [], []
+    start = 0
+    for prompt_length, completions in groups:
+        prompt = torch.randint(0, 64, (prompt_length,), generator=generator)
+        whole_before, shared_before = sum(map(len, whole_ids)), sum(map(len, shared_ids))
+        for i, length in enumerate(completions):
+            sample = torch.cat([prompt, torch.randint(0, 64, (length,), generator=generator)])
+            skip = 0 if i == 0 else prompt_length - 1  # the last prompt token stays its own
+            whole_ids.append(sample)
+            whole_positions.append(torch.arange(len(sample)))
+            shared_ids.append(sample[skip:])
+            shared_positions.append(torch.arange(skip, len(sample)))
+            index.append(torch.arange(start + skip, start + len(sample)))
+            in_prompt.append(torch.arange(len(sample)) < prompt_length)
+            start += len(sample)
+        whole_counts.append(sum(map(len, whole_ids)) - whole_before)
+        shared_counts.append(sum(map(len, shared_ids)) - shared_before)
+    whole = (torch.cat(whole_ids), torch.cat(whole_positions), torch.tensor(whole_counts))
+    shared = (torch.cat(shared_ids), torch.cat(shared_positions), torch.tensor(shared_counts))
+    return whole, shared, torch.cat(index), torch.cat(in_prompt)
+
+
+@pytest.mark.parametrize(
+    ("device", "path"), [(d, p) for d, p in device_paths() if p in attention.BRANCHING_PATHS]
+)
+def test_completions_sharing_their_prompt_get_the_logprobs_and_gradients_they_get_whole(
+    tmp_path, device, path
+):
+    dtype = widest_dtype(device, path)
+    whole, shared, index, in_prompt = shared_prompt_rows()
+    # A prompt token carries no loss; the completions' tokens do, each its own weight.
+    weights = torch.linspace(-1, 1, len(whole[0]))
+    weights[in_prompt] = 0
+    results = []
+    for name, (ids, positions, counts), kept in (
+        ("whole", whole, torch.arange(len(whole[0]))),
+        ("shared", shared, index),
+    ):
+        trainer = build_trainer(
+            tmp_path / name,
+            {"run_a": "seed = 1\n", "run_b": "seed = 2\n"},
+            device=device,
+            dtype=dtype,
+            head_dim=HEAD_DIM[device],
+        )
+        with torch.no_grad():  # B starts at zero; adapters that change the forward test more
+            generator = torch.Generator().manual_seed(1)
+            for param_name, param in trainer.model.named_parameters():
+                if "lora_B" in param_name:
+                    param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+        plan = prepare_model(trainer.model, TrainerSection(attention=path), device)
+        set_lora_num_tokens(trainer.model, counts)
+        logprobs = packed_row_logprobs(
+            trainer.model, plan, ids.to(device), positions, torch.ones(len(ids))
+        ).cpu()
+        (logprobs * weights[kept]).sum().backward()
+        trained = ~in_prompt[kept]
+        by_whole_index = dict(zip(kept[trained].tolist(), logprobs[trained], strict=True))
+        gradients = {
+            n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None
+        }
+        results.append((by_whole_index, gradients))
+    (whole_logprobs, whole_grads), (shared_logprobs, shared_grads) = results
+    assert len(shared[0]) == len(whole[0]) - 3 * 5 - 1 * 8  # the prompts shared
+    assert shared_logprobs.keys() == whole_logprobs.keys()  # every completion token
+    for token, value in whole_logprobs.items():
+        torch.testing.assert_close(shared_logprobs[token], value, rtol=1e-5, atol=1e-5)
+    assert shared_grads.keys() == whole_grads.keys()
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert any(g.abs().sum() > 0 for n, g in whole_grads.items() if "lora_A.1" in n)
+
+
+def test_a_path_that_cannot_attend_to_shared_prompts_refuses_such_a_row():
+    _, (ids, positions, _), _, _ = shared_prompt_rows()
+    packed_sequences = PackedSequences.from_position_ids(positions, "cpu")
+    assert packed_sequences.has_branches
+    query = torch.zeros(1, 2, len(ids), 8)
+    with pytest.raises(ValueError, match="share_prompts needs one of"):
+        attention.packed_attention("varlen", query, query, query, packed_sequences, None)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_chunked_lm_head_equals_full_logits_in_values_and_gradients(bias):
     generator = torch.Generator().manual_seed(0)

@@ -19,6 +19,7 @@ from workbench.rollouts import (
     read_rollouts,
     write_rollouts,
 )
+from workbench.trainer.attention import PackedSequences
 from workbench.trainer.packer import Packer, distribute, pack_batches
 from workbench.trainer.runs import MultiRunManager
 
@@ -269,3 +270,93 @@ def test_packer_takes_each_runs_next_batch_updates_progress_and_evicts_bad_runs(
     assert eviction is not None and "batch.json is not valid JSON" in eviction.reason
     assert run_control.read_eviction(idle) is None and run_control.read_eviction(good) is None
     assert packer.collect() == {}, "a ready run is not collected twice before it trains"
+
+
+def completions(prompt: list[int], tokens: list[list[int]], masks=None) -> list[Sample]:
+    masks = masks or [None] * len(tokens)
+    return [
+        Sample(
+            prompt_ids=prompt,
+            completion_ids=ids,
+            completion_logprobs=[-0.1] * len(ids),
+            advantage=0.25 * i,
+            reward=0.0,
+            completion_mask=mask,
+        )
+        for i, (ids, mask) in enumerate(zip(tokens, masks, strict=True))
+    ]
+
+
+def trained_tokens(rows) -> list[tuple[int, int, float, float]]:
+    """(run, token, sampler log-prob, advantage) of every trained token, in row order."""
+    out = []
+    for row in rows:
+        runs = torch.repeat_interleave(torch.arange(len(row.lora_num_tokens)), row.lora_num_tokens)
+        for t in row.loss_mask.nonzero().flatten().tolist():
+            out.append(
+                (
+                    int(runs[t]),
+                    int(row.input_ids[t]),
+                    float(row.inference_logprobs[t]),
+                    float(row.advantages[t]),
+                )
+            )
+    return out
+
+
+def test_completions_of_one_prompt_share_it_in_a_row_and_train_the_same_tokens(tmp_path: Path):
+    prompt = list(range(3, 16))  # 13 tokens
+    generator = torch.Generator().manual_seed(0)
+    group = [torch.randint(20, 60, (10,), generator=generator).tolist() for _ in range(8)]
+    batches = {
+        0: read_rollouts(
+            write_rollouts(tmp_path / "r0", RolloutBatch("r0", 0, 0, completions(prompt, group)))
+        ),
+        # The same prompt in another run: shared within that run only.
+        1: read_rollouts(
+            write_rollouts(
+                tmp_path / "r1", RolloutBatch("r1", 0, 0, completions(prompt, group[:2]))
+            )
+        ),
+    }
+    whole = pack_batches(batches, seq_len=512, max_runs=2)
+    (row,) = pack_batches(batches, seq_len=512, max_runs=2, share_prompts=True)
+    # The first completion whole, each next one from the prompt's last token: 23 + 7 x 11.
+    assert row.lora_num_tokens.tolist() == [100, 23 + 11]
+    assert row.position_ids[23:34].tolist() == list(range(12, 23))
+    packed = PackedSequences.from_position_ids(row.position_ids, "cpu")
+    assert packed.lengths == (23, *[11] * 7, 23, 11)
+    assert packed.shared_starts == (0,) * 8 + (100, 100)
+    assert packed.shared_lengths == (0, *[12] * 7, 0, 12)
+    assert trained_tokens([row]) == trained_tokens(whole)
+    assert row.run_loss_tokens.tolist() == whole[0].run_loss_tokens.tolist() == [80, 20]
+
+
+def test_a_group_cut_by_the_end_of_a_row_packs_its_first_completion_of_the_next_row_whole(
+    tmp_path: Path,
+):
+    prompt = list(range(3, 16))
+    group = [[20 + i] * 10 for i in range(5)]
+    batch = read_rollouts(
+        write_rollouts(tmp_path, RolloutBatch("r0", 0, 0, completions(prompt, group)))
+    )
+    rows = pack_batches({0: batch}, seq_len=50, max_runs=1, share_prompts=True)
+    assert [row.num_tokens for row in rows] == [23 + 11 + 11, 23 + 11]
+    assert rows[1].position_ids[:23].tolist() == list(range(23))
+    assert trained_tokens(rows) == trained_tokens(pack_batches({0: batch}, seq_len=50, max_runs=1))
+
+
+def test_a_branch_never_reads_as_the_continuation_of_the_sample_before_it(tmp_path: Path):
+    # Completions that share untrained tokens past the prompt share them too. Here the third
+    # would start at the position where the second ends, which would read as one sample.
+    untrained = [False, False, False, False, True]
+    samples = completions(
+        [1, 2],
+        [[5, 6, 7, 8, 9], [5, 6, 7], [5, 6, 7, 8, 9]],
+        [untrained, [False, False, True], untrained],
+    )
+    batch = read_rollouts(write_rollouts(tmp_path, RolloutBatch("r0", 0, 0, samples)))
+    (row,) = pack_batches({0: batch}, seq_len=64, max_runs=1, share_prompts=True)
+    packed = PackedSequences.from_position_ids(row.position_ids, "cpu")
+    assert packed.shared_lengths == (0, 3, 4)
+    assert trained_tokens([row]) == trained_tokens(pack_batches({0: batch}, 64, 1))

@@ -1,5 +1,8 @@
 """Attention over a packed row: each sample attends to its own earlier tokens only.
 
+(A row may also hold branches, completions that share the prompt of the sample before
+them rather than repeat it: `PackedSequences`. Only "per_sample" and "dense" run those.)
+
 The trainer packs many samples (of several runs) into one row of up to `seq_len` tokens. A
 dense block-diagonal T x T mask would make attention cost quadratic in the row; the paths
 here cost per sample and never build one:
@@ -42,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.config import PROMPT_SHARING_ATTENTION
 from workbench.trainer.flex_mask import document_causal_block_mask
 from workbench.trainer.transfer import to_device
 
@@ -59,15 +63,29 @@ _REGISTERED_PREFIX = "workbench_"
 class PackedSequences:
     """Where each sample of a packed row starts and ends, in the forms the kernels want.
 
-    Built once per row (not per layer) from its position ids, which restart at 0 for every
-    sample. The flex block mask and the dense mask are made on first use and then shared
-    by every layer of the forward (and its recomputation under activation checkpointing).
+    A row is a run of segments, each a stretch of consecutive positions. A segment whose
+    positions start at 0 is a sample. A segment whose positions start at p > 0 is a branch:
+    a sample whose first p tokens are those of the last segment that started at 0, shared
+    rather than repeated (the packer's `share_prompts`: the completions of one prompt).
+    A branch's tokens attend to those p tokens and to its own earlier tokens.
+
+    Built once per row (not per layer) from its position ids. The flex block mask and the
+    dense mask are made on first use and then shared by every layer of the forward (and
+    its recomputation under activation checkpointing).
     """
 
-    lengths: tuple[int, ...]
+    lengths: tuple[int, ...]  # of each segment
     cu_seqlens: torch.Tensor  # int32 [N + 1] on the row's device
     max_length: int
     device: torch.device
+    # Per segment, the row index where its shared tokens start and how many it has (0 for a
+    # segment whose positions start at 0).
+    shared_starts: tuple[int, ...] = ()
+    shared_lengths: tuple[int, ...] = ()
+    # Whether a segment shares tokens with an earlier one: a plain attribute, which a
+    # compiled layer guards on as it is (a value read from the tuples above specialised the
+    # graph on the row's segment count).
+    has_branches: bool = False
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -81,11 +99,33 @@ class PackedSequences:
             raise ValueError("a packed row needs at least one token")
         if int(positions[0]) != 0:
             raise ValueError("a packed row's position ids must start at 0")
-        starts = [*torch.nonzero(positions == 0).flatten().tolist(), positions.numel()]
+        continues = positions[1:] == positions[:-1] + 1
+        starts = [0, *(torch.nonzero(~continues).flatten() + 1).tolist(), positions.numel()]
         lengths = tuple(end - start for start, end in itertools.pairwise(starts))
+        shared_starts, shared_lengths = [], []
+        sample_start = sample_length = 0
+        for start, length in zip(starts[:-1], lengths, strict=True):
+            first = int(positions[start])
+            if first == 0:
+                sample_start, sample_length = start, length
+            elif first > sample_length:
+                raise ValueError(
+                    f"a packed row's segment at token {start} starts at position {first}, but "
+                    f"the sample it branches from has {sample_length} tokens"
+                )
+            shared_starts.append(sample_start)
+            shared_lengths.append(first)
         device = torch.device(device)
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
-        return cls(lengths, to_device(cu_seqlens, device), max(lengths), device)
+        return cls(
+            lengths,
+            to_device(cu_seqlens, device),
+            max(lengths),
+            device,
+            tuple(shared_starts),
+            tuple(shared_lengths),
+            any(shared_lengths),
+        )
 
     @property
     def total_tokens(self) -> int:
@@ -116,9 +156,17 @@ class PackedSequences:
 
     def length_buckets(self) -> list[LengthBucket]:
         """Samples grouped longest first into buckets of similar length (the shortest at
-        least `BUCKET_MIN_FILL` of the longest), for one padded attention call per bucket."""
+        least `BUCKET_MIN_FILL` of the longest), for one padded attention call per bucket.
+        A branch is its shared tokens and its own, whose outputs alone are kept."""
         if "buckets" not in self._cache:
-            self._cache["buckets"] = _length_buckets(self.lengths, self.device)
+            starts = itertools.accumulate(self.lengths[:-1], initial=0)
+            sequences = [
+                _Sequence(shared_start, shared, start, length)
+                for shared_start, shared, start, length in zip(
+                    self.shared_starts, self.shared_lengths, starts, self.lengths, strict=True
+                )
+            ]
+            self._cache["buckets"] = _length_buckets(sequences, self.device)
         return self._cache["buckets"]
 
     def bucket_order(self) -> torch.Tensor:
@@ -134,8 +182,15 @@ class PackedSequences:
         """[1, 1, T, T] bool, True where a token may attend: the quadratic reference."""
         if "dense_mask" not in self._cache:
             sample = self.sample_of_token()
-            same_sample = sample[:, None] == sample[None, :]
-            self._cache["dense_mask"] = same_sample.tril()[None, None]
+            mask = (sample[:, None] == sample[None, :]).tril()
+            if self.has_branches:  # a branch's tokens also see the tokens it shares
+                lengths = torch.tensor(self.lengths)
+                starts = torch.repeat_interleave(torch.tensor(self.shared_starts), lengths)
+                ends = starts + torch.repeat_interleave(torch.tensor(self.shared_lengths), lengths)
+                starts, ends = to_device(starts, self.device), to_device(ends, self.device)
+                key = torch.arange(self.total_tokens, device=self.device)
+                mask |= (key >= starts[:, None]) & (key < ends[:, None])
+            self._cache["dense_mask"] = mask[None, None]
         return self._cache["dense_mask"]
 
     def flex_block_mask(self):
@@ -160,33 +215,49 @@ class LengthBucket:
     positions: torch.Tensor  # [tokens] their row positions, in the same order
 
 
-def _length_buckets(lengths: tuple[int, ...], device: torch.device) -> list[LengthBucket]:
-    starts = [0]
-    for length in lengths[:-1]:
-        starts.append(starts[-1] + length)
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+@dataclass(frozen=True)
+class _Sequence:
+    """One attention sequence of a row: `shared` tokens from `shared_start` (a branch's
+    shared tokens; 0 for a sample), then `length` tokens of its own from `start`."""
+
+    shared_start: int
+    shared: int
+    start: int
+    length: int
+
+    @property
+    def total(self) -> int:
+        return self.shared + self.length
+
+
+def _length_buckets(sequences: list[_Sequence], device: torch.device) -> list[LengthBucket]:
+    order = sorted(range(len(sequences)), key=lambda i: -sequences[i].total)
     buckets = []
     while order:
-        longest = lengths[order[0]]
-        members = [i for i in order if lengths[i] >= BUCKET_MIN_FILL * longest]
+        longest = sequences[order[0]].total
+        members = [i for i in order if sequences[i].total >= BUCKET_MIN_FILL * longest]
         order = order[len(members) :]
         gather = torch.zeros(len(members), longest, dtype=torch.long)
-        valid = torch.zeros(len(members), longest, dtype=torch.bool)
-        for slot, sample in enumerate(members):
-            gather[slot, : lengths[sample]] = torch.arange(lengths[sample]) + starts[sample]
-            # Pads copy the sample's own last token, which no real token attends to (right-
-            # padded, causal). Their gradient, 0 times the sample's values, goes back to that
-            # token: to the sample itself, never to another run's token (0 x inf is nan
-            # where a diverged run's values are not finite).
-            gather[slot, lengths[sample] :] = starts[sample] + lengths[sample] - 1
-            valid[slot, : lengths[sample]] = True
+        real = torch.zeros(len(members), longest, dtype=torch.bool)
+        for slot, index in enumerate(members):
+            seq = sequences[index]
+            gather[slot, : seq.shared] = torch.arange(seq.shared) + seq.shared_start
+            gather[slot, seq.shared : seq.total] = torch.arange(seq.length) + seq.start
+            # Pads copy the sequence's own last token, which no real token attends to
+            # (right-padded, causal). Their gradient, 0 times the sequence's values, goes
+            # back to that token: to the sample itself, never to another run's token (0 x
+            # inf is nan where a diverged run's values are not finite).
+            gather[slot, seq.total :] = seq.start + seq.length - 1
+            # A branch's shared tokens are there to be attended to; their outputs are the
+            # sample's they come from.
+            real[slot, seq.shared : seq.total] = True
         buckets.append(
             LengthBucket(
                 count=len(members),
                 longest=longest,
                 gather=to_device(gather.flatten(), device),
-                real=to_device(torch.nonzero(valid.flatten()).flatten(), device),
-                positions=to_device(gather[valid], device),
+                real=to_device(torch.nonzero(real.flatten()).flatten(), device),
+                positions=to_device(gather[real], device),
             )
         )
     return buckets
@@ -388,7 +459,17 @@ def packed_attention(
             f"a packed row is one sequence of {packed.total_tokens} tokens; "
             f"attention got query {tuple(query.shape)}"
         )
+    if packed.has_branches and path not in BRANCHING_PATHS:
+        raise ValueError(
+            f"attention {path!r} cannot run a row whose samples share their prompts; "
+            f"share_prompts needs one of {sorted(BRANCHING_PATHS)}"
+        )
     return _KERNELS[path](query, key, value, packed, scaling)
+
+
+# Paths that run rows whose samples share their prompts (`PackedSequences`, branches): the
+# per-sample buckets gather a branch's shared tokens, the dense mask lets it see them.
+BRANCHING_PATHS: frozenset[str] = frozenset(PROMPT_SHARING_ATTENTION)
 
 
 # ---------------------------------------------------------------------------- wiring into the model

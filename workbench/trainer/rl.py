@@ -122,6 +122,8 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
         logger.warning(
             "row_threads = %s: one row at a time (%s)", section.row_threads, not_threaded
         )
+    share_prompts = section.shares_prompts(row_model.plan.attention)
+    logger.info("completions of a prompt %s", "share it" if share_prompts else "repeat it")
     optimizer = MultiLoRAOptimizer(manager)
     scheduler = MultiLoRAScheduler(optimizer)
     checkpointer = RunCheckpointer(manager, optimizer, scheduler)
@@ -132,7 +134,12 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
         optimizer=optimizer,
         scheduler=scheduler,
         checkpointer=checkpointer,
-        packer=Packer(manager, section.seq_len, vocab_size=model.config.vocab_size),
+        packer=Packer(
+            manager,
+            section.seq_len,
+            vocab_size=model.config.vocab_size,
+            share_prompts=share_prompts,
+        ),
         device=device,
         base_model=config.model.base,
         row_model=row_model,
