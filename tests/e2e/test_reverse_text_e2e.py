@@ -79,9 +79,13 @@ def test_shipped_recipe_runs_headless_to_the_end_and_every_run_learns(tmp_path: 
         first, last = sum(curve[:5]) / 5, sum(curve[-5:]) / 5
         assert last - first > MARGIN, f"{run_id}: first 5 {first:.3f}, last 5 {last:.3f}"
         # Held-out evals every 10 versions (the default) and at the last: greedy, measured
-        # 0.61 for the base model and 0.87 after 30 steps.
+        # 0.61 for the base model and 0.87 after 30 steps. Each is of the first version
+        # loaded at or past its due one (a version the loop skipped, when the trainer got
+        # two ahead, is not evaluated).
         evals = read_metrics(path, "eval")
-        assert [e["policy_version"] for e in evals] == [0, 10, 20, 30], evals
+        versions = [e["policy_version"] for e in evals]
+        assert len(versions) == 4 and versions[0] == 0 and versions[3] == steps, evals
+        assert versions[1] in (10, 11) and versions[2] in (20, 21), evals
         assert evals[-1]["eval_reward_mean"] - evals[0]["eval_reward_mean"] > MARGIN, evals
     assert all(p["pid"] is None or p["state"] in ("stopped", "exited") for p in status["processes"])
 

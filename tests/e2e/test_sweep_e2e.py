@@ -125,7 +125,11 @@ def test_asha_stops_the_runs_that_cannot_learn_and_a_queued_run_takes_the_slot(t
         run = experiment / run_id
         assert run_control.is_finished(run) and run_control.read_eviction(run) is None, run_id
         evals = read_metrics(run, "eval")
-        assert [e["policy_version"] for e in evals] == [0, 4, 8], f"{run_id}: {evals}"
+        # The base model, the first version loaded at or past 4 (one the loop skipped,
+        # when the trainer got two ahead, is not evaluated), and the last version.
+        versions = [e["policy_version"] for e in evals]
+        assert len(versions) == 3 and versions[0] == 0 and versions[2] == 8, f"{run_id}: {evals}"
+        assert versions[1] in (4, 5), f"{run_id}: {evals}"
         assert evals[-1]["eval_reward_mean"] > evals[0]["eval_reward_mean"], evals
 
     asha = json.loads((experiment / "sweep" / "asha.json").read_text())
