@@ -483,8 +483,8 @@ class InferenceSection(StrictModel):
 MAX_POLL_INTERVAL_S = 60.0
 
 
-# The trainer's attention paths that run rows whose samples share prompts (the trainer's
-# `attention.BRANCHING_PATHS`; named here so the config needs no torch).
+# The trainer's attention paths that run rows whose samples share prompts (`share_prompts`;
+# `workbench.trainer.attention.packed_attention` refuses such rows on the others).
 PROMPT_SHARING_ATTENTION = ("per_sample", "dense")
 
 
@@ -580,8 +580,9 @@ class TrainerSection(StrictModel):
         description="pack the completions of one prompt behind one copy of it: each after the "
         "first attends to the first's prompt tokens instead of repeating them (all but the "
         "last, which predicts its first token), so the prompt goes through the model once "
-        "per group. The same log-probs and gradients, to float rounding. Needs attention `per_sample` or `dense`; "
-        "`auto`: on where the attention path resolves to one of those (the CPU's), else off",
+        "per group. The same log-probs and gradients, to float rounding. Needs attention "
+        "`per_sample` or `dense`; `auto`: on where the attention path resolves to one of "
+        "those (the CPU's), else off",
     )
     compile: bool = Field(
         False,
@@ -627,7 +628,8 @@ class TrainerSection(StrictModel):
             return attention in PROMPT_SHARING_ATTENTION
         if self.share_prompts and attention not in PROMPT_SHARING_ATTENTION:
             raise ValueError(
-                f"trainer.share_prompts = true needs attention per_sample or dense, and "
+                "trainer.share_prompts = true needs attention "
+                f"{' or '.join(PROMPT_SHARING_ATTENTION)}, and "
                 f'attention = "auto" resolved to {attention!r} here; set share_prompts = '
                 '"auto" or false, or name the attention'
             )

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.trainer.builders import DEVICE_DTYPES, build_trainer, tiny_causal_lm
-from workbench.config import TrainerSection
+from workbench.config import PROMPT_SHARING_ATTENTION, TrainerSection
 from workbench.trainer import attention, lm_head
 from workbench.trainer.attention import PackedSequences
 from workbench.trainer.attention_choice import AttentionRuntime, available_attention_paths
@@ -175,7 +175,7 @@ def shared_prompt_rows(seed: int = 4):
 
 
 @pytest.mark.parametrize(
-    ("device", "path"), [(d, p) for d, p in device_paths() if p in attention.BRANCHING_PATHS]
+    ("device", "path"), [(d, p) for d, p in device_paths() if p in PROMPT_SHARING_ATTENTION]
 )
 def test_completions_sharing_their_prompt_get_the_logprobs_and_gradients_they_get_whole(
     tmp_path, device, path

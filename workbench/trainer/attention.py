@@ -80,12 +80,12 @@ class PackedSequences:
     device: torch.device
     # Per segment, the row index where its shared tokens start and how many it has (0 for a
     # segment whose positions start at 0).
-    shared_starts: tuple[int, ...] = ()
-    shared_lengths: tuple[int, ...] = ()
+    shared_starts: tuple[int, ...]
+    shared_lengths: tuple[int, ...]
     # Whether a segment shares tokens with an earlier one: a plain attribute, which a
     # compiled layer guards on as it is (a value read from the tuples above specialised the
     # graph on the row's segment count).
-    has_branches: bool = False
+    has_branches: bool
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -459,17 +459,14 @@ def packed_attention(
             f"a packed row is one sequence of {packed.total_tokens} tokens; "
             f"attention got query {tuple(query.shape)}"
         )
-    if packed.has_branches and path not in BRANCHING_PATHS:
+    if packed.has_branches and path not in PROMPT_SHARING_ATTENTION:
+        # The per-sample buckets gather a branch's shared tokens, the dense mask lets it see
+        # them; the other kernels know only where each sample starts.
         raise ValueError(
             f"attention {path!r} cannot run a row whose samples share their prompts; "
-            f"share_prompts needs one of {sorted(BRANCHING_PATHS)}"
+            f"share_prompts needs one of {sorted(PROMPT_SHARING_ATTENTION)}"
         )
     return _KERNELS[path](query, key, value, packed, scaling)
-
-
-# Paths that run rows whose samples share their prompts (`PackedSequences`, branches): the
-# per-sample buckets gather a branch's shared tokens, the dense mask lets it see them.
-BRANCHING_PATHS: frozenset[str] = frozenset(PROMPT_SHARING_ATTENTION)
 
 
 # ---------------------------------------------------------------------------- wiring into the model
