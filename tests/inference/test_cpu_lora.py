@@ -162,9 +162,12 @@ def test_an_adapter_written_into_its_slot_is_the_one_used_from_then_on(inference
     assert (after[20:] - before[20:]).abs().amax(dim=1).gt(1e-3).all()
 
 
-@pytest.mark.parametrize("kernel", ["slot-matmul", "vllm", None])
+@pytest.mark.parametrize(
+    ("workbench_server", "kernel"),
+    [(True, "slot-matmul"), (True, "vllm"), (False, "slot-matmul"), (False, None)],
+)
 def test_the_plugin_swaps_the_cpu_lora_wrapper_only_in_a_server_workbench_started(
-    kernel, monkeypatch
+    workbench_server, kernel, monkeypatch
 ):
     from vllm.platforms.cpu import CpuPlatform
 
@@ -172,13 +175,17 @@ def test_the_plugin_swaps_the_cpu_lora_wrapper_only_in_a_server_workbench_starte
 
     monkeypatch.setattr(CpuPlatform, "get_punica_wrapper", CpuPlatform.get_punica_wrapper)
     monkeypatch.setattr(vllm.platforms, "current_platform", CpuPlatform())
+    if workbench_server:
+        monkeypatch.setenv(vllm_plugin.SERVER_ENV, "1")
+    else:
+        monkeypatch.delenv(vllm_plugin.SERVER_ENV, raising=False)
     if kernel is None:
         monkeypatch.delenv(vllm_plugin.CPU_LORA_ENV, raising=False)
     else:
         monkeypatch.setenv(vllm_plugin.CPU_LORA_ENV, kernel)
     vllm_plugin.register()
     wrapper = CpuPlatform.get_punica_wrapper()
-    if kernel == "slot-matmul":
+    if workbench_server and kernel == "slot-matmul":
         assert wrapper == "workbench.inference.cpu_lora.SlotMatmulPunicaWrapperCPU"
     else:
         assert wrapper == "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"

@@ -122,6 +122,24 @@ def test_a_crash_backs_off_then_fails_once_the_restart_budget_is_spent():
     assert machine.state == "failed" and "gave up after 2 restarts" in machine.reason
 
 
+@pytest.mark.parametrize(
+    ("causes", "says_same"),
+    [
+        (["engine died: E", "engine died: E", "engine died: E"], True),
+        (["engine died: E", "engine died: F", "engine died: E"], False),
+        ([None, None, None], False),
+    ],
+)
+def test_giving_up_says_when_the_same_error_ended_every_start(causes, says_same):
+    machine = running()
+    for start, cause in enumerate(causes):
+        if start:
+            machine.handle(Event.SPAWNED_UNCHECKED, 100.0 * start)
+        machine.exited(crash(cause=cause), 100.0 * start + 1)
+    assert machine.state == "failed" and "gave up after 2 restarts" in machine.reason
+    assert ("the same error ended all 3 starts" in machine.reason) == says_same
+
+
 def test_a_crash_after_a_stable_run_starts_a_fresh_count():
     machine = running()
     machine.exited(crash(), 1.0)

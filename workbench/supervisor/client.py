@@ -84,7 +84,7 @@ def describe_last_exit(record: dict[str, Any]) -> str | None:
     last = exits[-1]
     if not (last.get("error") or last.get("signal") is not None or last.get("code") is not None):
         return None
-    return describe_exit(last.get("code"), last.get("signal"), last.get("error"))
+    return describe_exit(last.get("code"), last.get("signal"), last.get("error"), last.get("cause"))
 
 
 def process_summaries(state: dict[str, Any] | None, *, live: bool) -> list[dict[str, Any]]:

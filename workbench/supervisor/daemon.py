@@ -304,6 +304,7 @@ class Supervisor:
             shutting_down=shutting_down,
             run_hold=scan.hold_reason if scan else None,
             run_finished=scan.finished if scan else False,
+            cause=record.cause,
         )
 
     def _start_due(self, now: float) -> None:

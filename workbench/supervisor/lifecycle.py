@@ -274,6 +274,7 @@ class ExitFacts:
     shutting_down: bool = False  # the supervisor is stopping everything
     run_hold: str | None = None  # why its run may not run now (orchestrators)
     run_finished: bool = False
+    cause: str | None = None  # what its log says ended it (vLLM's engine error)
 
 
 class Lifecycle:
@@ -291,9 +292,19 @@ class Lifecycle:
         self.reason: str | None = None
         self.held = False
         self.consecutive_failures = 0
+        # The causes of the consecutive failures so far (None where the log named none).
+        self.failure_causes: list[str | None] = []
         self.next_start_at = 0.0
         self._after_exit: str | None = None
         self._backoff: tuple[int, float] | None = None
+
+    def _same_cause_note(self) -> str:
+        """`: the same error ended all 4 starts, ...` when every failure in a row had one
+        cause: a deterministic failure that restarts will not fix."""
+        causes = self.failure_causes
+        if len(causes) < 2 or causes[0] is None or len(set(causes)) != 1:
+            return ""
+        return f": the same error ended all {len(causes)} starts, so restarting will not fix it"
 
     def due(self, now: float) -> bool:
         """Whether it waits to start and its time has come."""
@@ -355,11 +366,12 @@ class Lifecycle:
         # A process that stayed up long enough starts a fresh count of failures.
         stable = facts.uptime_s >= policy.stable_after_s
         failures = 1 if stable else self.consecutive_failures + 1
+        self.failure_causes = [*self.failure_causes[: failures - 1], facts.cause]
         delay = policy.delay_before_restart(failures)
         if delay is None:
             return Event.EXIT_FAILED, (
-                f"{facts.description}; gave up after {policy.max_restarts} restarts "
-                f"(see {self.log_path})"
+                f"{facts.description}; gave up after {policy.max_restarts} restarts"
+                f"{self._same_cause_note()} (see {self.log_path})"
             )
         self._backoff = (failures, delay)
         return Event.EXIT_BACKOFF, (

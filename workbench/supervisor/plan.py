@@ -34,6 +34,7 @@ from pathlib import Path
 from workbench import layout
 from workbench.config import ConfigError, TrainerSection, model_to_toml
 from workbench.inference import endpoint
+from workbench.inference.engine_errors import engine_fatal_error
 from workbench.lifeline import PARENT_PID_ENV
 from workbench.ports import bind_error, free_port, interface_ipv4, interface_names
 from workbench.priority import NICE_ENV, inference_nice
@@ -555,6 +556,8 @@ def plan_from_recipe(experiment: Path) -> Plan:
         restart=INFERENCE_RESTART,
         stop_timeout_s=INFERENCE_STOP_TIMEOUT_S,
         preflight=_module_preflight(INFERENCE_MODULE),
+        # vLLM's API server exits 0 after its engine died; its log says why.
+        exit_cause=engine_fatal_error,
     )
     trainer = ProcessSpec(
         name="trainer",

@@ -102,6 +102,8 @@ class ProcessSpec:
     readiness: None means the process is usable as soon as it runs.
     requires_ready: names of processes that must be ready (or running) before this starts.
     preflight: returns why the process cannot start (a missing module), or None.
+    exit_cause: given its log and where this start's lines begin, what its log says ended it
+        (vLLM's engine error), or None; an exit with a cause is a failure, even with status 0.
     """
 
     name: str
@@ -117,19 +119,25 @@ class ProcessSpec:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     stop_timeout_s: float = 10.0
     preflight: Callable[[], str | None] | None = None
+    exit_cause: Callable[[Path, int], str | None] | None = None
 
 
-def describe_exit(code: int | None, signal_number: int | None, error: str | None) -> str:
+def describe_exit(
+    code: int | None, signal_number: int | None, error: str | None, cause: str | None = None
+) -> str:
     """How a process ended, in the words of logs, state.json reasons, `workbench status` and
-    the TUI: the error that kept it from starting, "killed by SIGKILL", or "exit code 1"."""
+    the TUI: the error that kept it from starting, "killed by SIGKILL", or "exit code 1",
+    after what its log says ended it when it says (`vLLM's engine died: ... (exit code 0)`)."""
     if error:
         return error
     if signal_number is not None:
         try:
-            return f"killed by {signal.Signals(signal_number).name}"
+            how = f"killed by {signal.Signals(signal_number).name}"
         except ValueError:
-            return f"killed by signal {signal_number}"
-    return f"exit code {code}"
+            how = f"killed by signal {signal_number}"
+    else:
+        how = f"exit code {code}"
+    return f"{cause} ({how})" if cause else how
 
 
 @dataclass
@@ -143,13 +151,14 @@ class ExitRecord:
     last_lines: list[str]
     stop_requested: bool = False  # the supervisor asked it to stop (not a crash)
     error: str | None = None  # it could not be started at all
+    cause: str | None = None  # what its log says ended it (`ProcessSpec.exit_cause`)
 
     @property
     def ok(self) -> bool:
-        return self.code == 0 and self.error is None
+        return self.code == 0 and self.error is None and self.cause is None
 
     def describe(self) -> str:
-        return describe_exit(self.code, self.signal, self.error)
+        return describe_exit(self.code, self.signal, self.error, self.cause)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -184,6 +193,7 @@ class SupervisedProcess:
         self._stop_deadline = 0.0
         self._killed = False
         self._next_ready_check = 0.0
+        self._log_start = 0  # where the current start's lines begin in its log
 
     @property
     def name(self) -> str:
@@ -232,6 +242,7 @@ class SupervisedProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
         try:
             with open(spec.log_path, "ab") as log:
+                self._log_start = log.tell()
                 self._popen = subprocess.Popen(
                     spec.argv,
                     stdin=subprocess.DEVNULL,
@@ -335,11 +346,14 @@ class SupervisedProcess:
         self.pid = None
         self.start_ticks = None
         self._terminating = False
+        cause = None
+        if self.spec.exit_cause is not None and not stop_requested:
+            cause = self.spec.exit_cause(self.spec.log_path, self._log_start)
         # The end of the log explains a crash, or a stop that had to be forced; a clean
         # exit or an obeyed stop explains nothing, and a sweep ends hundreds of
         # orchestrators so: state.json, rewritten at every change and read by every
         # client, stays small.
-        explained = exit_code == 0 or (stop_requested and not self._killed)
+        explained = (exit_code == 0 and cause is None) or (stop_requested and not self._killed)
         record = ExitRecord(
             time=now_iso(),
             code=exit_code,
@@ -348,6 +362,7 @@ class SupervisedProcess:
             if explained
             else last_lines(self.spec.log_path, LAST_LINES, max_bytes=LAST_LINES_MAX_BYTES),
             stop_requested=stop_requested,
+            cause=cause,
         )
         self._append_log(f"{self.spec.name} ended: {record.describe()}")
         return self._record(record)
