@@ -323,12 +323,38 @@ class RunChecker:
         env, problem = _environment(config, self._environments)
         if problem is not None:
             findings.append(problem)
-        elif env is not None and self.tokenizer is not None:
+            return findings
+        if env is not None and config.eval.interval > 0:
+            try:
+                findings += self._eval_set_findings(config, env)
+            except EnvironmentConfigError as err:  # nothing held out at all
+                findings.append(("env_args", str(err)))
+                return findings
+        if env is not None and self.tokenizer is not None:
             try:
                 findings += self._length_findings(config, env)
             except EnvironmentConfigError as err:  # too few training prompts to draw
                 findings.append(("env_args", str(err)))
         return findings
+
+    def _eval_set_findings(self, config: OrchestratorConfig, env: Environment) -> list[Finding]:
+        """An eval whose prompts are mostly the same few: a task space too small to hold
+        out 1 task in 16 for it (letter_count over two letters and words of 3)."""
+        count = min(config.eval.num_prompts, MAX_PROMPTS_MEASURED)
+        prompts = env.sample_prompts(count, seed=config.seed, split="eval")
+        distinct = len({repr(prompt.messages) for prompt in prompts})
+        if 2 * distinct >= count:
+            return []
+        return [
+            (
+                "env_args",
+                f"the environment's task space holds out only {distinct} distinct prompt(s) "
+                f"for evals, and an eval of {count} prompts would score them over and over: "
+                "make the task space larger with env_args (longer texts or words, a larger "
+                f"alphabet, more rows), set eval.num_prompts to at most {distinct}, or turn "
+                "evals off with eval.interval = 0",
+            )
+        ]
 
     def _length_findings(self, config: OrchestratorConfig, env: Environment) -> list[Finding]:
         inference, trainer = self.recipe.inference, self.recipe.trainer

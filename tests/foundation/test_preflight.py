@@ -24,7 +24,7 @@ from tests.helpers import make_run
 from workbench import run_control
 from workbench.bench import standins
 from workbench.cli import app
-from workbench.config import ConfigError, TrainerSection
+from workbench.config import MAX_EVAL_PROMPTS, ConfigError, TrainerSection
 from workbench.envs import Environment
 from workbench.experiment import create_experiment
 from workbench.models.char_tokenizer import build_char_tokenizer, save_char_tokenizer
@@ -455,7 +455,7 @@ def test_prompt_lengths_are_measured_on_a_bounded_number_of_prompts(
 
     monkeypatch.setattr(Environment, "sample_prompts", counted)
     huge = (
-        "max_steps = 5\nbatch_size = 8000000000\neval.num_prompts = 1000000000\n"
+        f"max_steps = 5\nbatch_size = 8000000000\neval.num_prompts = {MAX_EVAL_PROMPTS}\n"
         "eval.sampling.max_tokens = 100"
     )
     text = recipe_text(tmp_path).replace("max_steps = 5", huge)
@@ -467,7 +467,26 @@ def test_prompt_lengths_are_measured_on_a_bounded_number_of_prompts(
     training = found["defaults.sampling.max_tokens"][1]
     assert f"the longest of the run's first {MAX_PROMPTS_MEASURED} training prompts" in training
     evals = found["defaults.eval.sampling.max_tokens"][1]
-    assert f"the first {MAX_PROMPTS_MEASURED} of the run's 1000000000 eval prompts" in evals
+    assert f"the longest of the run's {MAX_EVAL_PROMPTS} eval prompts" in evals
+
+
+def test_an_eval_of_a_million_prompts_is_refused_naming_the_largest_that_works(tmp_path: Path):
+    text = recipe_text(tmp_path).replace(
+        "max_steps = 5", "max_steps = 5\neval.num_prompts = 1000000"
+    )
+    found = problems(tmp_path, text)
+    assert f"use at most {MAX_EVAL_PROMPTS}" in found["defaults.eval.num_prompts"][1]
+
+
+def test_a_task_space_too_small_to_hold_out_an_eval_set_is_refused(tmp_path: Path):
+    tiny = 'env = "letter_count"\nenv_args = { min_length = 3, max_length = 3, alphabet = "ab" }'
+    text = recipe_text(tmp_path).replace(
+        'env = "reverse_text"\nenv_args = { min_length = 9, max_length = 9 }', tiny
+    )
+    message = problems(tmp_path, text)["defaults.env_args"][1]
+    assert "task space" in message and "eval.num_prompts to at most" in message
+    # Without evals the same task space is fine.
+    read_recipe(write(tmp_path, text.replace("max_steps = 5", "max_steps = 5\neval.interval = 0")))
 
 
 def test_texts_too_long_for_any_context_are_refused_before_any_is_made(tmp_path: Path):

@@ -150,6 +150,25 @@ def inference(
     typer.echo(f"results: {report['path']}")
 
 
+@bench_app.command("prefill")
+def prefill(
+    quick: Annotated[
+        bool, typer.Option(help="One server of each kind instead of two (minutes less).")
+    ] = False,
+) -> None:
+    """Seeded sampling over long prompts on vLLM's CPU build: split prefills with workbench's
+    generator rewind against never splitting a prefill (--no-enable-chunked-prefill).
+
+    Wall time of one step's worth of letter_count prompts and of 300-letter texts (16
+    prompts x 8 seeded completions), median over passes on servers started alternately,
+    and whether both ways give each seeded request the same tokens.
+    """
+    from workbench.bench.prefill import run_prefill_benchmark
+
+    report = run_prefill_benchmark(quick=quick)
+    typer.echo(f"results: {report['path']}")
+
+
 @bench_app.command("supervisor")
 def supervisor(
     quick: Annotated[
@@ -261,6 +280,12 @@ def _inference_summary(quick: bool) -> list[SummaryRow]:
     return _checked_rows("inference", run_inference_benchmark(quick=quick))
 
 
+def _prefill_summary(quick: bool) -> list[SummaryRow]:
+    from workbench.bench.prefill import run_prefill_benchmark
+
+    return _rows_of("prefill", run_prefill_benchmark(quick=quick))
+
+
 def _e2e_summary(quick: bool) -> list[SummaryRow]:
     from workbench.bench.e2e import run_e2e_benchmark
 
@@ -327,6 +352,7 @@ def _summary_row(benchmark: str, metric: str, value: str) -> SummaryRow:
 BENCHMARKS: dict[str, Callable[[bool], list[SummaryRow]]] = {
     "trainer": _trainer_summary,
     "inference": _inference_summary,
+    "prefill": _prefill_summary,
     "e2e": _e2e_summary,
     "e2e-separate": _e2e_separate_summary,
     "eval": _eval_summary,
@@ -351,7 +377,7 @@ def all_benchmarks(
 ) -> None:
     """Every benchmark of the project, then one summary table (`just bench`).
 
-    Runs trainer, inference, e2e, e2e-separate (2 runs of 5 steps with --quick, else 4 of
+    Runs trainer, inference, prefill, e2e, e2e-separate (2 runs of 5 steps with --quick, else 4 of
     20), eval, sweep, supervisor and load in turn; each writes its
     own JSON under benchmarks/results/, and the summary goes to
     benchmarks/results/summary-latest.json.

@@ -39,11 +39,13 @@ def start_local_server(
     max_model_len: int = 256,
     dtype: str = "float32",
     timeout_s: float = 600.0,
+    extra_args: tuple[str, ...] = (),
 ) -> LocalServer:
     """Start vLLM on a free loopback port and wait for its health endpoint.
 
     float32 by default: the trainer trains in float32, and vLLM's "auto" would downcast to
-    bfloat16 on CPU. The server gets its own process group, so `stop_local_server` also
+    bfloat16 on CPU. `extra_args` go to vLLM's command line as `[inference] extra_args`
+    do. The server gets its own process group, so `stop_local_server` also
     stops vLLM's engine subprocess.
     """
     port = free_port()
@@ -51,7 +53,11 @@ def start_local_server(
         output_dir=experiment,
         model=ModelSection(base=base),
         inference=InferenceSection(
-            port=port, max_loras=max_loras, max_model_len=max_model_len, dtype=dtype
+            port=port,
+            max_loras=max_loras,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            extra_args=list(extra_args),
         ),
         max_lora_rank=max_lora_rank,
     )
