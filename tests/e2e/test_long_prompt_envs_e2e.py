@@ -79,7 +79,8 @@ def test_letter_count_and_a_dataset_of_long_prompts_train_every_step(tmp_path: P
     finally:
         stop_leftovers(experiment, tmp_path)
     output = result.stdout[-3000:] + result.stderr[-3000:]
-    assert "run_letters did not finish (evicted: no learning signal" in result.stdout, output
+    said = result.stdout + result.stderr
+    assert "run_letters did not finish (evicted: no learning signal" in said, output
 
     state = read_state(experiment)
     assert state is not None
