@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
-from workbench.bench.trainer import _synthetic_batches, model_config
+from workbench.bench.trainer import model_config, synthetic_batches
 from workbench.config import OrchestratorConfig, TrainerSection
 from workbench.experiment import write_run
 from workbench.trainer import distributed
@@ -72,7 +72,7 @@ def measure(shape: str, adapters: str, seq_len: int, steps: int, device: torch.d
     fully_shard(row_model, mesh=mesh, ignored_params=ignored)
     # fully_shard replaces the parameters it manages: look them up again.
     params = [param for param in model.parameters() if param.requires_grad]
-    batches = _synthetic_batches(RUNS, TOKENS, SAMPLE_LEN, config.vocab_size)
+    batches = synthetic_batches(RUNS, TOKENS, SAMPLE_LEN, config.vocab_size)
     rows = pack_batches(batches, seq_len, RUNS)
     mine = distribute(rows, distributed.world_size())[distributed.rank()]
 

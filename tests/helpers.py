@@ -17,7 +17,7 @@ def make_run(experiment: Path, run_id: str, orch_toml: str = "") -> Path:
 
 def age_files(root: Path, seconds: float = 60.0) -> None:
     """Date every file and directory under `root` `seconds` back. Readers that skip
-    unchanged files re-read one changed too recently to tell (`workbench.file_change`);
+    unchanged files re-read one changed too recently to tell (`workbench.system.file_change`);
     files written that long ago have settled, as a finished run's have."""
     past = time.time() - seconds
     for path in [root, *root.rglob("*")]:
@@ -79,7 +79,7 @@ def random_batch(run_id: str, step: int, n: int, seed: int, vocab: int = 64):
     """A rollout batch of `n` samples with varied lengths and advantages."""
     import random
 
-    from workbench.rollouts import RolloutBatch, Sample
+    from workbench.files.rollouts import RolloutBatch, Sample
 
     rng = random.Random(f"{run_id}-{step}-{seed}")
     samples = []
@@ -105,7 +105,7 @@ def random_multi_turn_batch(run_id: str, step: int, n: int, seed: int, vocab: in
     log-prob 0, as an orchestrator writes them."""
     import random
 
-    from workbench.rollouts import RolloutBatch, Sample
+    from workbench.files.rollouts import RolloutBatch, Sample
 
     rng = random.Random(f"{run_id}-{step}-{seed}-turns")
     samples = []

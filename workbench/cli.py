@@ -19,7 +19,6 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from workbench import layout
 from workbench.bench.cli import bench_app
 from workbench.commands.common import (
     EXIT_BAD_INPUT,
@@ -39,7 +38,7 @@ from workbench.commands.runs import export, runs_app, samples
 from workbench.commands.status import status
 from workbench.commands.sweep import print_run_plan, sweep_app
 from workbench.experiment import RunLookupError, resolve_run
-from workbench.file_tail import AppendedLines, last_lines
+from workbench.files import layout
 from workbench.supervisor import launch
 from workbench.supervisor.client import (
     SupervisorClient,
@@ -50,6 +49,7 @@ from workbench.supervisor.client import (
 from workbench.supervisor.join import JoinError, joining_node
 from workbench.supervisor.join import join as run_join
 from workbench.supervisor.plan import detect_gpu_count, recipe_devices, recipe_rendezvous
+from workbench.system.file_tail import AppendedLines, last_lines
 from workbench.up import (
     LaunchError,
     RecipeError,

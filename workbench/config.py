@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from workbench import layout
+from workbench.files import layout
 
 # ------------------------------------------------------------------------- errors
 

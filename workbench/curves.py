@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench import layout
-from workbench.metrics import read_metrics
+from workbench.files import layout
+from workbench.files.metrics import read_metrics
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

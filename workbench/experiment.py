@@ -13,8 +13,8 @@ from pathlib import Path
 
 import tomlkit
 
-from workbench import layout
 from workbench.config import OrchestratorConfig, model_to_toml, normalize_run_id
+from workbench.files import layout
 from workbench.recipe import Recipe
 from workbench.sweep.files import write_plan
 from workbench.sweep.values import describe_values

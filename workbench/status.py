@@ -37,13 +37,13 @@ from typing import Any
 
 import tomlkit
 
-from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
-from workbench.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
-from workbench.procfs import process_is_alive
-from workbench.run_control import Condition, RunCondition
+from workbench.files import layout, run_control
+from workbench.files.run_control import Condition, RunCondition
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import read_asha, read_plan_values
+from workbench.system.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
+from workbench.system.procfs import process_is_alive
 
 STATUSES = ("waiting", "active", "rejected", "evicted", "diverged", "finished")
 
@@ -224,7 +224,7 @@ class RunStatusReader:
 
     def read(self, changed: AbstractSet[str] | None = None) -> list[RunStatus]:
         """Every run's status. `changed`: the runs whose files may have changed since the
-        last read, as file events tell (`workbench.experiment_changes`); the others are
+        last read, as file events tell (`workbench.files.experiment_changes`); the others are
         not even `stat`ed, unless their last read was too recent to trust. None: any."""
         with self._lock:
             return self._read(changed)

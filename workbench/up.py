@@ -3,7 +3,7 @@
     status = launch_experiment(recipe_file, Report(say=print, warn=print), headless=True)
 
 1. `read_recipe`: parse and validate the recipe (`--max-steps` applied), then check what the
-   processes will meet (`workbench.preflight`: environments, the base model, prompt
+   processes will meet (`workbench.supervisor.preflight`: environments, the base model, prompt
    lengths, adapter slots); every problem names the file, line and key, and nothing is
    written (`RecipeError`).
 2. Refuse an experiment whose supervisor already runs, naming its pid (`LaunchError`).
@@ -27,12 +27,11 @@ from pathlib import Path
 import tomlkit
 from tomlkit import TOMLDocument
 
-from workbench import layout
 from workbench.config import ConfigError, parse_toml
 from workbench.experiment import create_experiment
-from workbench.preflight import check_recipe
+from workbench.files import layout
+from workbench.files.run_control import Condition
 from workbench.recipe import Recipe, recipe_from_document
-from workbench.run_control import Condition
 from workbench.status import run_statuses
 from workbench.supervisor.client import (
     SupervisorClient,
@@ -47,6 +46,7 @@ from workbench.supervisor.launch import (
     stop_experiment,
 )
 from workbench.supervisor.lifecycle import UP_STATES, ProcessState
+from workbench.supervisor.preflight import check_recipe
 from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.scheduler import EVICTED_BY
 

@@ -22,7 +22,7 @@ from workbench.bench.load.churn import SLOTS, choose_eviction, load_recipe
 from workbench.bench.load.keys import TUI_SIZE, FrameTimedApp, press_keys, wait_for_runs
 from workbench.bench.load.runner import run_load_benchmark
 from workbench.bench.load.stalls import StallMeter
-from workbench.metrics import append_metrics
+from workbench.files.metrics import append_metrics
 from workbench.recipe import load_recipe as parse_recipe
 from workbench.status import RunStatus
 

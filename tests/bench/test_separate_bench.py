@@ -20,8 +20,8 @@ from workbench.bench.separate import (
     verdict_of,
     write_recipes,
 )
-from workbench.procfs import all_stats
 from workbench.recipe import load_recipe
+from workbench.system.procfs import all_stats
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "reverse_text.toml"

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import make_run
-from workbench import layout, run_control
 from workbench.bench.headless import HeadlessRun, run_accounted
 from workbench.bench.sweep import (
     ModeOutcome,
@@ -22,6 +21,7 @@ from workbench.bench.sweep import (
     render_comparison,
     trained_steps,
 )
+from workbench.files import layout, run_control
 from workbench.recipe import load_recipe
 from workbench.status import run_statuses
 from workbench.sweep.report import build_report

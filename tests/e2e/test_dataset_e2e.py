@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e.test_reverse_text_e2e import REPO, stop_leftovers, workbench
 from workbench.envs import get_environment
-from workbench.metrics import read_metrics
+from workbench.files.metrics import read_metrics
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.slow

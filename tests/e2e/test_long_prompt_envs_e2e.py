@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_reverse_text_e2e import rewards, stop_leftovers, workbench
-from workbench.metrics import read_metrics
+from workbench.files.metrics import read_metrics
 from workbench.supervisor.client import read_state
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")

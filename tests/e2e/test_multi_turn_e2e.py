@@ -10,9 +10,9 @@ import json
 import pytest
 
 from tests.e2e.test_reverse_text_e2e import REPO, stop_leftovers, workbench
-from workbench import layout
-from workbench.metrics import read_metrics
-from workbench.rollouts import read_rollouts
+from workbench.files import layout
+from workbench.files.metrics import read_metrics
+from workbench.files.rollouts import read_rollouts
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.slow

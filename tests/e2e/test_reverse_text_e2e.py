@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench import layout, run_control
-from workbench.metrics import read_metrics
+from workbench.files import layout, run_control
+from workbench.files.metrics import read_metrics
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.slow

@@ -30,7 +30,7 @@ from workbench.envs import (
 )
 from workbench.envs.external import ExternalEpisodes
 from workbench.envs.verifiers_env import VerifiersEnvironment
-from workbench.inference.endpoint import Endpoint
+from workbench.files.endpoint import Endpoint
 from workbench.orchestrator.episodes import Episode, run_episodes
 
 # ---------------------------------------------------------------- without verifiers
@@ -126,7 +126,7 @@ def test_env_install_makes_the_venv_with_the_packages_given(tmp_path, monkeypatc
 
 
 def verifiers_recipe(tmp_path: Path) -> str:
-    from tests.foundation.test_preflight import recipe_text
+    from tests.supervisor.test_preflight import recipe_text
 
     return recipe_text(tmp_path).replace(
         'env = "reverse_text"\nenv_args = { min_length = 9, max_length = 9 }',
@@ -135,7 +135,7 @@ def verifiers_recipe(tmp_path: Path) -> str:
 
 
 def test_up_refuses_a_verifiers_run_without_the_venv_naming_the_command(tmp_path, monkeypatch):
-    from tests.foundation.test_preflight import problems
+    from tests.supervisor.test_preflight import problems
 
     monkeypatch.setenv(verifiers_venv.VENV_ENV, str(tmp_path / "nowhere"))
     line, message = problems(tmp_path, verifiers_recipe(tmp_path))["defaults.env_args"]

@@ -13,7 +13,7 @@ import torch
 
 from tests.helpers import make_run, random_batch
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
-from workbench.rollouts import write_rollouts
+from workbench.files.rollouts import write_rollouts
 from workbench.trainer.lora import set_lora_num_tokens
 from workbench.trainer.rl import build_trainer, iterate, load_base_model
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from tests.export.harness import BASE, STEPS, TrainedRun, logits_without_workbench
-from workbench import layout
+from workbench.files import layout
 from workbench.models import resolve_model
 from workbench.trainer.broadcast import read_adapter_info
 

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from tests.export.harness import BASE, STEPS, TrainedRun, logits_without_workbench
 from tests.helpers import make_run
-from workbench import layout, run_control
 from workbench.cli import app
 from workbench.export import ExportError, export_adapter
-from workbench.metrics import append_metrics
+from workbench.files import layout, run_control
+from workbench.files.metrics import append_metrics
 from workbench.models import resolve_model
 
 

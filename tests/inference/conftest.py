@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.bench.local_server import start_local_server, stop_local_server
+from workbench.testing.local_server import start_local_server, stop_local_server
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 

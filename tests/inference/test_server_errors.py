@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from workbench.config import InferenceConfig, InferenceSection, ModelSection, model_to_toml
+from workbench.files.endpoint import Endpoint, new_api_key, read_endpoint, write_endpoint
 from workbench.inference import server
-from workbench.inference.endpoint import Endpoint, new_api_key, read_endpoint, write_endpoint
 from workbench.inference.readiness import InferenceStartError, wait_until_ready
-from workbench.ports import free_port
+from workbench.system.ports import free_port
 
 
 def run_inference(tmp_path: Path, port: int, base: str) -> subprocess.CompletedProcess:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workbench import layout
+from workbench.files import layout
 from workbench.models.build_progress import BuildProgressFile, read_build_progress
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
-from workbench import layout
+from workbench.files import layout
 from workbench.models import ModelResolutionError, builtin_model_dir, resolve_model
 from workbench.models.build_progress import BuildProgressFile, read_build_progress
-from workbench.models.tiny_reverse import TINY_REVERSE, TinyReverseSpec
+from workbench.trainer.tiny_reverse import TINY_REVERSE, TinyReverseSpec
 
 MODEL_FILES = {
     "config.json",
@@ -134,7 +134,7 @@ def test_two_processes_resolving_at_once_build_only_once(
 ):
     script = (
         "import sys; from workbench.models import resolve_model; "
-        "from workbench.models.tiny_reverse import TinyReverseSpec; "
+        "from workbench.trainer.tiny_reverse import TinyReverseSpec; "
         "spec = TinyReverseSpec.model_validate_json(sys.argv[1]); "
         "print(resolve_model('builtin:tiny-reverse', spec=spec, show_progress=False))"
     )

@@ -15,18 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from workbench import layout
 from workbench.envs import get_environment
-from workbench.models import ModelResolutionError, resolve_model, tiny_reverse
+from workbench.files import layout
+from workbench.models import ModelResolutionError, resolve_model
 from workbench.models import shipped as shipped_module
 from workbench.models.shipped import file_sha256, read_build_info, verify
-from workbench.models.tiny_reverse import (
+from workbench.trainer import tiny_reverse
+from workbench.trainer.sft import evaluate_greedy, load_model
+from workbench.trainer.tiny_reverse import (
     TINY_REVERSE,
     TINY_REVERSE_CHAT,
     TinyReverse,
     TinyReverseSpec,
 )
-from workbench.trainer.sft import evaluate_greedy, load_model
 
 SHIPPED_DIR = TINY_REVERSE.shipped_dir
 BUILTINS = pytest.mark.parametrize(

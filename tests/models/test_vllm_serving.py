@@ -25,7 +25,7 @@ from peft import PeftModel
 
 from workbench.envs import get_environment
 from workbench.models import resolve_model
-from workbench.ports import free_port
+from workbench.system.ports import free_port
 from workbench.trainer.sft import SFTConfig, SFTLoraConfig, load_model, train_sft
 
 pytestmark = [

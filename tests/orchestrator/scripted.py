@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from workbench import layout
 from workbench.config import OrchestratorConfig
+from workbench.files import layout
+from workbench.files.endpoint import Endpoint, new_api_key, write_endpoint
 from workbench.inference.client import AdapterVersions, ChatResult, Completion, InferenceError
-from workbench.inference.endpoint import Endpoint, new_api_key, write_endpoint
 from workbench.orchestrator.loop import Orchestrator
 
 BASE_MODEL = "base"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.orchestrator.scripted import BASE_MODEL, ScriptedChat, publish_adapter
-from workbench import layout
+from workbench.files import layout
 from workbench.inference.client import AdapterVersions
 
 

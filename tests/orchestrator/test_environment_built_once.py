@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.helpers import make_run
 from tests.orchestrator.scripted import ScriptedChat, publish_adapter, scripted_server
 from workbench.envs.reverse_text import ReverseText
-from workbench.metrics import read_metrics
+from workbench.files.metrics import read_metrics
 
 BUILDS_FILE = "WORKBENCH_TEST_ENV_BUILDS"
 REPOSITORY = Path(__file__).resolve().parents[2]

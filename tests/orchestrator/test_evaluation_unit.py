@@ -17,10 +17,10 @@ import pytest
 
 from tests.helpers import make_run
 from tests.orchestrator.scripted import ScriptedChat, make_orchestrator, publish_adapter
-from workbench import layout, run_control
 from workbench.envs import EnvironmentConfigError
 from workbench.envs.splits import split_of
-from workbench.metrics import read_metrics
+from workbench.files import layout, run_control
+from workbench.files.metrics import read_metrics
 from workbench.orchestrator.evaluation import next_due_version
 from workbench.orchestrator.loop import Orchestrator
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tests.helpers import make_run
 from tests.orchestrator.scripted import ScriptedChat, publish_adapter, scripted_server
-from workbench import layout
-from workbench.metrics import read_metrics
+from workbench.files import layout
+from workbench.files.metrics import read_metrics
 
 STEPS = 3
 STEP_LINE = re.compile(

@@ -14,8 +14,9 @@ import pytest
 
 from tests.helpers import make_run
 from tests.orchestrator.scripted import ScriptedChat, make_orchestrator, publish_adapter
-from workbench import layout, run_control
-from workbench.metrics import read_metrics
+from workbench.files import layout, run_control
+from workbench.files.metrics import read_metrics
+from workbench.files.rollouts import read_rollouts
 from workbench.orchestrator.advantages import (
     group_advantages,
     has_learning_signal,
@@ -23,7 +24,6 @@ from workbench.orchestrator.advantages import (
 )
 from workbench.orchestrator.loop import RunEvicted
 from workbench.orchestrator.state import load_state
-from workbench.rollouts import read_rollouts
 
 
 def test_advantages_are_reward_minus_group_mean():

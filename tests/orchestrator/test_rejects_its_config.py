@@ -1,7 +1,7 @@
 """An orchestrator whose run cannot work rejects the run at once, before waiting for the
 trainer's adapters or for inference: `control/config_validation_error.txt` says why and
 names the `orch.toml` it read, so the trainer frees the run's slot and looks again only
-once the file changes (tests/trainer_runs/test_manager.py)."""
+once the file changes (tests/trainer/runs/test_manager.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import make_run
-from workbench import run_control
+from workbench.files import run_control
 
 
 def test_an_unknown_environment_rejects_the_run_before_anything_is_waited_for(tmp_path: Path):

@@ -9,9 +9,9 @@ import pytest
 
 from tests.helpers import make_run
 from tests.orchestrator.scripted import ScriptedChat, make_orchestrator
-from workbench import layout
-from workbench.rollouts import read_rollouts
-from workbench.samples import (
+from workbench.files import layout
+from workbench.files.rollouts import read_rollouts
+from workbench.files.samples import (
     KEEP_STEPS,
     describe_step,
     find_step,

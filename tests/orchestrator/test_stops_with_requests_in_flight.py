@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from tests.helpers import make_run
-from workbench.inference.endpoint import Endpoint, new_api_key, write_endpoint
+from workbench.files.endpoint import Endpoint, new_api_key, write_endpoint
 
 
 class Silent(http.server.BaseHTTPRequestHandler):

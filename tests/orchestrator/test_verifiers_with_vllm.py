@@ -17,10 +17,10 @@ import pytest
 from tests.envs.conftest import TASKS, verifiers_python  # noqa: F401 - the shared venv
 from tests.helpers import make_run, random_adapter
 from tests.inference.conftest import server, tiny_reverse  # noqa: F401 - the shared server
-from workbench import layout
 from workbench.config import OrchestratorConfig
+from workbench.files import layout
+from workbench.files.metrics import read_metrics
 from workbench.inference.client import AdapterVersions, InferenceClient
-from workbench.metrics import read_metrics
 from workbench.orchestrator.loop import Orchestrator
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")

@@ -1,7 +1,7 @@
 """Fixtures for supervisor tests: an experiment whose processes are stand-ins.
 
 `standin` gives a `StandinExperiment`: a real experiment directory (recipe.toml, run
-directories) whose plan (`workbench/bench/standins.py`) runs `standin_child.py` instead
+directories) whose plan (`workbench/testing/standins.py`) runs `standin_child.py` instead
 of vLLM, torchrun and orchestrators. The supervisor itself is the real daemon. Teardown always stops it and
 kills anything a stand-in left, then fails the test if a graceful stop had left anything
 running: tests must not leave orphans, and the supervisor must not either.
@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from workbench.bench import standins
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
-from workbench.procfs import process_cmdline, process_is_alive
 from workbench.supervisor.client import SupervisorClient, read_state
 from workbench.supervisor.launch import StartedSupervisor, start_daemon, stop_experiment
 from workbench.supervisor.process import family_members, signal_family
+from workbench.system.procfs import process_cmdline, process_is_alive
+from workbench.testing import standins
 
 RECIPE = """\
 [experiment]

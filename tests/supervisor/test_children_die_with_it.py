@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from tests.helpers import make_run
-from workbench import layout
-from workbench.procfs import child_pids, process_is_alive
+from workbench.files import layout
+from workbench.system.procfs import child_pids, process_is_alive
 
 PARENT = textwrap.dedent(
     """

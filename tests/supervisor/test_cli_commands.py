@@ -20,13 +20,14 @@ from typer.testing import CliRunner
 
 from tests.helpers import make_run
 from tests.supervisor.conftest import StandinExperiment, wait_for
-from workbench import layout, run_control, up
-from workbench.bench import standins
+from workbench import up
 from workbench.cli import app
 from workbench.config import load_orchestrator_config
-from workbench.procfs import process_is_alive
+from workbench.files import layout, run_control
 from workbench.supervisor.client import SupervisorError
 from workbench.supervisor.launch import PLAN_ENV
+from workbench.system.procfs import process_is_alive
+from workbench.testing import standins
 
 
 @pytest.fixture

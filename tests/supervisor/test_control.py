@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.supervisor.conftest import StandinExperiment, wait_for
-from workbench import layout, run_control
 from workbench.config import load_orchestrator_config
-from workbench.procfs import process_is_alive
+from workbench.files import layout, run_control
 from workbench.supervisor import paths
 from workbench.supervisor.client import SupervisorClient, SupervisorError, SupervisorUnavailable
 from workbench.supervisor.control_socket import ControlServer
+from workbench.system.procfs import process_is_alive
 
 
 @pytest.fixture

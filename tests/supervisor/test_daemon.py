@@ -21,11 +21,11 @@ import pytest
 
 from tests.helpers import make_run
 from tests.supervisor.conftest import FAST_RESTART, StandinExperiment, wait_for
-from workbench import run_control
-from workbench.procfs import process_is_alive
+from workbench.files import run_control
 from workbench.status import run_statuses
 from workbench.supervisor import paths
 from workbench.supervisor.launch import SupervisorStartError, start_daemon
+from workbench.system.procfs import process_is_alive
 
 
 def test_processes_start_in_order_inference_then_trainer_then_orchestrators(
@@ -200,7 +200,7 @@ def test_down_removes_what_a_process_killed_mid_write_left_of_its_activity_recor
 ):
     # A child of a killed supervisor is SIGKILLed by `down` if it does not stop in time,
     # perhaps in the middle of rewriting its busy record: after `down` nothing would.
-    from workbench import layout
+    from workbench.files import layout
     from workbench.supervisor.launch import stop_experiment
 
     busy = layout.busy_dir(tmp_path)

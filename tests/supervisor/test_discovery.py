@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import make_run
-from workbench import layout, run_control
+from workbench.files import layout, run_control
 from workbench.supervisor.discovery import (
     RUN_DELETED,
     OrchestratorView,

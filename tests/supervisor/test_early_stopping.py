@@ -16,11 +16,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.supervisor.conftest import StandinExperiment, wait_for
-from workbench import layout, run_control
-from workbench.bench import standins
 from workbench.cli import app
+from workbench.files import layout, run_control
 from workbench.supervisor.launch import PLAN_ENV
 from workbench.sweep.files import read_asha
+from workbench.testing import standins
 
 STANDIN_TRAINER = Path(__file__).with_name("standin_trainer.py")
 SCHEDULER = """

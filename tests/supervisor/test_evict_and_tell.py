@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import make_run
-from workbench import layout, run_control
+from workbench.files import layout, run_control
 from workbench.supervisor.client import SupervisorError, evict_and_tell
 
 

@@ -1,6 +1,6 @@
 """`workbench join` before it starts anything: which node it may join as, where node 0's
 store is, and when the experiment has a trainer to join (the loop itself runs in
-tests/trainer_rl/test_multi_node.py)."""
+tests/trainer/rl/test_multi_node.py)."""
 
 from __future__ import annotations
 

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from workbench import layout, ports
 from workbench.config import TrainerSection, load_inference_config, load_trainer_config
-from workbench.inference.endpoint import Endpoint, read_endpoint, write_endpoint
+from workbench.files import layout
+from workbench.files.endpoint import Endpoint, read_endpoint, write_endpoint
 from workbench.inference.server import parallel_args
-from workbench.lifeline import PARENT_PID_ENV
-from workbench.priority import DEFAULT_NICE, INFERENCE_YIELDS_BY, NICE_ENV
 from workbench.supervisor import paths, plan
 from workbench.supervisor.plan import (
     DeviceAssignment,
@@ -29,6 +27,9 @@ from workbench.supervisor.plan import (
     module_problem,
     plan_from_recipe,
 )
+from workbench.system import ports
+from workbench.system.lifeline import PARENT_PID_ENV
+from workbench.system.priority import DEFAULT_NICE, INFERENCE_YIELDS_BY, NICE_ENV
 
 RECIPE = """\
 [model]

@@ -16,7 +16,6 @@ import pytest
 
 from tests.supervisor.conftest import wait_for
 from workbench.inference.engine_errors import engine_fatal_error
-from workbench.procfs import process_cmdline, process_is_alive
 from workbench.supervisor.client import describe_last_exit
 from workbench.supervisor.daemon import write_state
 from workbench.supervisor.launch import kill_leftovers
@@ -29,6 +28,7 @@ from workbench.supervisor.process import (
     family_members,
     signal_family,
 )
+from workbench.system.procfs import process_cmdline, process_is_alive
 
 
 @pytest.fixture

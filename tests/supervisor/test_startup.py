@@ -7,7 +7,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
-from workbench import layout
+from workbench.files import layout
 from workbench.models.build_progress import BuildProgress, BuildProgressFile
 from workbench.supervisor.startup import (
     LAST_LINE_CHARS,

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from tests.supervisor.conftest import StandinExperiment, wait_for
 from tests.tracking.records import as_trackio, expected_rows, trackio_rows, wandb_rows, write_steps
 from tests.tracking.stores import trackio_runs, wandb_runs
-from workbench import layout
 from workbench.cli import app
+from workbench.files import layout
 from workbench.supervisor.launch import stop_experiment
 from workbench.supervisor.process import family_members
 from workbench.tracking.progress import read_progress

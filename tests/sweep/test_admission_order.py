@@ -8,8 +8,8 @@ from pathlib import Path
 
 import tomlkit
 
-from workbench import layout, run_control
 from workbench.experiment import create_experiment
+from workbench.files import layout, run_control
 from workbench.recipe import recipe_from_document
 from workbench.trainer.runs import MultiRunManager
 

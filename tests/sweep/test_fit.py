@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.helpers import make_run
-from workbench import layout
 from workbench.cli import app
+from workbench.files import layout
 from workbench.sweep.fit import SigmoidFit, fit_sigmoid
 from workbench.sweep.report import build_report
 

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.helpers import make_run
-from workbench import layout, run_control
 from workbench.cli import app
+from workbench.files import layout, run_control
 from workbench.sweep.asha import RungResult
 from workbench.sweep.files import AshaRecord, write_asha
 from workbench.sweep.report import NO_EVAL_NOTE, build_report, write_report

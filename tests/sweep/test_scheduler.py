@@ -8,9 +8,9 @@ import json
 import os
 from pathlib import Path
 
-from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
+from workbench.files import layout, run_control
 from workbench.sweep.files import read_asha
 from workbench.sweep.scheduler import EarlyStopping
 from workbench.sweep.spec import AshaSpec
@@ -185,8 +185,8 @@ def test_a_metrics_file_that_is_replaced_or_truncated_is_read_again_from_its_sta
 
 
 def test_a_run_the_trainer_found_diverged_is_placed_last_at_its_next_rung(experiment: Path):
-    from workbench.clock import unix_time
     from workbench.status import run_statuses
+    from workbench.system.clock import unix_time
 
     runs = {name: add_run(experiment, name) for name in ("run_a", "run_b", "run_x")}
     record(runs["run_x"], 0, 0.3, at=0.5)

@@ -10,10 +10,10 @@ import pytest
 import tomlkit
 from typer.testing import CliRunner
 
-from workbench import layout
 from workbench.cli import app
 from workbench.config import load_orchestrator_config
 from workbench.experiment import create_experiment
+from workbench.files import layout
 from workbench.recipe import recipe_from_document
 from workbench.status import run_statuses
 from workbench.sweep import expand

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.tracking.stores import trackio_logs
-from workbench.metrics import append_metrics
+from workbench.files.metrics import append_metrics
 
 Row = tuple[str, int, dict[str, float]]  # (source, step, values without the source prefix)
 

@@ -21,10 +21,10 @@ from tests.tracking.records import (
     write_steps,
 )
 from tests.tracking.stores import trackio_config, trackio_runs, wandb_runs
-from workbench import layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
-from workbench.metrics import append_metrics
+from workbench.files import layout, run_control
+from workbench.files.metrics import append_metrics
 from workbench.tracking import MetricsForwarder, TrackingTarget
 from workbench.tracking.forwarder import tracked_values
 from workbench.tracking.progress import read_progress

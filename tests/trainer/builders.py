@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from tests.helpers import make_run
-from workbench import layout
+from workbench.files import layout
 from workbench.trainer.lora import (
     LoRAPath,
     MultiLoRALinear,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.trainer.builders import build_trainer
-from workbench import layout
+from workbench.files import layout
 from workbench.trainer.checkpoint import PART, RunCheckpointer
 
 

@@ -21,7 +21,7 @@ from tests.trainer.builders import (
     packed_logits,
     tiny_causal_lm,
 )
-from workbench import run_control
+from workbench.files import run_control
 from workbench.trainer import lora, lora_ops
 from workbench.trainer.broadcast import write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer

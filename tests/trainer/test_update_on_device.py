@@ -11,9 +11,9 @@ import torch
 
 from tests.helpers import gradients_at_each_update, make_run, make_tiny_llama, random_batch
 from tests.trainer.builders import DEVICE_DTYPES
-from workbench import layout
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
-from workbench.rollouts import write_rollouts
+from workbench.files import layout
+from workbench.files.rollouts import write_rollouts
 from workbench.trainer.rl import build_trainer, iterate, load_base_model
 
 STEPS = 2

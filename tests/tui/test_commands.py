@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from workbench.bench import standins
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
+from workbench.testing import standins
 from workbench.tui.commands import NOT_RUNNING, SupervisorCommands
 from workbench.tui.data import ExperimentReader
 

@@ -19,7 +19,7 @@ from tests.tui.synthetic import (
     make_run,
     metrics_lines,
 )
-from workbench import experiment_changes, layout
+from workbench.files import experiment_changes, layout
 from workbench.sweep.report import build_report
 from workbench.sweep.values import describe_values
 from workbench.tui.commands import SupervisorCommands

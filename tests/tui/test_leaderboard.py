@@ -28,7 +28,7 @@ from tests.tui.synthetic import (
     rung_result,
     write_json,
 )
-from workbench import run_control
+from workbench.files import run_control
 from workbench.sweep.report import build_report
 from workbench.tui.format import sparkline
 from workbench.tui.screens.evict import EvictScreen

@@ -27,7 +27,7 @@ from tests.tui.synthetic import (
     process,
     write_supervisor_state,
 )
-from workbench import busy, layout, run_control
+from workbench.files import busy, layout, run_control
 from workbench.tui.collector import REFREEZE_GROWTH, YOUNG_THRESHOLD, QuietCollector
 from workbench.tui.data import ExperimentReader
 from workbench.tui.screens.add_run import AddRunScreen

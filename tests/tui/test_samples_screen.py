@@ -1,7 +1,7 @@
 """The rollout browser in the TUI: a run's recent steps, group by group, at 80x24.
 
 Real Textual driven by Pilot over the synthetic experiment, with `samples.jsonl` written
-through the orchestrator's own writer (`workbench.samples.record_step`).
+through the orchestrator's own writer (`workbench.files.samples.record_step`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.tui.conftest import next_polls, wait_until
-from workbench.samples import SampledCompletion, SampleGroup, StepSamples, record_step
+from workbench.files.samples import SampledCompletion, SampleGroup, StepSamples, record_step
 from workbench.tui.screens.main import MainScreen
 from workbench.tui.screens.run_detail import RunDetailScreen
 from workbench.tui.screens.samples import SamplesScreen

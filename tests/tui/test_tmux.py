@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.tui.synthetic import append_log, build_experiment, build_sweep_experiment
-from workbench import run_control
+from workbench.files import run_control
 
 TMUX = shutil.which("tmux")
 pytestmark = pytest.mark.skipif(
@@ -237,7 +237,7 @@ id = "b"
 """
 
 # The supervisor's own test plan: stand-in children instead of vLLM, torchrun and the
-# orchestrators (workbench/bench/standins.py); everything else is the real thing.
+# orchestrators (workbench/testing/standins.py); everything else is the real thing.
 STANDINS = {
     "processes": [
         {"name": "inference", "kind": "inference", "ready": True, "args": ["--ready-after", "0.2"]},
@@ -265,9 +265,9 @@ def _wait(condition: Callable[[], object], what: str, timeout: float = 30) -> No
 
 def test_tui_attached_to_a_headless_experiment(tmp_path, tmux_session):
     """`workbench up --headless --detach`, then `workbench attach` in an 80x24 terminal."""
-    from workbench.bench import standins
     from workbench.supervisor.client import SupervisorClient
     from workbench.supervisor.launch import PLAN_ENV, stop_experiment
+    from workbench.testing import standins
 
     experiment = tmp_path / "exp"
     experiment.mkdir()

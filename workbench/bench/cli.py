@@ -201,7 +201,7 @@ def supervisor(
     """Discovery latency of a new run directory, TUI idle CPU with 8 runs, log throughput.
 
     A real supervisor runs the stand-in plan of the supervisor tests (tiny processes instead
-    of vLLM, trainer and orchestrators; `workbench/bench/standins.py`), so what is timed is
+    of vLLM, trainer and orchestrators; `workbench/testing/standins.py`), so what is timed is
     the supervisor and the TUI themselves. About two minutes; --quick about half a minute.
     """
     from workbench.bench.supervisor import SupervisorBenchSettings

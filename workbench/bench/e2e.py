@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
 from workbench.bench.headless import run_up_headless
+from workbench.files import layout
 
 DEFAULT_RECIPE = Path("recipes/reverse_text.toml")
 # Far above what the reverse_text recipe takes on 2 CPU cores (about 2 minutes); a hung
@@ -101,7 +101,7 @@ class RunCurve:
 
 def read_curves(experiment: Path, started_at: float) -> list[RunCurve]:
     """Every run's orchestrator reward curve, in seconds since `started_at` (unix time)."""
-    from workbench.metrics import read_metrics
+    from workbench.files.metrics import read_metrics
 
     curves = []
     for run in layout.list_run_dirs(experiment):

@@ -53,9 +53,9 @@ def zero_adapter(model_dir: Path, directory: Path, rank: int) -> Path:
 def run_eval_benchmark(recipe: Path = DEFAULT_RECIPE, quick: bool = False) -> dict[str, Any]:
     """Measure, write `benchmarks/results/eval-*.json`, print a table; return the report
     (with `summary` rows for `bench all`)."""
-    from workbench.bench.local_server import start_local_server, stop_local_server
     from workbench.bench.results import write_result
     from workbench.models.resolve import resolve_model
+    from workbench.testing.local_server import start_local_server, stop_local_server
 
     loaded = load_recipe(recipe)
     config = next(iter(loaded.run_configs().values()), loaded.defaults)

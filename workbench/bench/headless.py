@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from workbench.procfs import child_pids
+from workbench.system.procfs import child_pids
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 ORPHAN_REAP_S = 10.0  # how long orphans may take to exit after `up` did

@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from workbench.bench.local_server import LocalServer, start_local_server, stop_local_server
+from workbench.testing.local_server import LocalServer, start_local_server, stop_local_server
 
 BASE_MODEL = "builtin:tiny-reverse"
 LORA_RANK = 8

@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.procfs import ProcStat, all_stats, process_cmdline
+from workbench.system.procfs import ProcStat, all_stats, process_cmdline
 
 ROLE_MARKERS = (
     ("inference", ("workbench.inference", "vllm")),

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
+from workbench.files import layout
 
 RESULTS_DIR = Path("benchmarks/results")
 

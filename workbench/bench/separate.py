@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import busy, layout
 from workbench.bench.headless import (
     HeadlessRun,
     Launch,
@@ -55,6 +54,7 @@ from workbench.bench.headless import (
     up_command,
 )
 from workbench.bench.process_trees import ROLES, TreeSampler, TreeWatch
+from workbench.files import busy, layout
 
 DEFAULT_RECIPE = Path("recipes/reverse_text.toml")
 LEARNING_RATES = (1e-3, 2e-3, 3e-3, 5e-3, 4e-3, 6e-3, 7e-3, 8e-3)
@@ -263,7 +263,7 @@ def setup_result(
 def run_curve(run: Path, started_at: float) -> dict[str, Any]:
     """A run's orchestrator steps (step, reward_mean, policy_version) in the order written,
     and the seconds from the setup's start to its first and last step."""
-    from workbench.metrics import read_metrics
+    from workbench.files.metrics import read_metrics
 
     records = [r for r in read_metrics(run, "orchestrator") if "reward_mean" in r]
     times = [r["time"] for r in records if isinstance(r.get("time"), int | float)]
@@ -276,8 +276,8 @@ def run_curve(run: Path, started_at: float) -> dict[str, Any]:
 
 
 def _inference_started_at(experiment: Path) -> float | None:
-    from workbench.clock import unix_time
     from workbench.supervisor.client import read_state
+    from workbench.system.clock import unix_time
 
     record = ((read_state(experiment) or {}).get("processes") or {}).get("inference") or {}
     return unix_time(record.get("started_at"))
@@ -372,8 +372,8 @@ def run_separate_benchmark(
     """Every setup in turn, then the comparison, JSON, plot and table; `exit_code` 1 when a
     setup had problems or a curve differs."""
     from workbench.bench.results import RESULTS_DIR, write_result
-    from workbench.procfs import memory_available_bytes
     from workbench.recipe import load_recipe
+    from workbench.system.procfs import memory_available_bytes
 
     if quick:
         runs, max_steps = min(runs, QUICK_RUNS), max_steps or QUICK_MAX_STEPS

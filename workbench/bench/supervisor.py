@@ -3,7 +3,7 @@
 Three measurements, each against the real thing on this machine:
 
 - discovery latency: a real supervisor (daemon, file watcher, state.json) runs the stand-in plan
-  of the supervisor tests (`workbench/bench/standins.py`: small Python processes instead of
+  of the supervisor tests (`workbench/testing/standins.py`: small Python processes instead of
   vLLM, torchrun and orchestrators, so the supervisor's own latency is what is timed). A new
   `run_*` directory with a valid `control/orch.toml` appears, either the way `workbench runs
   add` writes it (`write_run`: the directory, then orch.toml atomically) or moved into place
@@ -44,11 +44,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
-from workbench.bench import standins
-from workbench.clock import now_iso
-from workbench.procfs import cpu_seconds
+from workbench.files import layout
 from workbench.supervisor.lifecycle import STARTED_STATES
+from workbench.system.clock import now_iso
+from workbench.system.procfs import cpu_seconds
+from workbench.testing import standins
 
 RECIPE = """\
 [experiment]
@@ -250,8 +250,8 @@ RUN_CREATORS: dict[str, Callable[[Path, str], Path]] = {
 
 
 def measure_one_discovery(experiment: Path, run_id: str, mode: str) -> DiscoverySample:
-    from workbench.clock import unix_time
     from workbench.supervisor.lifecycle import TERMINAL_STATES
+    from workbench.system.clock import unix_time
 
     created_wall = time.time()
     created = time.perf_counter()

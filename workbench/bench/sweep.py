@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
 from workbench.bench.headless import HeadlessRun, run_up_headless
-from workbench.metrics import read_metrics
+from workbench.files import layout
+from workbench.files.metrics import read_metrics
 from workbench.status import run_statuses
 from workbench.sweep.report import SweepReport, build_report
 

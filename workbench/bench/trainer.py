@@ -94,7 +94,7 @@ PRESETS = {
 
 def model_config(shape: str):
     if shape == "tiny":
-        from workbench.models.tiny_reverse import TinyReverseSpec, llama_config
+        from workbench.trainer.tiny_reverse import TinyReverseSpec, llama_config
 
         return llama_config(TinyReverseSpec())
     from transformers import Qwen3Config
@@ -152,10 +152,10 @@ def peak_flops(device_name: str) -> float | None:
 # ------------------------------------------------------------------ the worker (one process)
 
 
-def _synthetic_batches(n_runs: int, tokens: int, sample_len: int, vocab: int):
+def synthetic_batches(n_runs: int, tokens: int, sample_len: int, vocab: int):
     import torch
 
-    from workbench.rollouts import TensorBatch, completion_loss_mask
+    from workbench.files.rollouts import TensorBatch, completion_loss_mask
 
     per_run = tokens // n_runs
     samples = max(1, per_run // sample_len)
@@ -268,7 +268,7 @@ def _measure_worker(spec: WorkerSpec) -> dict[str, Any]:
     model.config.use_cache = False
     model = model.to(device).eval()
     rows = pack_batches(
-        _synthetic_batches(spec.runs, spec.tokens, spec.sample_len, config.vocab_size),
+        synthetic_batches(spec.runs, spec.tokens, spec.sample_len, config.vocab_size),
         spec.seq_len,
         spec.runs,
     )
@@ -483,7 +483,7 @@ def _spawn(spec: WorkerSpec, threads: int | None = None):
         env["OMP_NUM_THREADS"] = str(threads)
     launcher = [sys.executable]
     if spec.ranks > 1:
-        from workbench.ports import free_port
+        from workbench.system.ports import free_port
 
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(spec.ranks)]
@@ -603,7 +603,7 @@ def _measure(spec: WorkerSpec, mode: str, common: dict[str, int]) -> Measurement
 
 
 def available_memory_mb() -> float:
-    from workbench.procfs import memory_available_bytes
+    from workbench.system.procfs import memory_available_bytes
 
     available = memory_available_bytes()
     return float("inf") if available is None else available / (1 << 20)

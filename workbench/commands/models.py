@@ -161,7 +161,7 @@ def model_build(
 def _build_from_scratch(name: str, output_dir: Path) -> Path:
     """Train builtin `name` from its default spec into the new directory `output_dir`,
     written whole or not at all, with its files' digests recorded."""
-    from workbench import layout
+    from workbench.files import layout
     from workbench.models.resolve import BUILTIN_PREFIX, get_builtin
     from workbench.models.shipped import record_shipment
 

@@ -157,7 +157,7 @@ def samples(
     and whether it was cut at max_tokens, plus the step's reward histogram. The TUI shows
     the same with `s`.
     """
-    from workbench.samples import describe_step, find_step, read_steps
+    from workbench.files.samples import describe_step, find_step, read_steps
 
     try:
         ref = resolve_run(run_id, experiment)

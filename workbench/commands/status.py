@@ -13,13 +13,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from workbench.busy import BusyReader
-from workbench.clock import format_duration
 from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
+from workbench.files.busy import BusyReader
 from workbench.status import run_statuses, supervisor_warnings
 from workbench.supervisor.client import process_summaries, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.values import describe_values
+from workbench.system.clock import format_duration
 
 
 def status(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from workbench.envs.base import Prompt
-    from workbench.inference.endpoint import Endpoint
+    from workbench.files.endpoint import Endpoint
     from workbench.orchestrator.episodes import Episode
 
 

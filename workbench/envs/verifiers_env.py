@@ -45,7 +45,7 @@ from workbench.envs.dataset import shuffled_order
 from workbench.envs.external import ExternalEpisodeError, ExternalEpisodes
 
 if TYPE_CHECKING:
-    from workbench.inference.endpoint import Endpoint
+    from workbench.files.endpoint import Endpoint
     from workbench.orchestrator.episodes import Episode
 
 logger = logging.getLogger(__name__)

@@ -9,11 +9,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from workbench import layout, run_control
 from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_config
 from workbench.curves import metric_curve
 from workbench.export.selection import Choice
-from workbench.metrics import read_metrics
+from workbench.files import layout, run_control
+from workbench.files.metrics import read_metrics
 from workbench.models.resolve import is_builtin
 from workbench.sweep.values import flatten_values, show_value
 from workbench.trainer.broadcast import read_adapter_info

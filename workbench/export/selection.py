@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workbench import layout
 from workbench.curves import metric_curve
-from workbench.metrics import read_metrics
+from workbench.files import layout
+from workbench.files.metrics import read_metrics
 from workbench.trainer.checkpoint import PART as TRAINER_PART
 
 Which = Literal["best", "latest"]

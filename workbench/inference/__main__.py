@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from workbench.config import ConfigError, load_inference_config
-from workbench.inference.endpoint import read_endpoint
+from workbench.files.endpoint import read_endpoint
 from workbench.inference.server import (
     InferenceSetupError,
     NotEnoughMemory,
@@ -31,8 +31,8 @@ from workbench.inference.server import (
     server_environment,
     serving_port,
 )
-from workbench.lifeline import die_with_parent
-from workbench.priority import run_as_batch
+from workbench.system.lifeline import die_with_parent
+from workbench.system.priority import run_as_batch
 
 
 def main(argv: list[str] | None = None) -> int:

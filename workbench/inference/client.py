@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from workbench.inference.endpoint import Endpoint
+from workbench.files.endpoint import Endpoint
 
 logger = logging.getLogger(__name__)
 

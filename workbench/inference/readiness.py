@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from workbench.file_tail import last_lines
+from workbench.system.file_tail import last_lines
 
 
 class InferenceStartError(RuntimeError):

@@ -15,7 +15,7 @@ import urllib.parse
 from pathlib import Path
 
 from workbench.config import InferenceConfig
-from workbench.inference.endpoint import Endpoint, write_endpoint
+from workbench.files.endpoint import Endpoint, write_endpoint
 from workbench.inference.engine_version import engine_version_problem
 from workbench.inference.vllm_plugin import (
     CPU_LORA_ENV,
@@ -24,9 +24,9 @@ from workbench.inference.vllm_plugin import (
     SERVER_ENV,
 )
 from workbench.models.resolve import local_model_problem
-from workbench.ports import bind_error, free_port
-from workbench.procfs import memory_available_bytes
-from workbench.small_machine import is_small_machine
+from workbench.system.ports import bind_error, free_port
+from workbench.system.procfs import memory_available_bytes
+from workbench.system.small_machine import is_small_machine
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 VLLM_MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"

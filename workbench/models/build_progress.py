@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
-from workbench.clock import now_iso
+from workbench.files import layout
+from workbench.system.clock import now_iso
 
 
 @dataclass(frozen=True)

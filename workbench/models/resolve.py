@@ -38,7 +38,7 @@ import platformdirs
 from filelock import FileLock, Timeout
 from rich.console import Console
 
-from workbench import layout
+from workbench.files import layout
 from workbench.models import hub
 
 BUILTIN_PREFIX = "builtin:"
@@ -57,8 +57,8 @@ def ignore_steps(step: int, steps: int, what: str) -> None:
 # name -> "module:attribute" of its `BuiltinModel`; imported only when asked for, so resolving
 # a local path never imports the builders (and their training code).
 _BUILTINS = {
-    "tiny-reverse": "workbench.models.tiny_reverse:TINY_REVERSE",
-    "tiny-reverse-chat": "workbench.models.tiny_reverse:TINY_REVERSE_CHAT",
+    "tiny-reverse": "workbench.trainer.tiny_reverse:TINY_REVERSE",
+    "tiny-reverse-chat": "workbench.trainer.tiny_reverse:TINY_REVERSE_CHAT",
 }
 # name -> "module:function" making the builtin's tokenizer, the one its build writes; kept
 # apart so that knowing a prompt's length imports no builder (torch, training code).

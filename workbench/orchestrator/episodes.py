@@ -30,8 +30,8 @@ from typing import Protocol
 from workbench.envs.base import Environment, Message, Prompt
 from workbench.envs.external import ExternalEpisodes
 from workbench.envs.multi_turn import MultiTurnEnvironment
+from workbench.files.endpoint import Endpoint
 from workbench.inference.client import ChatResult, Completion, InferenceError
-from workbench.inference.endpoint import Endpoint
 from workbench.orchestrator.generation import MAX_REQUESTS_IN_FLIGHT, complete_prompts
 
 logger = logging.getLogger(__name__)

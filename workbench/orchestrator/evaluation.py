@@ -32,8 +32,8 @@ from typing import Any
 
 from workbench.config import OrchestratorConfig
 from workbench.envs.base import Environment
+from workbench.files.metrics import append_metrics, read_metrics
 from workbench.inference.client import AdapterVersions, HeldVersion
-from workbench.metrics import append_metrics, read_metrics
 from workbench.orchestrator.episodes import EpisodeClient, TurnJoiner, run_episodes
 
 logger = logging.getLogger(__name__)

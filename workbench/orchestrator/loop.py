@@ -25,12 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import busy, layout, run_control
 from workbench.config import OrchestratorConfig
 from workbench.envs import get_environment
 from workbench.envs.base import Environment, Prompt
+from workbench.files import busy, layout, run_control
+from workbench.files.metrics import append_metrics
+from workbench.files.rollouts import RolloutBatch, Sample, write_rollouts
+from workbench.files.samples import SampledCompletion, SampleGroup, StepSamples
+from workbench.files.samples import record_step as record_samples
 from workbench.inference.client import AdapterVersions
-from workbench.metrics import append_metrics
 from workbench.orchestrator.advantages import (
     group_advantages,
     has_learning_signal,
@@ -39,9 +42,6 @@ from workbench.orchestrator.advantages import (
 from workbench.orchestrator.episodes import Episode, EpisodeClient, TurnJoiner, run_episodes
 from workbench.orchestrator.evaluation import PolicyEvaluator
 from workbench.orchestrator.state import OrchestratorState, load_state, save_state
-from workbench.rollouts import RolloutBatch, Sample, write_rollouts
-from workbench.samples import SampledCompletion, SampleGroup, StepSamples
-from workbench.samples import record_step as record_samples
 
 logger = logging.getLogger(__name__)
 

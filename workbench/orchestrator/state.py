@@ -13,7 +13,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from workbench import layout
+from workbench.files import layout
 
 PART = "orchestrator"
 

@@ -12,8 +12,8 @@
 - `launch`: start and stop a supervisor from outside (`workbench up` is `workbench.up`).
 - `client`: `SupervisorClient` for the CLI and the TUI.
 
-Processes are read from /proc through `workbench.procfs`. The stand-in plan that tests and
-benchmarks run in place of the real children is `workbench.bench.standins`.
+Processes are read from /proc through `workbench.system.procfs`. The stand-in plan that tests and
+benchmarks run in place of the real children is `workbench.testing.standins`.
 
 Nothing is imported here, so `from workbench.supervisor.client import SupervisorClient`
 stays light.

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from workbench import layout, run_control
-from workbench.clock import unix_time
-from workbench.procfs import process_cmdline, process_is_alive
+from workbench.files import layout, run_control
 from workbench.supervisor import paths
 from workbench.supervisor.lifecycle import LIVE_STATES
 from workbench.supervisor.process import describe_exit
+from workbench.system.clock import unix_time
+from workbench.system.procfs import process_cmdline, process_is_alive
 
 DEFAULT_TIMEOUT_S = 10.0
 

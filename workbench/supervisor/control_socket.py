@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
 from workbench.config import (
     ConfigError,
     OrchestratorConfig,
@@ -34,9 +33,10 @@ from workbench.config import (
     normalize_run_id,
     validate_model,
 )
-from workbench.preflight import check_new_run
+from workbench.files import layout
 from workbench.recipe import load_recipe
 from workbench.supervisor.paths import unix_socket_address
+from workbench.supervisor.preflight import check_new_run
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def new_run_config(
 ) -> tuple[str, OrchestratorConfig]:
     """The id and orchestrator config of a run to add: the recipe's `[defaults]` deep-merged
     with `overrides`. Raises ControlError naming what is wrong (bad or taken id, invalid
-    keys or values, an unreadable recipe, what `workbench.preflight.check_new_run` finds)."""
+    keys or values, an unreadable recipe, what `workbench.supervisor.preflight.check_new_run` finds)."""
     raw_id = raw_id.strip()
     problem = check_run_id(raw_id)
     if problem:

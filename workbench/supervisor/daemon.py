@@ -32,10 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench import layout, run_control
-from workbench.clock import now_iso, unix_time
 from workbench.config import ConfigError, normalize_run_id
 from workbench.experiment import write_run
+from workbench.files import layout, run_control
 from workbench.orchestrator.state import remove_killed_writes
 from workbench.supervisor import paths
 from workbench.supervisor.client import STATE_HEARTBEAT_S
@@ -81,6 +80,7 @@ from workbench.supervisor.process import (
 )
 from workbench.supervisor.startup import ProcessFacts, StartupTracker
 from workbench.sweep.scheduler import EVICTED_BY, EarlyStopping
+from workbench.system.clock import now_iso, unix_time
 from workbench.tracking import MetricsForwarder, start_forwarding
 
 log = logging.getLogger("workbench.supervisor")

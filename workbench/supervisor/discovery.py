@@ -36,10 +36,10 @@ try:  # Linux only: elsewhere the supervisor's rescans find every change.
 except ImportError:  # pragma: no cover - not on the Linux machines this is tested on
     flags = None  # type: ignore[assignment]
 
-from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
-from workbench.experiment_changes import DirectoryWatches, open_inotify
-from workbench.run_control import Condition
+from workbench.files import layout, run_control
+from workbench.files.experiment_changes import DirectoryWatches, open_inotify
+from workbench.files.run_control import Condition
 from workbench.supervisor.lifecycle import TERMINAL_STATES, ProcessState
 
 log = logging.getLogger(__name__)

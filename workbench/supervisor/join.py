@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
 from workbench.config import ConfigError, load_trainer_config
-from workbench.ports import interface_names
-from workbench.procfs import child_pids
+from workbench.files import layout
 from workbench.supervisor import paths
 from workbench.supervisor.client import STATE_HEARTBEAT_S, read_state
 from workbench.supervisor.lifecycle import SHUTDOWN_STATUSES, TERMINAL_STATES
 from workbench.supervisor.plan import read_rendezvous, trainer_argv
+from workbench.system.ports import interface_names
+from workbench.system.procfs import child_pids
 from workbench.trainer.launch import socket_interface_env
 
 # Between two agents: long enough for node 0's trainer to exit and be restarted.

@@ -22,10 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench import layout
-from workbench.file_tail import last_lines
-from workbench.priority import run_as_batch
-from workbench.procfs import process_cmdline, process_is_alive, read_stat
+from workbench.files import layout
 from workbench.supervisor.client import (
     SupervisorClient,
     SupervisorError,
@@ -34,6 +31,9 @@ from workbench.supervisor.client import (
 )
 from workbench.supervisor.lifecycle import SupervisorStatus
 from workbench.supervisor.process import family_members, stop_families
+from workbench.system.file_tail import last_lines
+from workbench.system.priority import run_as_batch
+from workbench.system.procfs import process_cmdline, process_is_alive, read_stat
 
 # Names the plan (MODULE:FUNCTION or FILE.py:FUNCTION) when no `plan` is passed; unset means
 # the real one. For tests and development: `workbench up` then runs stand-ins.
@@ -94,7 +94,7 @@ def start_daemon(
             close_fds=True,
         )
     # Its bookkeeping is the experiment's work too: it yields to the user's terminal as
-    # its children do (`workbench.priority`).
+    # its children do (`workbench.system.priority`).
     run_as_batch(pid=process.pid)
     deadline = time.monotonic() + timeout_s
     while True:

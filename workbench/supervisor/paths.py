@@ -1,6 +1,6 @@
 """Paths of the supervisor's own files under `{experiment}/supervisor/`, and Unix socket addresses.
 
-Layered on `workbench.layout.supervisor_dir` so the experiment layout keeps one source of
+Layered on `workbench.files.layout.supervisor_dir` so the experiment layout keeps one source of
 truth. These files belong to the supervisor; other processes only read them:
 
     supervisor/
@@ -21,8 +21,8 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from workbench import layout
-from workbench.inference import endpoint as inference_endpoint
+from workbench.files import endpoint as inference_endpoint
+from workbench.files import layout
 
 # sockaddr_un.sun_path is 108 bytes on Linux, including the terminating NUL.
 _MAX_SOCKET_PATH = 107

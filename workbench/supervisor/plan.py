@@ -31,20 +31,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench import layout
 from workbench.config import ConfigError, TrainerSection, model_to_toml
-from workbench.inference import endpoint
+from workbench.files import endpoint, layout
 from workbench.inference.engine_errors import engine_fatal_error
-from workbench.lifeline import PARENT_PID_ENV
-from workbench.ports import bind_error, free_port, interface_ipv4, interface_names
-from workbench.priority import NICE_ENV, inference_nice
 from workbench.recipe import Recipe, load_recipe
-from workbench.small_machine import is_small_machine
 from workbench.supervisor import paths
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec
 from workbench.sweep import scheduler
 from workbench.sweep.spec import AshaSpec
+from workbench.system.lifeline import PARENT_PID_ENV
+from workbench.system.ports import bind_error, free_port, interface_ipv4, interface_names
+from workbench.system.priority import NICE_ENV, inference_nice
+from workbench.system.small_machine import is_small_machine
 from workbench.tracking.target import TrackingTarget
 from workbench.trainer.launch import LOOPBACK, rendezvous_args, socket_interface_env
 
@@ -527,7 +526,7 @@ def plan_from_recipe(experiment: Path) -> Plan:
     orchestrator_env = {"CUDA_VISIBLE_DEVICES": ""} if gpu_count else {}
     # Orchestrators do little arithmetic (rewards, advantages): one thread each.
     orchestrator_env.update(shared_cpu_env(gpu_count, threads=1))
-    # Children stop when the supervisor dies (workbench.lifeline explains why).
+    # Children stop when the supervisor dies (workbench.system.lifeline explains why).
     orchestrator_env[PARENT_PID_ENV] = str(os.getpid())
     inference_argv = [
         sys.executable,
@@ -546,7 +545,7 @@ def plan_from_recipe(experiment: Path) -> Plan:
         env={
             **cuda_env(devices.inference),
             **shared_cpu_env(gpu_count),
-            # It raises its own nice value to this as it starts (workbench.priority).
+            # It raises its own nice value to this as it starts (workbench.system.priority).
             NICE_ENV: str(inference_nice(is_small_machine())),
             "VLLM_API_KEY": api_key,
             PARENT_PID_ENV: str(os.getpid()),
@@ -568,7 +567,7 @@ def plan_from_recipe(experiment: Path) -> Plan:
             **cuda_env(devices.trainer),
             **socket_interface_env(recipe.trainer.rendezvous_interface),
             # One thread where vLLM and the trainer take turns on two cores
-            # (workbench.small_machine has the figures).
+            # (workbench.system.small_machine has the figures).
             **shared_cpu_env(gpu_count, threads=1 if is_small_machine() else None),
             PARENT_PID_ENV: str(os.getpid()),
         },

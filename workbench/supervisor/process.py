@@ -10,7 +10,7 @@ and carries out the `terminate` the table asks for; the supervisor sends the oth
 Every child is a session and process-group leader (`start_new_session=True`), so a
 signal to its group reaches the workers it spawned (torchrun's ranks, vLLM's engine) and
 a Ctrl-C in the user's terminal never reaches it. Membership is read from /proc
-(`workbench.procfs`), where zombies (dead, waiting to be reaped by someone else) do not
+(`workbench.system.procfs`), where zombies (dead, waiting to be reaped by someone else) do not
 count as alive.
 """
 
@@ -29,12 +29,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from workbench import procfs
-from workbench.clock import now_iso
-from workbench.file_tail import last_lines
-from workbench.priority import run_as_batch
 from workbench.supervisor.lifecycle import TERMINATE, Event, ExitFacts, Lifecycle, ProcessState
 from workbench.supervisor.policy import RestartPolicy
+from workbench.system import procfs
+from workbench.system.clock import now_iso
+from workbench.system.file_tail import last_lines
+from workbench.system.priority import run_as_batch
 
 LAST_LINES = 20
 # Every exit record keeps its lines in state.json: a bound, whatever the lines are like.
@@ -258,7 +258,7 @@ class SupervisedProcess:
             self._append_log(f"cannot start {spec.name}: {problem}")
             return self._failed_start(problem, now)
         # Batch work from its first import on: the child runs in a session of its own, so
-        # its autogroup is its own too (`workbench.priority`).
+        # its autogroup is its own too (`workbench.system.priority`).
         run_as_batch(pid=self._popen.pid)
         if self._spawn_count:
             self.restarts += 1

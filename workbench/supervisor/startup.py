@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.clock import format_elapsed, now_iso, unix_time
-from workbench.file_tail import last_lines
 from workbench.models.build_progress import BuildProgress, read_build_progress
-from workbench.procfs import process_is_alive
 from workbench.supervisor.lifecycle import UP_STATES, ProcessState
+from workbench.system.clock import format_elapsed, now_iso, unix_time
+from workbench.system.file_tail import last_lines
+from workbench.system.procfs import process_is_alive
 
 BUILDING = "building model"
 STARTING = "starting"

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
-from workbench.clock import now_iso
+from workbench.files import layout
 from workbench.sweep.asha import RungResult
 from workbench.sweep.expand import PlannedRun
 from workbench.sweep.spec import AshaSpec
+from workbench.system.clock import now_iso
 
 PLAN_FORMAT = "workbench.sweep_plan"
 ASHA_FORMAT = "workbench.asha"

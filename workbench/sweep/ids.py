@@ -12,8 +12,8 @@ import math
 import re
 from typing import Any
 
-from workbench import layout
 from workbench.config import normalize_run_id
+from workbench.files import layout
 
 INDEX_PREFIX = "sweep"
 MAX_READABLE_ID = 64

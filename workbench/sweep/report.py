@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import layout, run_control
 from workbench.config import ConfigError, OrchestratorConfig, load_orchestrator_config, read_toml
 from workbench.curves import EVAL_METRIC, Line, Panel, draw, image_bytes, metric_curve
-from workbench.metrics import read_metrics
+from workbench.files import layout, run_control
+from workbench.files.metrics import read_metrics
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import AshaRecord, read_asha
 from workbench.sweep.fit import SigmoidFit, fit_sigmoid

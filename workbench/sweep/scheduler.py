@@ -19,14 +19,14 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench import layout, run_control
-from workbench.clock import unix_time
 from workbench.config import ConfigError, load_orchestrator_config
-from workbench.file_tail import AppendedLines
-from workbench.metrics import parse_record
+from workbench.files import layout, run_control
+from workbench.files.metrics import parse_record
 from workbench.sweep.asha import MetricPoint, RunCurve, RungResult, advance
 from workbench.sweep.files import AshaRecord, read_asha, write_asha
 from workbench.sweep.spec import AshaSpec
+from workbench.system.clock import unix_time
+from workbench.system.file_tail import AppendedLines
 
 log = logging.getLogger("workbench.supervisor")
 

@@ -2,7 +2,7 @@
 
 `MetricsForwarder` runs on a thread of its own, so a slow library (wandb's start, a full
 disk, a network) never holds up the supervisor's loop. Every `interval_s` it reads what
-each run's metrics.jsonl gained (`workbench.file_tail.AppendedLines`), opens the run's
+each run's metrics.jsonl gained (`workbench.system.file_tail.AppendedLines`), opens the run's
 tracker run when the first record comes (resuming the one its progress file names), sends
 each record, and writes the progress file. A run that is finished or evicted and has
 nothing new gets its tracker run finished; a record that comes later reopens it. On stop
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import layout, run_control
 from workbench.config import ConfigError, load_orchestrator_config
-from workbench.file_tail import AppendedLines
-from workbench.metrics import parse_record
+from workbench.files import layout, run_control
+from workbench.files.metrics import parse_record
 from workbench.sweep.values import flatten_values
+from workbench.system.file_tail import AppendedLines
 from workbench.tracking.backend import Backend, TrackedRun, TrackerRun
 from workbench.tracking.progress import Progress, read_progress, write_progress
 from workbench.tracking.target import TrackingTarget

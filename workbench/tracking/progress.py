@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from workbench import layout
+from workbench.files import layout
 
 FORMAT = "workbench.tracking_progress"
 

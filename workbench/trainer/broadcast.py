@@ -20,7 +20,7 @@ import torch
 from peft import LoraConfig
 from safetensors.torch import save_file
 
-from workbench import layout
+from workbench.files import layout
 from workbench.models.resolve import loadable_base
 from workbench.trainer.divergence import check_finite
 

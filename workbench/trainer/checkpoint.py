@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
-from workbench import layout
+from workbench.files import layout
 from workbench.trainer.divergence import check_finite
 from workbench.trainer.runs import MultiRunManager, Progress
 

@@ -2,7 +2,7 @@
 
 Two rules, both the trainer's (it sees every run's loss and gradient norm per update, and
 writes every adapter); both evict the run with a reason that starts with `diverged:`
-(`workbench.run_control.DIVERGED_PREFIX`), which status, the TUI, `sweep report` and
+(`workbench.files.run_control.DIVERGED_PREFIX`), which status, the TUI, `sweep report` and
 early stopping read as a divergence:
 
 - `DivergenceWatch`: a run whose loss or gradient norm is not finite for
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.run_control import DIVERGED_PREFIX
+from workbench.files.run_control import DIVERGED_PREFIX
 
 # Updates in a row with a non-finite loss or gradient norm (or a stalled gradient) before
 # the run is evicted. One bad batch (a single overflow, one rollout with an extreme

@@ -7,7 +7,7 @@ with SIGTERM left to us: we pass it on to the workers and let the agent go on wa
 them, so its exit status is theirs (0 after a clean stop, 1 if one failed).
 
 torchrun starts each worker in a session of its own, out of reach of a signal to the
-agent's process group; the workers arm a parent-death signal (`workbench.lifeline`) so a
+agent's process group; the workers arm a parent-death signal (`workbench.system.lifeline`) so a
 killed agent never leaves one behind, and this process arms one for the supervisor.
 
 Nothing of the trainer listens beyond 127.0.0.1 unless the recipe names a network
@@ -24,9 +24,9 @@ import os
 import signal
 import sys
 
-from workbench.lifeline import die_with_parent
-from workbench.priority import run_as_batch
-from workbench.procfs import child_pids
+from workbench.system.lifeline import die_with_parent
+from workbench.system.priority import run_as_batch
+from workbench.system.procfs import child_pids
 
 # The agent's handler for the signals it handles raises; SIGTERM is handled here instead.
 AGENT_SIGNALS = ("--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT")

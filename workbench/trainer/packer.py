@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench import layout
-from workbench.rollouts import InvalidRollouts, TensorBatch, read_rollouts
+from workbench.files import layout
+from workbench.files.rollouts import InvalidRollouts, TensorBatch, read_rollouts
 from workbench.trainer.runs import MultiRunManager
 
 logger = logging.getLogger(__name__)

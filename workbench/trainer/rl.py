@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workbench import busy, layout
 from workbench.config import ConfigError, TrainerConfig, load_trainer_config
-from workbench.lifeline import die_with_parent
-from workbench.metrics import append_metrics
-from workbench.priority import run_as_batch
+from workbench.files import busy, layout
+from workbench.files.metrics import append_metrics
+from workbench.system.lifeline import die_with_parent
+from workbench.system.priority import run_as_batch
 from workbench.trainer import distributed
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes

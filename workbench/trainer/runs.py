@@ -35,14 +35,14 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from workbench import layout, run_control
-from workbench.clock import now_iso
 from workbench.config import (
     ConfigError,
     OrchestratorConfig,
     check_run_id,
     load_orchestrator_config,
 )
+from workbench.files import layout, run_control
+from workbench.system.clock import now_iso
 from workbench.trainer import distributed
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.reactive import var
 
-from workbench import layout
+from workbench.files import layout
 from workbench.supervisor.client import SupervisorError, evict_and_tell
 from workbench.tui.collector import QuietCollector
 from workbench.tui.commands import CommandOutcome, CommandSender, SupervisorCommands

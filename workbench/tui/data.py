@@ -13,12 +13,12 @@ to repeat every second:
 - processes come from `supervisor/state.json`, which may be absent (no supervisor yet),
   or stale (the supervisor died): both are shown, not raised; so does the startup phase
   (`workbench.supervisor.startup`), while a live supervisor publishes one; each process's
-  busy share of the last minute from its record (`workbench.busy`), as `status` shows it;
+  busy share of the last minute from its record (`workbench.files.busy`), as `status` shows it;
 - the leaderboard ranks the runs as `workbench sweep report` does (`tui.leaderboard`),
   from the curves of the metric the metrics readers follow.
 
 A poll costs what changed, not how many runs there are: it looks only at the runs and busy
-records that file events name (`workbench.experiment_changes`, plus a slice of the others
+records that file events name (`workbench.files.experiment_changes`, plus a slice of the others
 in turn); a run it looks at whose files did not change costs a few `stat`s; the `RunView`
 of a run that did not change is the very object of the last poll, so the widgets skip it
 by identity; the leaderboard is ranked only for a poll that asks for it
@@ -38,19 +38,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
-from workbench.busy import BusyReader
-from workbench.clock import unix_time
 from workbench.curves import EVAL_METRIC, REWARD_METRIC, MetricCurve
-from workbench.experiment_changes import ExperimentChanges
-from workbench.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
-from workbench.file_tail import AppendedLines
-from workbench.metrics import parse_record
+from workbench.files import layout
+from workbench.files.busy import BusyReader
+from workbench.files.experiment_changes import ExperimentChanges
+from workbench.files.metrics import parse_record
 from workbench.status import RunStatus, RunStatusReader, supervisor_warnings
 from workbench.supervisor import paths as supervisor_paths
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.report import RANKINGS
+from workbench.system.clock import unix_time
+from workbench.system.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
+from workbench.system.file_tail import AppendedLines
 from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, Ranking, RunMetric
 
 # Points of reward and loss history kept per run: enough for a chart as wide as a large
@@ -98,7 +98,7 @@ class ProcessView:
     started_at: float | None = None
     run_id: str | None = None
     last_exit: str | None = None
-    busy: float | None = None  # share of its last minute on its own work (`workbench.busy`)
+    busy: float | None = None  # share of its last minute on its own work (`workbench.files.busy`)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """How numbers, ages and series are written in the TUI's cells: pure functions.
 
-Durations are `workbench.clock.format_duration`'s, coarse on purpose: a cell whose text
+Durations are `workbench.system.clock.format_duration`'s, coarse on purpose: a cell whose text
 does not change is not redrawn, so an idle screen costs nothing.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from workbench.clock import format_duration
+from workbench.system.clock import format_duration
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
-from workbench.file_change import OnFileChange
-from workbench.run_control import Eviction
+from workbench.files import layout
+from workbench.files.run_control import Eviction
 from workbench.status import RunStatus
 from workbench.sweep.files import AshaRecord, read_asha
 from workbench.sweep.fit import SigmoidFit
@@ -40,6 +39,7 @@ from workbench.sweep.report import (
     run_outcome,
 )
 from workbench.sweep.values import describe_values
+from workbench.system.file_change import OnFileChange
 
 EARLY_STOPPED = "early-stop"
 

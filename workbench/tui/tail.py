@@ -1,4 +1,4 @@
-"""Log lines as the TUI shows them: `LogTail` follows a log (`workbench.file_tail`) and
+"""Log lines as the TUI shows them: `LogTail` follows a log (`workbench.system.file_tail`) and
 hands out display text without terminal escape sequences (a stray escape code must not
 move the cursor of the terminal the TUI draws on).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from workbench.file_tail import READ_LIMIT, AppendedLines
+from workbench.system.file_tail import READ_LIMIT, AppendedLines
 
 # Colour and cursor codes (CSI ... letter), OSC strings, and other single escapes.
 _ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")

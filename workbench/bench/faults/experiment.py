@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import tomlkit
 
-from workbench import layout, run_control
+from workbench.files import layout, run_control
 from workbench.supervisor.client import read_state
 
 RECIPE = """\

@@ -9,8 +9,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from workbench import layout
-from workbench.metrics import read_metrics
+from workbench.files import layout
+from workbench.files.metrics import read_metrics
 
 # Written by RunCheckpointer.restore: "run <id> resumed from <directory>".
 _RESUMED = re.compile(r"run (\S+) resumed from (\S+)")

@@ -26,12 +26,12 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
-from workbench import layout
 from workbench.bench.faults import invariants
 from workbench.bench.faults.experiment import RUN_IDS, FaultExperiment
 from workbench.bench.faults.scenarios import BY_NAME, QUICK, SCENARIOS, Injection, Scenario
 from workbench.bench.results import write_result
-from workbench.metrics import read_metrics
+from workbench.files import layout
+from workbench.files.metrics import read_metrics
 
 FULL = {"max_steps": 16, "checkpoint_interval": 4}
 QUICK_SIZE = {"max_steps": 10, "checkpoint_interval": 3}

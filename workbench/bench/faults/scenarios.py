@@ -27,10 +27,10 @@ from typing import Any
 
 import psutil
 
-from workbench import layout
 from workbench.bench.faults.experiment import RUN_IDS, FaultExperiment, still_alive
 from workbench.bench.faults.security import security_problems
-from workbench.inference.endpoint import read_endpoint
+from workbench.files import layout
+from workbench.files.endpoint import read_endpoint
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from workbench.bench.faults.experiment import FaultExperiment, still_alive
-from workbench.inference.endpoint import endpoint_path, read_endpoint
+from workbench.files.endpoint import endpoint_path, read_endpoint
 from workbench.supervisor import paths
 
 # The processes that may listen, each on 127.0.0.1 only.

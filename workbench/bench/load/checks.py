@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench import layout
 from workbench.bench.faults.invariants import trained_steps
 from workbench.config import ConfigError, load_orchestrator_config
-from workbench.metrics import read_metrics
+from workbench.files import layout
+from workbench.files.metrics import read_metrics
 from workbench.orchestrator.__main__ import EXIT_EVICTED
 from workbench.status import RunStatus
 from workbench.supervisor.lifecycle import STARTED_STATES

@@ -18,7 +18,7 @@ from random import Random
 
 import tomlkit
 
-from workbench import layout, run_control
+from workbench.files import layout, run_control
 from workbench.status import read_trainer_state
 from workbench.supervisor.client import SupervisorClient, SupervisorError
 

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench import layout, run_control
 from workbench.bench.faults import invariants
 from workbench.bench.faults.experiment import FaultExperiment
 from workbench.bench.faults.security import listening_problems
@@ -43,6 +42,7 @@ from workbench.bench.load.keys import (
 )
 from workbench.bench.results import RESULTS_DIR, write_result
 from workbench.bench.supervisor import format_value, load_average, percentile, say_on_stderr
+from workbench.files import layout, run_control
 from workbench.status import STATUSES, read_trainer_state, run_statuses
 
 DURATION_S = 600.0

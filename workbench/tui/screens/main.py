@@ -26,7 +26,7 @@ from textual.events import Resize
 from textual.screen import Screen
 from textual.widgets import Static
 
-from workbench import layout
+from workbench.files import layout
 from workbench.supervisor.startup import FAILED, StartupPhase
 from workbench.tui.data import ExperimentSnapshot, SupervisorView
 from workbench.tui.messages import (

@@ -20,8 +20,8 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Static
 
-from workbench import layout
 from workbench.curves import EVAL_METRIC
+from workbench.files import layout
 from workbench.tui.data import ExperimentSnapshot, RunView
 from workbench.tui.format import format_age, format_count, format_reward, format_steps
 from workbench.tui.messages import EvictRun, RestartRun, ShowCurves, ShowSamples

@@ -1,6 +1,6 @@
 """The rollout browser: one run's recent steps, group by group, as the policy wrote them.
 
-Reads the run's `samples.jsonl` (`workbench.samples`: the last few steps' prompts and
+Reads the run's `samples.jsonl` (`workbench.files.samples`: the last few steps' prompts and
 completions as text) again whenever the app's poll finds it changed. On top, the step
 shown and its reward histogram; below, a table of the step's GRPO groups (mean reward,
 spread, prompt); under it, every completion of the selected group with its reward and
@@ -21,8 +21,8 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
-from workbench import layout
-from workbench.samples import SampleGroup, StepSamples, read_steps, reward_histogram
+from workbench.files import layout
+from workbench.files.samples import SampleGroup, StepSamples, read_steps, reward_histogram
 from workbench.tui.widgets.footer import Footer
 
 HISTOGRAM_BINS = 8

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.message import Message
 
-from workbench.clock import format_duration
 from workbench.supervisor.lifecycle import LIVE_STATES
+from workbench.system.clock import format_duration
 from workbench.tui.data import ProcessView
 from workbench.tui.widgets.keyed_table import Cell, ColumnSpec, KeyedTable
 
