@@ -4,7 +4,7 @@
     python scripts/recipe_reference.py --check    # exit 1 when README.md is out of date
 
 Every key of a recipe is described once, where its pydantic field is defined
-(`workbench/config.py`, `workbench/recipe.py`, `workbench/sweep/spec.py`, the environments'
+(`workbench/config/`, `workbench/recipe.py`, `workbench/sweep/spec.py`, the environments'
 `Args`); this script renders those descriptions, types, bounds and defaults as tables
 between the two marker comments of README.md. Everything outside the markers is written by
 hand.
