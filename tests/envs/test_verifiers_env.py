@@ -28,10 +28,11 @@ from workbench.envs import (
     get_environment,
     verifiers_venv,
 )
+from workbench.envs.episode import Episode
 from workbench.envs.external import ExternalEpisodes
 from workbench.envs.verifiers_env import VerifiersEnvironment
 from workbench.files.endpoint import Endpoint
-from workbench.orchestrator.episodes import Episode, run_episodes
+from workbench.orchestrator.episodes import run_episodes
 
 # ---------------------------------------------------------------- without verifiers
 

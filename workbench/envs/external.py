@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from workbench.envs.base import Prompt
+    from workbench.envs.episode import Episode
     from workbench.files.endpoint import Endpoint
-    from workbench.orchestrator.episodes import Episode
 
 
 class ExternalEpisodeError(RuntimeError):

@@ -45,8 +45,8 @@ from workbench.envs.dataset import shuffled_order
 from workbench.envs.external import ExternalEpisodeError, ExternalEpisodes
 
 if TYPE_CHECKING:
+    from workbench.envs.episode import Episode
     from workbench.files.endpoint import Endpoint
-    from workbench.orchestrator.episodes import Episode
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class VerifiersEnvironment(ExternalEpisodes, Environment):
         temperature: float,
         top_p: float,
     ) -> list[list[Episode]]:
-        from workbench.orchestrator.episodes import Episode
+        from workbench.envs.episode import Episode
 
         sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
         pending = [

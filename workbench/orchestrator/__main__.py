@@ -30,13 +30,13 @@ from pathlib import Path
 
 from workbench.config import ConfigError, ConfigProblem, load_orchestrator_config
 from workbench.envs import EnvironmentConfigError
+from workbench.envs.checks import checked_environment
 from workbench.files import busy, layout, run_control
 from workbench.files.endpoint import read_endpoint
 from workbench.inference.client import AdapterVersions, InferenceClient
 from workbench.inference.readiness import is_healthy
 from workbench.orchestrator.loop import Orchestrator, RunEvicted
 from workbench.orchestrator.state import remove_killed_writes
-from workbench.supervisor.preflight import checked_environment
 from workbench.system.lifeline import die_with_parent
 from workbench.system.priority import run_as_batch
 

@@ -28,6 +28,7 @@ from typing import Any
 from workbench.config import OrchestratorConfig
 from workbench.envs import get_environment
 from workbench.envs.base import Environment, Prompt
+from workbench.envs.episode import Episode
 from workbench.files import busy, layout, run_control
 from workbench.files.metrics import append_metrics
 from workbench.files.rollouts import RolloutBatch, Sample, write_rollouts
@@ -39,7 +40,7 @@ from workbench.orchestrator.advantages import (
     has_learning_signal,
     steps_ahead_allowed,
 )
-from workbench.orchestrator.episodes import Episode, EpisodeClient, TurnJoiner, run_episodes
+from workbench.orchestrator.episodes import EpisodeClient, TurnJoiner, run_episodes
 from workbench.orchestrator.evaluation import PolicyEvaluator
 from workbench.orchestrator.state import OrchestratorState, load_state, save_state
 

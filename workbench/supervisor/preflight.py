@@ -28,7 +28,6 @@ for anything, for run directories written by hand, and trains with what it built
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -45,12 +44,13 @@ from workbench.config import (
     problem_at,
     served_rank_problem,
 )
-from workbench.envs import (
-    Environment,
-    EnvironmentConfigError,
-    MultiTurnEnvironment,
-    environment_class,
-    get_environment,
+from workbench.envs import Environment, EnvironmentConfigError, MultiTurnEnvironment
+from workbench.envs.checks import (
+    BuiltEnvironment,
+    Finding,
+    cached_environment,
+    environment_key,
+    environment_problem,
 )
 from workbench.files import layout, run_control
 from workbench.models.resolve import base_model_problem, linear_layer_names, prompt_tokenizer
@@ -81,8 +81,6 @@ FLOAT16_ON_CPU = (
     'loss. Use dtype = "bfloat16" (float32\'s range in half the memory) or "float32" on '
     "the CPU"
 )
-
-Finding = tuple[str, str]  # (dotted key of a run's config, what is wrong)
 
 
 def check_recipe(recipe: Recipe, path: Path | str | None, text: str | None) -> None:
@@ -246,30 +244,6 @@ def check_new_run(
         raise ConfigError(where, problems)
 
 
-def environment_problem(config: OrchestratorConfig) -> Finding | None:
-    """Why the run's environment cannot be built with its `env_args` (or hold out its eval
-    prompts), as (key, message); None if it can."""
-    env, problem = checked_environment(config)
-    if env is not None:
-        env.close()
-    return problem
-
-
-def checked_environment(config: OrchestratorConfig) -> _Built:
-    """The run's environment, built and checked as `environment_problem` checks it, for the
-    caller to use and close; or None and the finding (nothing it built is left open).
-
-    An orchestrator trains with the environment it checked: a verifiers environment is a
-    process of its own, and building it twice would start (and load the taskset) twice."""
-    built: dict[tuple[str, str], _Built] = {}
-    env, problem = _environment(config, built)
-    if env is None:
-        for other, _ in built.values():
-            if other is not None:
-                other.close()
-    return env, problem
-
-
 def max_loras_problem(
     max_loras: int, slots: int, in_flight: list[int], *, what: str, advice: str
 ) -> str | None:
@@ -289,9 +263,6 @@ def max_loras_problem(
     )
 
 
-# ---------------------------------------------------------------- one run's checks
-
-
 class RunChecker:
     """The checks of one run's config against a recipe; environments and prompt lengths are
     measured once for every run that shares them (a sweep's runs mostly do)."""
@@ -301,7 +272,7 @@ class RunChecker:
         self.recipe = recipe
         self.tokenizer = tokenizer
         self._longest: dict[tuple, int] = {}
-        self._environments: dict[tuple[str, str], _Built] = {}
+        self._environments: dict[tuple[str, str], BuiltEnvironment] = {}
 
     def close(self) -> None:
         """End the environments it built (a verifiers environment's process)."""
@@ -320,7 +291,7 @@ class RunChecker:
             problem = served_rank_problem(run_rank, served, whose="the run's adapters have")
             if problem is not None:
                 findings.append(("lora.rank", problem))
-        env, problem = _environment(config, self._environments)
+        env, problem = cached_environment(config, self._environments)
         if problem is not None:
             findings.append(problem)
             return findings
@@ -426,7 +397,7 @@ class RunChecker:
     def _longest_prompt(
         self, config: OrchestratorConfig, env: Environment, split: str, count: int
     ) -> int:
-        key = (*_env_key(config), config.seed, split, count)
+        key = (*environment_key(config), config.seed, split, count)
         if key not in self._longest:
             prompts = env.sample_prompts(count, seed=config.seed, split=split)
             self._longest[key] = max(self._prompt_tokens(p.messages) for p in prompts)
@@ -468,42 +439,6 @@ def _tokenizer(base: str) -> tuple[Any | None, str | None]:
         return None, f"cannot load its tokenizer: {type(err).__name__}: {err}"
 
 
-_Built = tuple[Environment | None, Finding | None]
-
-
-def _env_key(config: OrchestratorConfig) -> tuple[str, str]:
-    return config.env, json.dumps(config.env_args, sort_keys=True, default=str)
-
-
-def _environment(config: OrchestratorConfig, built: dict[tuple[str, str], _Built]) -> _Built:
-    """The run's environment, or the finding that says why there is none; `built` keeps
-    the environments built so far, by name and arguments."""
-    key = _env_key(config)
-    if key not in built:
-        built[key] = _build_environment(config)
-    env, problem = built[key]
-    if problem is None and env is not None and config.eval.interval > 0:
-        try:  # as the orchestrator's evaluator draws them, up front
-            env.prompt(0, seed=config.seed, split="eval")
-        except EnvironmentConfigError as err:
-            return None, ("env_args", str(err))
-    return env, problem
-
-
-def _build_environment(config: OrchestratorConfig) -> _Built:
-    try:
-        environment_class(config.env)
-    except EnvironmentConfigError as err:
-        return None, ("env", str(err))
-    try:
-        return get_environment(config.env, **config.env_args), None
-    except EnvironmentConfigError as err:
-        return None, ("env_args", str(err))
-
-
-# ---------------------------------------------------------------- the runs of an experiment
-
-
 def _runs_that_may_train(experiment: Path) -> Iterable[OrchestratorConfig]:
     """The configs of the experiment's runs that may still take a trainer slot."""
     for run in layout.list_run_dirs(experiment):
@@ -513,9 +448,6 @@ def _runs_that_may_train(experiment: Path) -> Iterable[OrchestratorConfig]:
             yield load_orchestrator_config(layout.orch_config_path(run))
         except (ConfigError, OSError):
             continue  # rejected at discovery: it takes no slot
-
-
-# ---------------------------------------------------------------- where a key is set
 
 
 class _KeyLocator:
