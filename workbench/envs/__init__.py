@@ -5,6 +5,11 @@ local data file) and `reverse_chain` (multi-turn: `MultiTurnEnvironment`).
     env = get_environment("reverse_text", min_length=6, max_length=12)
     prompts = env.sample_prompts(8, seed=0, start=position)   # resumable: position is an int
     reward = env.reward(prompts[0], completion_text)
+
+A verifiers environment runs in a process of its own (`verifiers_env`, `verifiers_server`,
+`verifiers_venv`) and produces its episodes itself (`external.ExternalEpisodes`). `episode`
+holds `Episode`, what every environment's episodes are made of; `checks` builds a run's
+environment once and says why it cannot be built, for preflight and the orchestrator.
 """
 
 from workbench.envs.base import (

@@ -1,6 +1,12 @@
 """Inference: vLLM's OpenAI-compatible server with runtime LoRA loading.
 
-`server` builds the command line and starts it (`python -m workbench.inference`),
-`readiness` waits for its health endpoint, `endpoint` is where clients find it, and
-`adapters` loads each run's adapter versions without vLLM's same-name reload pitfalls.
+- `server`: the vLLM command line, started by `python -m workbench.inference` (`__main__`),
+  which writes `supervisor/endpoint.json` (`workbench.files.endpoint`) once it answers;
+- `readiness`: waiting for the server's health endpoint;
+- `client`: `InferenceClient`, the orchestrators' chat, completion, tokenize and adapter
+  loading requests, and `AdapterVersions`, each run's adapter versions loaded under names of
+  their own (no same-name reload);
+- `cpu_lora`: vLLM's multi-LoRA product on the CPU as two matrix products per adapter, and
+  `vllm_plugin`, which vLLM loads in each of its processes and which installs it in a server
+  workbench starts.
 """

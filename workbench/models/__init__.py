@@ -1,9 +1,10 @@
-"""Models the project builds itself, and resolving a recipe's base model to a loadable path.
+"""Resolving a recipe's base model to a loadable path, and the builtin models' weights.
 
     resolve_model("builtin:tiny-reverse")  # -> ~/.cache/workbench/models/tiny-reverse-<hash>
     resolve_model("/path/to/model")        # -> unchanged
 
-The builders (`tiny_reverse`) are imported only when a builtin model is asked for.
+The builders (`workbench.trainer.tiny_reverse`, which trains with the SFT trainer) are
+imported only when a builtin model is asked for.
 """
 
 from workbench.models.resolve import (

@@ -11,6 +11,8 @@
 - `daemon`: the supervisor loop and the daemon process (`python -m workbench.supervisor`).
 - `launch`: start and stop a supervisor from outside (`workbench up` is `workbench.up`).
 - `client`: `SupervisorClient` for the CLI and the TUI.
+- `join`: another node's share of the trainer, joined to an experiment started elsewhere.
+- `preflight`: what can be found wrong with a recipe or a run to add before anything starts.
 
 Processes are read from /proc through `workbench.system.procfs`. The stand-in plan that tests and
 benchmarks run in place of the real children is `workbench.testing.standins`.

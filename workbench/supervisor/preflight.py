@@ -1,6 +1,6 @@
 """What can be found wrong with a recipe, or a run to add, before anything starts.
 
-`config.py` and `recipe.py` check a file on its own terms: keys, types, values, rules
+`workbench.config` and `workbench.recipe` check a file on its own terms: keys, types, values, rules
 across the keys of one table. This module checks what takes more than the file, the way
 the processes will meet it:
 
@@ -23,7 +23,9 @@ the processes will meet it:
 `check_recipe` serves `workbench up` (and `--dry-run`, `sweep plan`): problems name the
 file, line and key like the loader's. `check_new_run` serves `workbench runs add` and the
 supervisor's add_run. A run's orchestrator calls `checked_environment` before it waits
-for anything, for run directories written by hand, and trains with what it built.
+for anything, for run directories written by hand, and trains with what it built: that
+check lives below the environments (`workbench.envs.checks`), so the orchestrator process
+imports nothing of the supervisor.
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
     ]
     temperatures = torch.ones(manager.max_runs)
     for idx in manager.used_idxs:
-        temperatures[idx] = manager.config[idx].sampling.temperature  # > 0 (config.py)
+        temperatures[idx] = manager.config[idx].sampling.temperature  # > 0 (workbench.config)
     # Per run: loss, masked, loss and advantaged tokens (the rows of the tally), summed on
     # the device and read once per update: a read per row would wait for each row's
     # backward before the next row could be queued.
