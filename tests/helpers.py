@@ -166,3 +166,17 @@ def assert_same_gradients(got: dict, want: dict, rtol: float = 1e-5) -> None:
     for key, expected in want.items():
         scale = float(expected.abs().max())
         torch.testing.assert_close(got[key], expected, rtol=0, atol=rtol * scale, msg=key)
+
+
+def served_models(endpoint) -> list[str]:
+    """The model names the inference server lists (`GET /v1/models`): the base model and every
+    adapter version loaded now."""
+    import httpx
+
+    response = httpx.get(
+        f"{endpoint.base_url}/models",
+        headers={"Authorization": f"Bearer {endpoint.api_key}"},
+        timeout=30,
+    )
+    response.raise_for_status()
+    return [model["id"] for model in response.json()["data"]]

@@ -43,10 +43,10 @@ def test_a_rejection_names_the_config_it_rejected_and_stands_until_that_changes(
     read = run_control.current_config_signature(run)
     run_control.write_validation_error(run, "lr must be > 0\nsecond line", read)
     assert run_control.read_validation_error(run) == "lr must be > 0\nsecond line"
-    assert run_control.rejection_stands(run)
+    assert not run_control.run_condition(run).reconsidered
     config.write_text("lr = 0.1\n")  # edited in place: same inode, new time and size
     assert run_control.read_validation_error(run) == "lr must be > 0\nsecond line"
-    assert not run_control.rejection_stands(run)
+    assert run_control.run_condition(run).reconsidered
 
 
 def test_a_rejection_that_names_no_config_stands_until_the_config_is_newer(tmp_path):
@@ -58,6 +58,6 @@ def test_a_rejection_that_names_no_config_stands_until_the_config_is_newer(tmp_p
     error = layout.validation_error_path(run)
     stamp = config.stat().st_mtime_ns
     os.utime(error, ns=(stamp, stamp))
-    assert run_control.rejection_stands(run)
+    assert not run_control.run_condition(run).reconsidered
     os.utime(config, ns=(stamp + 10**9, stamp + 10**9))
-    assert not run_control.rejection_stands(run)
+    assert run_control.run_condition(run).reconsidered

@@ -12,7 +12,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.helpers import random_adapter
+from tests.helpers import random_adapter, served_models
 from workbench.envs import get_environment
 from workbench.inference.client import AdapterVersions, InferenceClient
 from workbench.orchestrator.episodes import run_episodes
@@ -33,7 +33,7 @@ def test_two_adapters_loaded_at_once_give_different_completions(server, tiny_rev
     with InferenceClient(server) as client:
         client.load_adapter("run_a@step1", first)
         client.load_adapter("run_b@step1", second)
-        assert {"run_a@step1", "run_b@step1"} <= set(client.served_models())
+        assert {"run_a@step1", "run_b@step1"} <= set(served_models(client.endpoint))
         outputs = {
             name: greedy(client, name) for name in ("run_a@step1", "run_b@step1", server.model)
         }
@@ -56,7 +56,7 @@ def test_after_a_reload_generation_uses_the_new_adapter(server, tiny_reverse, tm
         versions.load(2, new)
         with_new = greedy(client, versions.model_for_requests())
         assert with_new == expected_new and with_new != with_old
-        served = client.served_models()
+        served = served_models(client.endpoint)
         assert "run_x@step2" in served and "run_x@step1" not in served
         versions.unload_all()
 

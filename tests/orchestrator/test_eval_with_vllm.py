@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_run, random_adapter
+from tests.helpers import make_run, random_adapter, served_models
 from tests.inference.conftest import server, tiny_reverse  # noqa: F401 - the shared server
 from workbench.config import OrchestratorConfig
 from workbench.files import layout, run_control
@@ -48,7 +48,7 @@ def test_an_orchestrator_records_greedy_evals_of_each_version_it_serves(
             orchestrator.run_until_done()  # loads and scores the last version, 2
         finally:
             adapters.unload_all()
-        served_after = client.served_models()
+        served_after = served_models(client.endpoint)
 
     records = read_metrics(run, "eval")
     assert [(r["policy_version"], r["adapter"]) for r in records] == [

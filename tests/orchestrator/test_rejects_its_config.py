@@ -24,6 +24,6 @@ def test_an_unknown_environment_rejects_the_run_before_anything_is_waited_for(tm
     assert result.returncode == 2, result.stderr[-2000:]
     reason = run_control.read_validation_error(run)
     assert reason is not None and "orch.toml: env: unknown environment 'nope'" in reason
-    assert run_control.rejection_stands(run)
+    assert not run_control.run_condition(run).reconsidered
     (run / "control" / "orch.toml").write_text('env = "letter_count"\n')
-    assert not run_control.rejection_stands(run), "an edited config deserves a new look"
+    assert run_control.run_condition(run).reconsidered, "an edited config deserves a new look"

@@ -144,14 +144,6 @@ def read_validation_error(run: Path) -> str | None:
     return rejection[0] if rejection is not None else None
 
 
-def rejection_stands(run: Path) -> bool:
-    """Whether the run is rejected for the `control/orch.toml` it has now. A rejection of
-    an earlier file (edited since) is for the trainer to look at again, and to clear if
-    the new one is valid; one that names no file stands until the file is newer than it."""
-    rejection = _read_rejection(run)
-    return rejection is not None and _rejection_stands(run, rejection[1])
-
-
 def _rejection_stands(run: Path, config: str | None) -> bool:
     """Whether a rejection of the orch.toml `config` names (None: it names none) stands."""
     if config is not None:

@@ -170,11 +170,6 @@ class InferenceClient:
     def unload_adapter(self, name: str) -> None:
         self._post("/v1/unload_lora_adapter", {"lora_name": name})
 
-    def served_models(self) -> list[str]:
-        response = self._http.get(f"{self.endpoint.base_url}/models")
-        response.raise_for_status()
-        return [model["id"] for model in response.json()["data"]]
-
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = self.endpoint.server_url + path
         response = self._http.post(url, json=body)

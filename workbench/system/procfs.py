@@ -29,10 +29,6 @@ class ProcStat:
     session: int
     utime_ticks: int
     stime_ticks: int
-    # Times of the children it waited for (and theirs): a process tree's CPU time is its
-    # live members' own and reaped times summed.
-    cutime_ticks: int = 0
-    cstime_ticks: int = 0
     start_ticks: int = 0  # since boot
     rss_pages: int = 0
 
@@ -45,11 +41,6 @@ class ProcStat:
     def cpu_seconds(self) -> float:
         """User + system CPU time, its threads included, its children not."""
         return (self.utime_ticks + self.stime_ticks) / os.sysconf("SC_CLK_TCK")
-
-    @property
-    def reaped_children_cpu_seconds(self) -> float:
-        """User + system CPU time of the children it waited for, and of theirs."""
-        return (self.cutime_ticks + self.cstime_ticks) / os.sysconf("SC_CLK_TCK")
 
     @property
     def rss_bytes(self) -> int:
@@ -66,7 +57,7 @@ def read_stat(pid: int) -> ProcStat | None:
     fields = text[text.rfind(")") + 2 :].split()
     try:
         # After the name: state is field 3, ppid 4, pgrp 5, session 6, utime 14, stime 15,
-        # cutime 16, cstime 17, starttime 22, rss 24.
+        # starttime 22, rss 24.
         return ProcStat(
             pid,
             fields[0],
@@ -75,8 +66,6 @@ def read_stat(pid: int) -> ProcStat | None:
             int(fields[3]),
             int(fields[11]),
             int(fields[12]),
-            cutime_ticks=int(fields[13]),
-            cstime_ticks=int(fields[14]),
             start_ticks=int(fields[19]),
             rss_pages=int(fields[21]),
         )
