@@ -16,6 +16,9 @@ Names and behaviour follow the multi-run manager of prime-rl's trainer (`MultiRu
 - LoRA modules register themselves so optimizers, broadcast and resets can ask for one
   run's parameters.
 
+`setup_multi_run_manager(output_dir, max_runs)` and `get_multi_run_manager()` are prime-rl's
+entry points to one manager per process; the trainer builds its own and passes it on.
+
 Hook order on the master: forgotten -> validation -> discovered. A validation or discovered
 hook that raises rejects that run's config (the exception goes to the error file); a
 creation hook that raises rejects the run at the next discovery. Neither kills the trainer.
@@ -461,6 +464,32 @@ class MultiRunManager:
     def _check_idx(self, idx: int) -> None:
         if not 0 <= idx < self.max_runs:
             raise IndexError(f"run index {idx} is outside 0..{self.max_runs - 1}")
+
+
+# ---------------------------------------------------------------------- the seed's entry points
+
+# prime-rl's trainer makes one manager per process and finds it anywhere through these two
+# (seed 000, "Initialization and run discovery"). workbench's trainer builds its own and
+# passes it on (`rl.build_trainer`); these serve code written against prime-rl's API.
+_manager: MultiRunManager | None = None
+
+
+def setup_multi_run_manager(output_dir: Path, max_runs: int, **kwargs: Any) -> MultiRunManager:
+    """Make this process's manager (`MultiRunManager(output_dir, max_runs, **kwargs)`) and
+    return it; `get_multi_run_manager` finds it from then on. Called again, it replaces it."""
+    global _manager
+    _manager = MultiRunManager(output_dir, max_runs, **kwargs)
+    return _manager
+
+
+def get_multi_run_manager() -> MultiRunManager:
+    """The manager `setup_multi_run_manager` made in this process."""
+    if _manager is None:
+        raise RuntimeError(
+            "this process has no multi-run manager yet: call "
+            "setup_multi_run_manager(output_dir, max_runs) first"
+        )
+    return _manager
 
 
 # ---------------------------------------------------------------------- helpers

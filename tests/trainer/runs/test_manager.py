@@ -14,7 +14,8 @@ import torch.distributed as dist
 from tests.helpers import make_run
 from workbench.files import layout, run_control
 from workbench.system.ports import free_port
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer import runs
+from workbench.trainer.runs import MultiRunManager, get_multi_run_manager, setup_multi_run_manager
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,6 +67,25 @@ def test_new_run_with_valid_config_gets_a_slot_and_its_config(experiment: Path):
     assert manager.progress[0].step == 0
     assert manager.get_run_dir(0) == experiment / "run_a"
     assert hooks.take() == [("discovered", 0, "run_a"), ("creation", 0, "run_a")]
+
+
+def test_setup_multi_run_manager_makes_the_manager_get_multi_run_manager_finds(
+    experiment: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(runs, "_manager", None)  # this process's manager, restored after
+    manager = setup_multi_run_manager(output_dir=experiment, max_runs=2)
+    assert get_multi_run_manager() is manager and manager.max_runs == 2
+    make_run(experiment, "run_a", "")
+    refresh(get_multi_run_manager())
+    assert manager.idx_2_id == {0: "run_a"}
+    again = setup_multi_run_manager(experiment, 3)
+    assert get_multi_run_manager() is again and again is not manager
+
+
+def test_get_multi_run_manager_before_setup_says_what_to_call(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(runs, "_manager", None)
+    with pytest.raises(RuntimeError, match=r"setup_multi_run_manager\(output_dir, max_runs\)"):
+        get_multi_run_manager()
 
 
 def test_directory_without_orch_toml_is_not_a_run_until_the_handshake(experiment: Path):
