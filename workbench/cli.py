@@ -48,8 +48,9 @@ from workbench.supervisor.client import (
 )
 from workbench.supervisor.join import JoinError, joining_node
 from workbench.supervisor.join import join as run_join
-from workbench.supervisor.plan import detect_gpu_count, recipe_devices, recipe_rendezvous
+from workbench.supervisor.plan import recipe_devices, recipe_rendezvous
 from workbench.system.file_tail import AppendedLines, last_lines
+from workbench.system.gpus import detect_gpu_count
 from workbench.up import (
     LaunchError,
     RecipeError,

@@ -24,6 +24,7 @@ from workbench.inference.vllm_plugin import (
     SERVER_ENV,
 )
 from workbench.models.resolve import local_model_problem
+from workbench.system.gpus import detect_gpu_count
 from workbench.system.ports import bind_error, free_port
 from workbench.system.procfs import memory_available_bytes
 from workbench.system.small_machine import is_small_machine
@@ -114,7 +115,7 @@ def cpu_memory_problem(available: int, kv_cache_gib: float, weights: int) -> str
 def check_cpu_memory(model: Path) -> None:
     """On a machine without a GPU, refuse to start vLLM without the memory it needs, saying
     what it needs; vLLM itself would fail later and less plainly."""
-    if any(Path("/proc/driver/nvidia/gpus").glob("*")):
+    if detect_gpu_count() > 0:
         return
     available = memory_available_bytes()
     if available is None:

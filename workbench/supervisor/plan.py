@@ -40,6 +40,7 @@ from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec
 from workbench.sweep import scheduler
 from workbench.sweep.spec import AshaSpec
+from workbench.system.gpus import detect_gpu_count  # preflight and tests reach it here
 from workbench.system.lifeline import PARENT_PID_ENV
 from workbench.system.ports import bind_error, free_port, interface_ipv4, interface_names
 from workbench.system.priority import NICE_ENV, inference_nice
@@ -149,14 +150,6 @@ def port_problem(requested: int, host: str) -> str | None:
     if err is not None:
         return f"cannot use {host}:{requested}: {err.strerror}"
     return None
-
-
-def detect_gpu_count() -> int:
-    """NVIDIA GPUs the driver exposes (0 without a driver); no CUDA initialisation."""
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
 
 
 @dataclass(frozen=True)
