@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,7 +17,7 @@ from rich.table import Table
 
 from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
 from workbench.files.busy import BusyReader
-from workbench.status import run_statuses, supervisor_warnings
+from workbench.status import RunStatus, run_statuses, supervisor_warnings
 from workbench.supervisor.client import process_summaries, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.values import describe_values
@@ -65,40 +67,80 @@ def status(
     "text", "since", "process", "step", "steps", "detail", "last_line", "model"},
     "warnings": ["..."]}; phase is one of building model, starting, failed, ready.
     """
-    path = experiment_or_fail(experiment)
-    runs = run_statuses(path)
+    report = read_status(experiment_or_fail(experiment))
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+        return
+    console.print(_runs_table(report))
+    _print_processes(report.supervisor, report.processes)
+    if report.placement:
+        say(f"placement: {report.placement}")
+    if report.startup is not None and not report.startup.ready:
+        console.print(
+            escape(report.startup.describe(report.now)),
+            style="bold yellow",
+            highlight=False,
+            soft_wrap=True,
+        )
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+
+
+@dataclass
+class StatusReport:
+    """What `workbench status` shows, read once: the runs, the supervisor and its processes."""
+
+    path: Path
+    runs: list[RunStatus]
+    supervisor: dict
+    processes: list[dict]
+    placement: str | None
+    startup: StartupPhase | None
+    warnings: list[str]
+    now: float
+
+    def to_json(self) -> dict:
+        return {
+            "experiment": str(self.path),
+            "supervisor": self.supervisor,
+            "runs": [r.to_json() for r in self.runs],
+            "processes": self.processes,
+            "placement": self.placement,
+            "startup": _startup_json(self.startup, self.now),
+            "warnings": self.warnings,
+        }
+
+
+def read_status(path: Path) -> StatusReport:
+    """The runs from the experiment directory, the processes from the supervisor's
+    state.json with each one's busy share of the last minute."""
     state = read_state(path)
     supervisor_pid = running_supervisor_pid(path)
     processes = process_summaries(state, live=supervisor_pid is not None)
-    supervisor = {
-        "running": supervisor_pid is not None,
-        "pid": supervisor_pid,
-        "status": (state or {}).get("status") if supervisor_pid else "not running",
-    }
-    # A dead supervisor's last phase says nothing about now.
-    startup = startup_phase(state) if supervisor_pid is not None else None
     now = time.time()
     recent = BusyReader(path).recent(now)
     for row in processes:
         row["busy"] = recent.get(row["name"])
-    warnings = supervisor_warnings(state)
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "experiment": str(path),
-                    "supervisor": supervisor,
-                    "runs": [r.to_json() for r in runs],
-                    "processes": processes,
-                    "placement": (state or {}).get("placement") or None,
-                    "startup": _startup_json(startup, now),
-                    "warnings": warnings,
-                },
-                indent=2,
-            )
-        )
-        return
-    table = Table(title=str(path), title_justify="left")
+    return StatusReport(
+        path=path,
+        runs=run_statuses(path),
+        supervisor={
+            "running": supervisor_pid is not None,
+            "pid": supervisor_pid,
+            "status": (state or {}).get("status") if supervisor_pid else "not running",
+        },
+        processes=processes,
+        placement=(state or {}).get("placement") or None,
+        # A dead supervisor's last phase says nothing about now.
+        startup=startup_phase(state) if supervisor_pid is not None else None,
+        warnings=supervisor_warnings(state),
+        now=now,
+    )
+
+
+def _runs_table(report: StatusReport) -> Table:
+    runs = report.runs
+    table = Table(title=str(report.path), title_justify="left")
     show_values = any(run.values for run in runs)
     show_asha = any(run.asha for run in runs)
     columns = ["run", "status", "step", "slot"]
@@ -116,16 +158,7 @@ def status(
         if show_asha:
             cells += _asha_cells(run.asha)
         table.add_row(*cells, escape(reason))
-    console.print(table)
-    _print_processes(supervisor, processes)
-    if (state or {}).get("placement"):
-        say(f"placement: {state['placement']}")
-    if startup is not None and not startup.ready:
-        console.print(
-            escape(startup.describe(now)), style="bold yellow", highlight=False, soft_wrap=True
-        )
-    for warning in warnings:
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    return table
 
 
 def _startup_json(startup: StartupPhase | None, now: float) -> dict | None:
