@@ -94,41 +94,57 @@ def trainer(
     sharded over them, with the frozen weights one rank holds.
     """
     from workbench.bench.results import write_result
-    from workbench.bench.trainer import BenchSettings, print_table, run_benchmark
+    from workbench.bench.trainer import print_table, run_benchmark
 
+    compute = _compute_options(
+        attention, activation_checkpointing, logprob_chunk_tokens, compile, row_threads
+    )
+    chosen = {"steps": steps, "compute": compute, "legacy": legacy, "separate": separate}
+    chosen |= {"peft": peft, "ranks": ranks}
+    given = {"tokens": tokens, "seq_len": seq_len, "sample_len": sample_len, "rank": rank}
+    chosen |= {key: value for key, value in given.items() if value is not None}
+    settings = _trainer_settings(preset, models, runs, chosen)
+    measurements = run_benchmark(settings)
+    print_table(measurements)
+    payload = {"preset": preset, "measurements": [asdict(m) for m in measurements]}
+    path = write_result("trainer", payload)
+    typer.echo(f"results: {path}")
+
+
+def _compute_options(
+    attention: str,
+    activation_checkpointing: str,
+    logprob_chunk_tokens: int,
+    compile: bool,
+    row_threads: str,
+) -> dict:
+    """The trainer's compute knobs from the command line, or `typer.BadParameter`."""
     checkpointing = {"auto": "auto", "on": True, "off": False}.get(activation_checkpointing)
     if checkpointing is None:
         raise typer.BadParameter("choose auto, on or off", param_hint="--activation-checkpointing")
     if row_threads != "auto" and not (row_threads.isdigit() and int(row_threads) >= 1):
         raise typer.BadParameter("choose auto or a count of 1 or more", param_hint="--row-threads")
-    compute = {
+    return {
         "attention": attention,
         "activation_checkpointing": checkpointing,
         "logprob_chunk_tokens": logprob_chunk_tokens,
         "compile": compile,
         "row_threads": row_threads if row_threads == "auto" else int(row_threads),
     }
-    chosen = {"steps": steps, "compute": compute, "legacy": legacy, "separate": separate}
-    chosen["peft"] = peft
-    chosen["ranks"] = ranks
-    for key, value in (("tokens", tokens), ("seq_len", seq_len), ("sample_len", sample_len)):
-        if value is not None:
-            chosen[key] = value
-    if rank is not None:
-        chosen["rank"] = rank
+
+
+def _trainer_settings(preset: str | None, models: str, runs: str, chosen: dict):
+    """The benchmark's settings: a preset with the options given over it, or the model and
+    run lists; a bad combination is a `typer.BadParameter`."""
+    from workbench.bench.trainer import BenchSettings
+
     try:
         if preset:
-            settings = BenchSettings.from_preset(preset, **chosen)
-        else:
-            model_list = [m.strip() for m in models.split(",") if m.strip()]
-            settings = BenchSettings(models=model_list, run_counts=_split_ints(runs), **chosen)
+            return BenchSettings.from_preset(preset, **chosen)
+        model_list = [m.strip() for m in models.split(",") if m.strip()]
+        return BenchSettings(models=model_list, run_counts=_split_ints(runs), **chosen)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    measurements = run_benchmark(settings)
-    print_table(measurements)
-    payload = {"preset": preset, "measurements": [asdict(m) for m in measurements]}
-    path = write_result("trainer", payload)
-    typer.echo(f"results: {path}")
 
 
 @bench_app.command("inference")
