@@ -294,8 +294,17 @@ def _version_1_mask(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
 def _validate(
     batch: TensorBatch, where: str, vocab_size: int | None, max_tokens: int | None
 ) -> None:
-    import torch
+    _check_shapes(batch, where)
+    _check_token_ids(batch, where, vocab_size)
+    _check_loss_mask_values(batch, where)
+    mask = batch.loss_mask.bool()
+    offsets = batch.sample_lengths.cumsum(0) - batch.sample_lengths
+    for i in range(batch.num_samples):
+        _check_sample(batch, i, int(offsets[i]), mask, where, max_tokens)
 
+
+def _check_shapes(batch: TensorBatch, where: str) -> None:
+    """One value per token in the token tensors, one per sample in the others, adding up."""
     n = batch.num_samples
     if n == 0:
         raise InvalidRollouts(f"{where}: the batch is empty (0 samples)")
@@ -324,59 +333,74 @@ def _validate(
             f"up to {total} tokens; it needs one per token"
         )
 
-    def sample_of(token: int) -> int:
-        return int((batch.sample_lengths.cumsum(0) <= token).sum())
 
+def _sample_of(batch: TensorBatch, token: int) -> int:
+    """The sample that the batch's `token`-th token belongs to."""
+    return int((batch.sample_lengths.cumsum(0) <= token).sum())
+
+
+def _check_token_ids(batch: TensorBatch, where: str, vocab_size: int | None) -> None:
     if (
         vocab_size is not None
-        and total
+        and batch.num_tokens
         and (int(batch.input_ids.min()) < 0 or int(batch.input_ids.max()) >= vocab_size)
     ):
         bad = int(((batch.input_ids < 0) | (batch.input_ids >= vocab_size)).nonzero()[0])
         raise InvalidRollouts(
-            f"{where}: sample {sample_of(bad)} has token id {int(batch.input_ids[bad])} outside "
-            f"the vocabulary (size {vocab_size})"
+            f"{where}: sample {_sample_of(batch, bad)} has token id {int(batch.input_ids[bad])} "
+            f"outside the vocabulary (size {vocab_size})"
         )
+
+
+def _check_loss_mask_values(batch: TensorBatch, where: str) -> None:
+    import torch
+
     mask = batch.loss_mask
     if mask.dtype not in (torch.uint8, torch.bool):
         raise InvalidRollouts(f"{where}: loss_mask must be uint8, got {mask.dtype}")
     if mask.dtype == torch.uint8 and (mask > 1).any():
         bad = int((mask > 1).nonzero()[0])
         raise InvalidRollouts(
-            f"{where}: sample {sample_of(bad)} has loss_mask value {int(mask[bad])}; "
+            f"{where}: sample {_sample_of(batch, bad)} has loss_mask value {int(mask[bad])}; "
             "it is 1 on trained tokens and 0 elsewhere"
         )
-    mask = mask.bool()
-    offsets = batch.sample_lengths.cumsum(0) - batch.sample_lengths
-    for i in range(n):
-        length, prompt = int(batch.sample_lengths[i]), int(batch.prompt_lengths[i])
-        if prompt < 1 or prompt >= length:
-            raise InvalidRollouts(
-                f"{where}: sample {i} has {prompt} prompt tokens of {length}; it needs a "
-                "non-empty prompt and at least one completion token"
-            )
-        if max_tokens is not None and length > max_tokens:
-            raise InvalidRollouts(
-                f"{where}: sample {i} has {length} tokens, longer than the trainer's "
-                f"seq_len {max_tokens}; lower sampling.max_tokens or raise [trainer] seq_len"
-            )
-        start = int(offsets[i])
-        if mask[start : start + prompt].any():
-            raise InvalidRollouts(
-                f"{where}: sample {i} has loss_mask 1 on a prompt token; the prompt is never "
-                "trained"
-            )
-        trained = mask[start + prompt : start + length]
-        if not trained.any():
-            raise InvalidRollouts(
-                f"{where}: sample {i} has no trained token: its loss_mask is 0 on all "
-                f"{length - prompt} completion tokens (none of them was sampled by the model)"
-            )
-        logprobs = batch.inference_logprobs[start + prompt : start + length][trained]
-        if not logprobs.isfinite().all() or (logprobs > 1e-4).any():
-            raise InvalidRollouts(
-                f"{where}: sample {i} has log-probs that are not finite or > 0 on its trained "
-                "tokens"
-            )
-        if not math.isfinite(float(batch.advantages[i])):
-            raise InvalidRollouts(f"{where}: sample {i} has a non-finite advantage")
+
+
+def _check_sample(
+    batch: TensorBatch,
+    i: int,
+    start: int,
+    mask: torch.Tensor,
+    where: str,
+    max_tokens: int | None,
+) -> None:
+    """Sample `i` (from token `start`): a prompt and a completion, within the trainer's
+    seq_len, trained on some sampled completion tokens only, with their log-probs."""
+    length, prompt = int(batch.sample_lengths[i]), int(batch.prompt_lengths[i])
+    if prompt < 1 or prompt >= length:
+        raise InvalidRollouts(
+            f"{where}: sample {i} has {prompt} prompt tokens of {length}; it needs a "
+            "non-empty prompt and at least one completion token"
+        )
+    if max_tokens is not None and length > max_tokens:
+        raise InvalidRollouts(
+            f"{where}: sample {i} has {length} tokens, longer than the trainer's "
+            f"seq_len {max_tokens}; lower sampling.max_tokens or raise [trainer] seq_len"
+        )
+    if mask[start : start + prompt].any():
+        raise InvalidRollouts(
+            f"{where}: sample {i} has loss_mask 1 on a prompt token; the prompt is never trained"
+        )
+    trained = mask[start + prompt : start + length]
+    if not trained.any():
+        raise InvalidRollouts(
+            f"{where}: sample {i} has no trained token: its loss_mask is 0 on all "
+            f"{length - prompt} completion tokens (none of them was sampled by the model)"
+        )
+    logprobs = batch.inference_logprobs[start + prompt : start + length][trained]
+    if not logprobs.isfinite().all() or (logprobs > 1e-4).any():
+        raise InvalidRollouts(
+            f"{where}: sample {i} has log-probs that are not finite or > 0 on its trained tokens"
+        )
+    if not math.isfinite(float(batch.advantages[i])):
+        raise InvalidRollouts(f"{where}: sample {i} has a non-finite advantage")
