@@ -193,77 +193,17 @@ def recipe_from_document(
     text = text if text is not None else tomlkit.dumps(document)
     raw = document.unwrap()
     problems: list[ConfigProblem] = []
-    runs_raw = raw.pop("runs", [])
-    if not isinstance(runs_raw, list) or not all(isinstance(r, dict) for r in runs_raw):
-        problems.append(
-            problem_at(("runs",), "must be an array of tables: write each run as [[runs]]", text)
-        )
-        runs_raw = []
+    runs_raw = _runs_tables(raw, text, problems)
     sweep_raw = raw.pop("sweep", None)
-    try:
-        recipe = Recipe.model_validate(raw)
-    except ValidationError as err:
-        problems.extend(problems_from_validation(err, Recipe, text))
-        recipe = None
-
-    specs: list[RunSpec] = []
-    planned: list[PlannedRun] = []
-    seen: dict[str, int] = {}
+    recipe = _validated_sections(raw, text, problems)
     defaults = raw.get("defaults", {}) if isinstance(raw.get("defaults", {}), dict) else {}
-    for i, table in enumerate(runs_raw):
-        table = dict(table)
-        run_id = table.pop("id", None)
-        if not isinstance(run_id, str):
-            message = (
-                'missing: every [[runs]] needs id = "..."'
-                if run_id is None
-                else (f"must be a string, got {type(run_id).__name__}")
-            )
-            problems.append(problem_at(("runs", i, "id"), message, text))
-            continue
-        bad_id = check_run_id(run_id)
-        if bad_id:
-            problems.append(problem_at(("runs", i, "id"), bad_id, text))
-            continue
-        full_id = normalize_run_id(run_id)
-        if full_id in seen:
-            problems.append(
-                problem_at(
-                    ("runs", i, "id"),
-                    f"duplicate run id {full_id!r} (also used by run number {seen[full_id] + 1}); "
-                    "give every run its own id",
-                    text,
-                )
-            )
-            continue
-        seen[full_id] = i
-        try:
-            OrchestratorConfig.model_validate(deep_merge(defaults, table))
-        except ValidationError as err:
-            for item in err.errors():
-                inner = tuple(item["loc"])
-                message = explain_error(item, OrchestratorConfig, inner)
-                # A key the run sets is the run's fault, and so is a rule across keys
-                # (empty loc) once the run overrides anything; otherwise [defaults] is.
-                if (inner and inner[0] in table) or (not inner and table):
-                    problems.append(problem_at(("runs", i, *inner), message, text))
-                elif recipe is not None:  # else recipe-level validation reported it
-                    problems.append(problem_at(("defaults", *inner), message, text))
-        specs.append(RunSpec(id=run_id, overrides=table))
-        planned.append(PlannedRun(full_id, flatten_values(table), "runs"))
-
+    specs, planned, seen = _listed_runs(runs_raw, defaults, text, problems, recipe is not None)
     sweep = None
     if sweep_raw is not None:
-        try:
-            valid_defaults = OrchestratorConfig.model_validate(defaults).model_dump(mode="json")
-        except ValidationError:
-            valid_defaults = None  # already reported; checking swept values would repeat it
         rank = recipe.trainer.lora.rank if recipe is not None else None
-        sweep, sweep_runs, sweep_problems = plan_sweep(sweep_raw, valid_defaults, seen, text, rank)
-        problems.extend(sweep_problems)
+        sweep, sweep_runs = _swept_runs(sweep_raw, defaults, seen, text, rank, problems)
         specs += [RunSpec(id=run.run_id, overrides=run.overrides) for run in sweep_runs]
         planned += sweep_runs
-
     if problems:
         raise ConfigError(path, problems)
     assert recipe is not None
@@ -271,3 +211,119 @@ def recipe_from_document(
     recipe.sweep = sweep
     recipe._planned = planned
     return recipe
+
+
+def _runs_tables(raw: dict, text: str, problems: list[ConfigProblem]) -> list[dict]:
+    """The recipe's [[runs]] tables, taken out of `raw`; none if they are not tables."""
+    runs_raw = raw.pop("runs", [])
+    if not isinstance(runs_raw, list) or not all(isinstance(r, dict) for r in runs_raw):
+        problems.append(
+            problem_at(("runs",), "must be an array of tables: write each run as [[runs]]", text)
+        )
+        return []
+    return runs_raw
+
+
+def _validated_sections(raw: dict, text: str, problems: list[ConfigProblem]) -> Recipe | None:
+    """The recipe's sections and [defaults] validated, or None with their problems."""
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as err:
+        problems.extend(problems_from_validation(err, Recipe, text))
+        return None
+
+
+def _listed_runs(
+    runs_raw: list[dict],
+    defaults: dict,
+    text: str,
+    problems: list[ConfigProblem],
+    sections_valid: bool,
+) -> tuple[list[RunSpec], list[PlannedRun], dict[str, int]]:
+    """Each [[runs]] table with a valid, new id, as a spec and a planned run; the ids seen,
+    with their table's index. A run's config is checked over [defaults]."""
+    specs: list[RunSpec] = []
+    planned: list[PlannedRun] = []
+    seen: dict[str, int] = {}
+    for i, table in enumerate(runs_raw):
+        table = dict(table)
+        run_id = table.pop("id", None)
+        full_id = _new_run_id(run_id, i, seen, text, problems)
+        if full_id is None:
+            continue
+        seen[full_id] = i
+        _check_run_config(table, defaults, i, text, problems, sections_valid)
+        specs.append(RunSpec(id=run_id, overrides=table))
+        planned.append(PlannedRun(full_id, flatten_values(table), "runs"))
+    return specs, planned, seen
+
+
+def _new_run_id(
+    run_id: Any, i: int, seen: dict[str, int], text: str, problems: list[ConfigProblem]
+) -> str | None:
+    """Run `i`'s full id, or None with the problem: missing, not a string, invalid or taken."""
+    if not isinstance(run_id, str):
+        message = (
+            'missing: every [[runs]] needs id = "..."'
+            if run_id is None
+            else (f"must be a string, got {type(run_id).__name__}")
+        )
+        problems.append(problem_at(("runs", i, "id"), message, text))
+        return None
+    bad_id = check_run_id(run_id)
+    if bad_id:
+        problems.append(problem_at(("runs", i, "id"), bad_id, text))
+        return None
+    full_id = normalize_run_id(run_id)
+    if full_id in seen:
+        problems.append(
+            problem_at(
+                ("runs", i, "id"),
+                f"duplicate run id {full_id!r} (also used by run number {seen[full_id] + 1}); "
+                "give every run its own id",
+                text,
+            )
+        )
+        return None
+    return full_id
+
+
+def _check_run_config(
+    table: dict,
+    defaults: dict,
+    i: int,
+    text: str,
+    problems: list[ConfigProblem],
+    sections_valid: bool,
+) -> None:
+    """Run `i`'s config over [defaults]; each problem goes to the run or to [defaults]."""
+    try:
+        OrchestratorConfig.model_validate(deep_merge(defaults, table))
+    except ValidationError as err:
+        for item in err.errors():
+            inner = tuple(item["loc"])
+            message = explain_error(item, OrchestratorConfig, inner)
+            # A key the run sets is the run's fault, and so is a rule across keys
+            # (empty loc) once the run overrides anything; otherwise [defaults] is.
+            if (inner and inner[0] in table) or (not inner and table):
+                problems.append(problem_at(("runs", i, *inner), message, text))
+            elif sections_valid:  # else recipe-level validation reported it
+                problems.append(problem_at(("defaults", *inner), message, text))
+
+
+def _swept_runs(
+    sweep_raw: Any,
+    defaults: dict,
+    seen: dict[str, int],
+    text: str,
+    rank: int | None,
+    problems: list[ConfigProblem],
+) -> tuple[SweepSection | None, list[PlannedRun]]:
+    """The [sweep] checked and expanded over valid [defaults], after the listed runs."""
+    try:
+        valid_defaults = OrchestratorConfig.model_validate(defaults).model_dump(mode="json")
+    except ValidationError:
+        valid_defaults = None  # already reported; checking swept values would repeat it
+    sweep, sweep_runs, sweep_problems = plan_sweep(sweep_raw, valid_defaults, seen, text, rank)
+    problems.extend(sweep_problems)
+    return sweep, sweep_runs
