@@ -316,20 +316,8 @@ def _train(
 ) -> SFTResult:
     started = time.perf_counter()
     torch.manual_seed(config.seed)  # LoRA initialisation; the data has its own seeded streams
-
-    model_path = resolve_model(config.model, show_progress=show_progress, console=console)
-    tokenizer, model = load_model(model_path)
-    if config.lora is not None:
-        model = _wrap_with_lora(model, config.lora)
-    model.train()
-
-    env = get_environment(config.env, **config.env_args) if config.env else None
-    examples = (
-        environment_examples(env, config.seed)
-        if env is not None
-        else cycle_shuffled(read_jsonl_examples(config.data), config.seed)
-    )
-
+    model_path, tokenizer, model = _model_to_train(config, show_progress, console)
+    env, examples = _training_examples(config)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_multiplier(config))
@@ -341,17 +329,7 @@ def _train(
     )
 
     def evaluate(step: int) -> None:
-        assert env is not None
-        model.eval()
-        reward = evaluate_greedy(
-            model,
-            tokenizer,
-            env,
-            n=config.eval_prompts,
-            seed=config.seed,
-            max_new_tokens=config.eval_max_new_tokens,
-        ).mean_reward
-        model.train()
+        reward = _eval_reward(model, tokenizer, env, config)
         result.eval_rewards[step] = reward
         if on_log:
             on_log({"step": step, "eval_reward": reward})
@@ -359,33 +337,99 @@ def _train(
     with _progress(show_progress, console) as progress:
         task = progress.add_task(description, total=config.steps, loss=float("nan"))
         for step in range(1, config.steps + 1):
-            batch = collate(
-                [
-                    encode_example(tokenizer, next(examples), config.max_length)
-                    for _ in range(config.batch_size)
-                ],
-                tokenizer.pad_token_id,
-            )
-            logits = model(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-            ).logits
-            loss = completion_loss(logits, batch["labels"])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
-            optimizer.step()
+            loss = _sft_step(model, tokenizer, examples, optimizer, trainable, config)
             scheduler.step()
-
-            result.losses.append(loss.item())
-            progress.update(task, advance=1, loss=result.losses[-1])
+            result.losses.append(loss)
+            progress.update(task, advance=1, loss=loss)
             if on_log and (step % config.log_every == 0 or step == config.steps):
-                on_log({"step": step, "loss": result.losses[-1], "lr": scheduler.get_last_lr()[0]})
+                on_log({"step": step, "loss": loss, "lr": scheduler.get_last_lr()[0]})
             if config.eval_prompts and config.eval_every and step % config.eval_every == 0:
                 evaluate(step)
 
     if config.eval_prompts and config.steps not in result.eval_rewards:
         evaluate(config.steps)
     result.seconds = time.perf_counter() - started
+    _save_output(model, tokenizer, model_path, config, result, atomic)
+    return result
+
+
+def _model_to_train(
+    config: SFTConfig, show_progress: bool, console: Console | None
+) -> tuple[Path, PreTrainedTokenizerBase, torch.nn.Module]:
+    """The base model resolved and loaded, wrapped with LoRA if asked, in training mode."""
+    model_path = resolve_model(config.model, show_progress=show_progress, console=console)
+    tokenizer, model = load_model(model_path)
+    if config.lora is not None:
+        model = _wrap_with_lora(model, config.lora)
+    model.train()
+    return model_path, tokenizer, model
+
+
+def _training_examples(config: SFTConfig) -> tuple[Environment | None, Iterator[SFTExample]]:
+    """The environment (if the data comes from one) and the endless, seeded example stream."""
+    env = get_environment(config.env, **config.env_args) if config.env else None
+    examples = (
+        environment_examples(env, config.seed)
+        if env is not None
+        else cycle_shuffled(read_jsonl_examples(config.data), config.seed)
+    )
+    return env, examples
+
+
+def _sft_step(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Iterator[SFTExample],
+    optimizer: torch.optim.Optimizer,
+    trainable: list[torch.nn.Parameter],
+    config: SFTConfig,
+) -> float:
+    """One optimizer step on the next batch of examples; its loss."""
+    batch = collate(
+        [
+            encode_example(tokenizer, next(examples), config.max_length)
+            for _ in range(config.batch_size)
+        ],
+        tokenizer.pad_token_id,
+    )
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    loss = completion_loss(logits, batch["labels"])
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+    optimizer.step()
+    return loss.item()
+
+
+def _eval_reward(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    env: Environment | None,
+    config: SFTConfig,
+) -> float:
+    """Greedy reward on the environment's held-out prompts, the model back in training mode."""
+    assert env is not None
+    model.eval()
+    reward = evaluate_greedy(
+        model,
+        tokenizer,
+        env,
+        n=config.eval_prompts,
+        seed=config.seed,
+        max_new_tokens=config.eval_max_new_tokens,
+    ).mean_reward
+    model.train()
+    return reward
+
+
+def _save_output(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    model_path: Path,
+    config: SFTConfig,
+    result: SFTResult,
+    atomic: bool,
+) -> None:
     with hf_progress_bars_disabled():
         if atomic:
             with layout.staged_directory(config.output_dir) as staging:
@@ -393,7 +437,6 @@ def _train(
         else:
             config.output_dir.mkdir(parents=True, exist_ok=True)
             _save(model, tokenizer, model_path, config, result, config.output_dir)
-    return result
 
 
 def load_model(model_path: Path | str) -> tuple[PreTrainedTokenizerBase, torch.nn.Module]:
