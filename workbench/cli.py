@@ -120,7 +120,7 @@ def up(
     A second `up` on an experiment whose supervisor is running is refused, naming its pid.
     Running `up` again after `down` resumes every run from its last checkpoint.
 
-    With --dry-run, the runs are printed (id and the values each sets over [defaults]) with
+    With --dry-run, the runs are printed (id and the values each sets over \\[defaults]) with
     which GPUs run vLLM and the trainer and where the trainer's nodes meet, and nothing is
     written or started; `workbench sweep plan RECIPE` prints the runs too.
     """

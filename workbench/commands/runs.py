@@ -58,7 +58,7 @@ def runs_add(
         typer.Option(
             "--from",
             metavar="ORCH_TOML",
-            help="A file of orchestrator settings (the keys of [defaults], e.g. "
+            help="A file of orchestrator settings (the keys of \\[defaults], e.g. "
             "configs/orch.toml) over the recipe's defaults; --set values win over it.",
             show_default=False,
         ),
