@@ -18,6 +18,15 @@ fmt:
     .venv/bin/ruff format .
     .venv/bin/ruff check --fix .
 
+# Serve the documentation site at http://127.0.0.1:8000 (rebuilds on every change).
+docs:
+    .venv/bin/mkdocs serve
+
+# Rewrite the generated reference pages (recipe keys, commands) from the code.
+docs-reference:
+    .venv/bin/python scripts/recipe_reference.py
+    .venv/bin/python scripts/cli_reference.py
+
 # Every benchmark; results as JSON under benchmarks/results/.
 bench:
     .venv/bin/workbench bench all

@@ -1,5 +1,6 @@
-"""Every config key is described where it is defined, and the README's reference is those
-descriptions: `scripts/recipe_reference.py` renders them between two markers of README.md."""
+"""Every config key is described where it is defined, and the documentation site's key
+reference is those descriptions: `scripts/recipe_reference.py` renders them between two
+markers of docs/reference/recipe-keys.md."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from workbench.recipe import Recipe
 from workbench.sweep.spec import DISTRIBUTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "reference" / "recipe-keys.md"
 
 
 def load_script():
@@ -54,20 +56,20 @@ def test_every_field_of_every_config_model_has_a_description():
     assert len(fields_of(Recipe)) > 70, "the walk reaches the nested tables"
 
 
-def test_the_readme_recipe_reference_is_what_the_models_say():
+def test_the_documented_recipe_reference_is_what_the_models_say():
     script = load_script()
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    page = PAGE.read_text(encoding="utf-8")
     block = script.render_reference()
-    assert block in readme, "README.md is stale: run `python scripts/recipe_reference.py`"
+    assert block in page, f"{PAGE.name} is stale: run `python scripts/recipe_reference.py`"
     assert "`sampling.temperature`" in block and "`scheduler.min_runs`" in block
 
 
-def test_the_check_fails_on_a_stale_readme_and_the_rewrite_fixes_it(tmp_path: Path):
+def test_the_check_fails_on_a_stale_page_and_the_rewrite_fixes_it(tmp_path: Path):
     script = load_script()
-    current = (ROOT / "README.md").read_text(encoding="utf-8")
-    readme = tmp_path / "README.md"
-    readme.write_text(current.replace("adapters vLLM serves at once", "stale words"))
-    assert script.main(["--check", "--readme", str(readme)]) == 1
-    assert script.main(["--readme", str(readme)]) == 0
-    assert readme.read_text(encoding="utf-8") == current
-    assert script.main(["--check", "--readme", str(readme)]) == 0
+    current = PAGE.read_text(encoding="utf-8")
+    page = tmp_path / PAGE.name
+    page.write_text(current.replace("adapters vLLM serves at once", "stale words"))
+    assert script.main(["--check", "--page", str(page)]) == 1
+    assert script.main(["--page", str(page)]) == 0
+    assert page.read_text(encoding="utf-8") == current
+    assert script.main(["--check", "--page", str(page)]) == 0

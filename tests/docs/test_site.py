@@ -1,0 +1,120 @@
+"""The documentation: the site builds with every link and anchor resolved, its generated
+command reference is what the Typer app says, every file a page or the README names
+exists, and every shipped recipe the docs point at is a valid recipe."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+READ_BY_USERS = [ROOT / "README.md", *PAGES]
+# Paths into the repository that a page names, in a code block or a code span.
+REPOSITORY_PATH = re.compile(r"\b(?:recipes|configs|scripts|benchmarks/results)/[\w./*-]*[\w*]")
+# A result file named alone, e.g. `e2e-separate-20261126T100912.json`.
+RESULT_FILE = re.compile(r"\b[a-z][\w-]*-2026\d{4}(?:T\d{6})?[\w-]*\.(?:json|txt|png)\b")
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def code_of(page: Path) -> str:
+    """The code blocks and code spans of a page: where commands and paths are written."""
+    text = page.read_text(encoding="utf-8")
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.M))
+    return "\n".join(blocks + spans)
+
+
+def test_the_site_builds_strictly(tmp_path: Path):
+    site = tmp_path / "site"
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict"]
+    done = subprocess.run(
+        [*build, "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "workbench up" in (site / "reference" / "cli" / "index.html").read_text()
+    assert "sampling.temperature" in (site / "reference" / "recipe-keys" / "index.html").read_text()
+    # The TUI's pictures are its tests' snapshots, served by the site's hook.
+    assert (site / "assets" / "tui" / "main_screen_160x48.svg").is_file()
+
+
+def test_the_command_reference_is_what_the_typer_app_says():
+    script = load_script("cli_reference")
+    page = script.PAGE.read_text(encoding="utf-8")
+    assert page == script.render_page(), "run `python scripts/cli_reference.py`"
+    for command in (
+        "## `workbench up`",
+        "### `workbench sweep plan`",
+        "### `workbench bench faults`",
+    ):
+        assert command in page
+    assert "--dry-run" in page and "--node-rank" in page
+
+
+def test_the_check_fails_on_a_stale_command_reference_and_the_rewrite_fixes_it(tmp_path: Path):
+    script = load_script("cli_reference")
+    current = script.PAGE.read_text(encoding="utf-8")
+    page = tmp_path / "cli.md"
+    page.write_text(current.replace("Open the TUI on a running experiment", "stale words"))
+    assert script.main(["--check", "--page", str(page)]) == 1
+    assert script.main(["--page", str(page)]) == 0
+    assert page.read_text(encoding="utf-8") == current
+    assert script.main(["--check", "--page", str(page)]) == 0
+
+
+@pytest.mark.parametrize("page", READ_BY_USERS, ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_file_a_page_names_exists(page: Path):
+    code = code_of(page)
+    named = set(REPOSITORY_PATH.findall(code))
+    missing = sorted(path for path in named if not any(ROOT.glob(path)))
+    results = set(RESULT_FILE.findall(code))
+    missing += sorted(
+        f"benchmarks/results/{name}"
+        for name in results
+        if not (ROOT / "benchmarks" / "results" / name).exists()
+    )
+    assert missing == []
+
+
+def test_the_pages_name_what_they_should():
+    """The checks above would pass on pages that name nothing: they name the recipes."""
+    named = {path for page in READ_BY_USERS for path in REPOSITORY_PATH.findall(code_of(page))}
+    shipped = {f"recipes/{recipe.name}" for recipe in (ROOT / "recipes").glob("*.toml")}
+    assert shipped <= named, "every shipped recipe is documented"
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_is_valid(recipe: Path):
+    loaded = load_recipe(recipe)
+    assert loaded.run_configs(), f"{recipe.name} has runs"
+
+
+def test_the_gpu_recipe_is_complete_and_bf16():
+    """The recipe the GPU guide tells a user to copy: their model in bf16 on their data."""
+    recipe = load_recipe(ROOT / "recipes" / "gpu_own_data.toml")
+    assert recipe.trainer.dtype == "bfloat16" and recipe.inference.dtype in ("auto", "bfloat16")
+    assert recipe.inference.gpus == recipe.trainer.gpus == [0]
+    configs = list(recipe.run_configs().values())
+    assert {config.env for config in configs} == {"dataset"}
+    data = Path(configs[0].env_args["path"])
+    assert data.is_file(), "the data file it names ships with it"
+    assert recipe.inference.max_loras >= 2 * recipe.trainer.max_concurrent_runs
