@@ -118,3 +118,30 @@ def test_the_gpu_recipe_is_complete_and_bf16():
     data = Path(configs[0].env_args["path"])
     assert data.is_file(), "the data file it names ships with it"
     assert recipe.inference.max_loras >= 2 * recipe.trainer.max_concurrent_runs
+
+
+def slug(heading: str) -> str:
+    """The anchor mkdocs (and GitHub) give a heading: lower case, words joined by '-'."""
+    words = re.sub(r"[^\w\s-]", "", heading.strip().lower())
+    return re.sub(r"\s+", "-", words)
+
+
+def test_the_readme_links_resolve():
+    """The README is read on GitHub, outside the site's strict build: its links into the
+    docs (and their anchors) must hold too."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+    assert len(targets) > 20, "the README points into the docs"
+    broken = []
+    for target in targets:
+        if "://" in target:
+            continue
+        path, _, anchor = target.partition("#")
+        if not (ROOT / path).exists():
+            broken.append(target)
+        elif anchor:
+            headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(encoding="utf-8"), re.M)
+            if anchor not in {slug(heading) for heading in headings}:
+                broken.append(target)
+    assert broken == []
+    assert len(readme.splitlines()) <= 250, "the README stays a five-minute read"
