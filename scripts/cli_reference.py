@@ -10,13 +10,16 @@ docstring and its `typer.Option` / `typer.Argument` help); Typer's own Markdown 
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `scripts.generated_page`, however this file is loaded
+
+from scripts import generated_page  # noqa: E402
+
 PAGE = ROOT / "docs" / "reference" / "cli.md"
 TITLE = "Command line"
 INTRO = """\
@@ -54,24 +57,13 @@ def render_page() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if stale")
-    parser.add_argument("--page", type=Path, default=PAGE)
-    args = parser.parse_args(argv)
-    wanted = render_page()
-    current = args.page.read_text(encoding="utf-8") if args.page.exists() else ""
-    if wanted == current:
-        return 0
-    if args.check:
-        print(
-            f"{args.page}: the command reference differs from the Typer app; "
-            "run `python scripts/cli_reference.py`",
-            file=sys.stderr,
-        )
-        return 1
-    args.page.write_text(wanted, encoding="utf-8")
-    print(f"{args.page}: command reference rewritten")
-    return 0
+    return generated_page.run(
+        argv,
+        description=__doc__.split("\n\n")[0],
+        page=PAGE,
+        wanted_from=lambda current: render_page(),
+        script="scripts/cli_reference.py",
+    )
 
 
 if __name__ == "__main__":

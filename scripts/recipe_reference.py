@@ -12,7 +12,6 @@ markers is written by hand.
 
 from __future__ import annotations
 
-import argparse
 import enum
 import inspect
 import sys
@@ -30,6 +29,7 @@ import tomlkit  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
+from scripts import generated_page  # noqa: E402
 from workbench.envs.registry import environment_class, environment_names  # noqa: E402
 from workbench.recipe import Recipe, RunSpec  # noqa: E402
 from workbench.sweep.spec import DISTRIBUTIONS  # noqa: E402
@@ -194,24 +194,13 @@ def replace_block(text: str, block: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if stale")
-    parser.add_argument("--page", type=Path, default=PAGE)
-    args = parser.parse_args(argv)
-    current = args.page.read_text(encoding="utf-8")
-    wanted = replace_block(current, render_reference())
-    if wanted == current:
-        return 0
-    if args.check:
-        print(
-            f"{args.page}: the recipe reference differs from the config models; "
-            "run `python scripts/recipe_reference.py`",
-            file=sys.stderr,
-        )
-        return 1
-    args.page.write_text(wanted, encoding="utf-8")
-    print(f"{args.page}: recipe reference rewritten")
-    return 0
+    return generated_page.run(
+        argv,
+        description=__doc__.split("\n\n")[0],
+        page=PAGE,
+        wanted_from=lambda current: replace_block(current, render_reference()),
+        script="scripts/recipe_reference.py",
+    )
 
 
 if __name__ == "__main__":
