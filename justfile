@@ -27,7 +27,8 @@ docs-reference:
     .venv/bin/python scripts/recipe_reference.py
     .venv/bin/python scripts/cli_reference.py
 
-# Every benchmark; results as JSON under benchmarks/results/.
+# Every benchmark but faults (`workbench bench faults` runs alone); results as JSON under
+# benchmarks/results/.
 bench:
     .venv/bin/workbench bench all
 
