@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The trainer's CUDA checks, in one call on a GPU machine, from the project's root; results
-# under $OUT (default /tmp/gpu-out). Carry the wheels the machine lacks in .gpu/ (see
-# README, Development). Sized for about six minutes: every CUDA test of the trainer
+# under $OUT (default /tmp/gpu-out). Carry the wheels the machine lacks in .gpu/. Sized
+# for about six minutes: every CUDA test of the trainer
 # (`-k cuda`: the device-parametrised ones), then the anchor's shape with 1 and 4 runs
 # against peft, 8 runs, 4 runs with flex attention, and 4 runs with each layer compiled.
 # Each measurement is its own command with its own time limit and JSON, so one that hangs

@@ -71,7 +71,7 @@ PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e1
 
 @dataclass
 class Preset:
-    """A named configuration: what the issue and README figures are measured with."""
+    """A named configuration: what the documented figures (docs/benchmarks/) are measured with."""
 
     models: list[str]
     runs: list[int]

@@ -4,7 +4,7 @@ With a few hundred runs the TUI holds some 300,000 objects: its imports and widg
 Textual's caches of rendered lines (`Segment`s, `Strip`s and their caches), which churn with
 every redraw. Under Python's default thresholds the collector then walks all of them about
 every five seconds, a pause of 50 to 150 ms on a loaded 2-core machine: a key pressed then
-waits for it (measured with `bench load`'s key driver on 300 runs; see README, "Load").
+waits for it (measured with `bench load`'s key driver on 300 runs; see docs/benchmarks/load.md).
 
 `settle()`, once the first snapshot is on screen, moves every object alive then (imports,
 widgets, the reader's state) to the permanent generation (`gc.freeze`), which no
