@@ -155,8 +155,6 @@ def test_every_workbench_environment_variable_is_documented():
     )
     variables = set(re.findall(r"\bWORKBENCH_[A-Z_]+[A-Z]\b", code))
     page = (ROOT / "docs" / "reference" / "environment-variables.md").read_text(encoding="utf-8")
-    undocumented = sorted(
-        name for name in variables if f"`{name}`" not in page
-    )
+    undocumented = sorted(name for name in variables if f"`{name}`" not in page)
     assert "WORKBENCH_NICE" in variables, "the scan finds the variables"
     assert undocumented == []
