@@ -36,7 +36,7 @@ from workbench.files.samples import SampledCompletion, SampleGroup, StepSamples
 from workbench.files.samples import record_step as record_samples
 from workbench.inference.client import AdapterVersions
 from workbench.orchestrator.advantages import (
-    group_advantages,
+    compute_advantages,
     has_learning_signal,
     steps_ahead_allowed,
 )
@@ -160,7 +160,9 @@ class Orchestrator:
                     completion_mask=episode.mask if episode.multi_turn else None,
                 )
             )
-        advantages = group_advantages(rewards, self.config.rollouts_per_prompt)
+        advantages = compute_advantages(
+            rewards, self.config.rollouts_per_prompt, self.config.advantage
+        )
         for sample, advantage in zip(samples, advantages, strict=True):
             sample.advantage = advantage
 

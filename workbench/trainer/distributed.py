@@ -95,6 +95,15 @@ def all_reduce_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     return totals.to(values.device)
 
 
+def all_reduce_max(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`values`' element-wise maximum over ranks, returned where `values` lives."""
+    if world_size() == 1:
+        return values
+    totals = values.to(device)
+    dist.all_reduce(totals, op=dist.ReduceOp.MAX)
+    return totals.to(values.device)
+
+
 def all_reduce_grads(params: list[torch.nn.Parameter], device: torch.device) -> None:
     """Sum the gradients of `params` (every ready run's adapters) over ranks in one flat all-reduce.
 

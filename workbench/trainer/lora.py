@@ -99,6 +99,8 @@ class LoRARouting(threading.local):
         self.active_host_offsets = self.host_offsets
         self.active_device_offsets = self.host_offsets
         self.active_device_index = torch.zeros(0, dtype=torch.long)
+        # True inside `adapters_disabled`: the layers compute the base model alone.
+        self.adapters_off = False
 
     def set_num_tokens(
         self, lora_num_tokens: torch.Tensor | Sequence[int], device: torch.device | None = None
@@ -178,6 +180,18 @@ def set_lora_num_tokens(model: nn.Module, lora_num_tokens: torch.Tensor | Sequen
     """
     device = next(model.parameters()).device
     get_lora_routing(model).set_num_tokens(lora_num_tokens, device)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """Inside the block, the calling thread's forwards skip every adapter: the base model's
+    log-probs, for a run's KL term to the base (one forward serves every run of a row)."""
+    routing = get_lora_routing(model)
+    routing.adapters_off = True
+    try:
+        yield
+    finally:
+        routing.adapters_off = False
 
 
 def find_lora_routing(model: nn.Module) -> LoRARouting | None:
@@ -357,7 +371,7 @@ class MultiLoRALinear(nn.Module):
                 f"{self.name or 'MultiLoRALinear'}: lora_num_tokens sums to "
                 f"{routing.total_tokens} but the input has {flat.shape[0]} tokens"
             )
-        if flat.shape[0] == 0:
+        if flat.shape[0] == 0 or routing.adapters_off:
             return result
         if self._compute_for != (flat.device, flat.dtype):
             # Normally done once at set-up (`apply_lora_to_model`); again only if the model

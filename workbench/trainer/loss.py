@@ -1,26 +1,23 @@
-"""The RL policy loss over a packed multi-run micro-batch, and token log-probabilities.
+"""The RL loss over a packed multi-run micro-batch, and token log-probabilities.
 
-The loss follows prime-rl's default, masked importance sampling: the importance ratio
-r = exp(logp - old_logp) between the trainer's and the inference server's log-probs
-weights each token's advantage, and a token whose probability moved too far in its
-advantage's direction (r > mask_ratio_high with A > 0, r < mask_ratio_low with A < 0) is
-*masked* (contributes nothing) rather than *clipped* as in PPO; `mask_both_sides` masks
-every token outside the band, as prime-rl does. A
-clipped token keeps pushing with a bounded weight although its sample is no longer
-trustworthy evidence about the current policy; masking drops it. Per kept token:
+Each run's tokens go to its own policy loss (`loss.kind`, `workbench.trainer.losses`),
+which gives each token's term; a KL term to the base model is added for runs that ask
+(`loss.base_kl_coef`); then each run's terms are aggregated by its own `loss.aggregation`:
 
-    loss_t = -r_t * A_t + kl_coef * (logp_t - old_logp_t)^2 / 2
+- `token_mean` (the default, prime-rl's and DAPO's): the sum over the run's loss tokens
+  divided by its number of loss tokens over the whole step;
+- `sequence_mean` (GRPO's, and verl's for GSPO): each completion's token mean, summed,
+  divided by the run's number of completions in the step;
+- `constant` (Dr. GRPO): the sum divided by a constant (`loss.normaliser`, or the run's
+  batch_size * max_tokens, TRL's choice).
 
-The penalty is the k2 estimator of KL(pi || pi_old). Its gradient, kl_coef * log r_t *
-grad logp_t, is what prime-rl's `kl_tau` term gives on kept tokens up to the factor r_t
-(close to 1 there); unlike k3 (r - 1 - log r) it does not grow exponentially with the
-ratio, and unlike k1 (log r) it cannot go negative. Masked and non-loss tokens get neither
-term, as in prime-rl.
+The default kind is prime-rl's masked importance sampling (`losses/builtin.py`):
 
-Run isolation: each run's loss is the sum over its tokens divided by its own number of
-loss tokens, and the total is the plain sum over runs, so no run's token count or loss
-scale changes another run's gradient. The per-token thresholds and penalty come from each
-run's own `LossConfig`.
+    loss_t = -r_t * A_t + kl_coef * (logp_t - old_logp_t)^2 / 2   on kept tokens
+
+Run isolation: a run's loss reads only its own tokens and its own counts, and the total is
+the plain sum over runs, so no run's settings, token count or loss scale changes another
+run's gradient.
 """
 
 from __future__ import annotations
@@ -31,23 +28,32 @@ from dataclasses import dataclass
 import torch
 
 from workbench.config import LossConfig
+from workbench.trainer.losses import LossInputs, loss_function
+from workbench.trainer.losses.kl import kl_estimate
 from workbench.trainer.transfer import to_device
-
-MAX_ABS_LOG_RATIO = 20.0
 
 
 @dataclass
 class RLLossOutput:
-    """`loss` is what to backward; the per-run tensors (one entry per slot) are for logging."""
+    """`loss` is what to backward; the per-run tensors (one entry per slot) are for logging
+    and cover this micro-batch."""
 
     loss: torch.Tensor
     run_loss: torch.Tensor
     masked_fraction: torch.Tensor
     mean_ratio: torch.Tensor
     loss_tokens: torch.Tensor
+    # Loss tokens where the run's trust region acted: masked (default), clipped (ppo, gspo),
+    # weight bounded (cispo).
     masked_tokens: torch.Tensor
     # Loss tokens whose advantage is not 0: the ones that can move the adapter.
     advantaged_tokens: torch.Tensor
+    # Sums over loss tokens of the importance ratio (trainer / sampler) and of the KL
+    # estimate to the base model (0 for a run without that term); the ratio's extremes.
+    ratio_sum: torch.Tensor | None = None
+    ratio_min: torch.Tensor | None = None
+    ratio_max: torch.Tensor | None = None
+    base_kl_sum: torch.Tensor | None = None
 
 
 def compute_rl_loss(
@@ -58,14 +64,23 @@ def compute_rl_loss(
     lora_num_tokens: torch.Tensor,
     loss_config: LossConfig | Sequence[LossConfig | None] | None = None,
     loss_tokens_per_run: torch.Tensor | None = None,
+    *,
+    position_ids: torch.Tensor | None = None,
+    samples_per_run: torch.Tensor | None = None,
+    constant_normalisers: Sequence[float | None] | None = None,
+    base_logprobs: torch.Tensor | None = None,
 ) -> RLLossOutput:
     """Loss of one packed micro-batch whose tokens are contiguous per run, in slot order.
 
     Per-token inputs may be [T] or [1, T]. `loss_config` is one config for every run or one
     per slot (None for a free slot). `loss_tokens_per_run` is each run's loss-token count
     over the whole step; pass it when a run's batch spans several micro-batches (or ranks
-    whose gradients are summed) so every token of the run has the same weight. Without it
-    this micro-batch's counts are used. The per-run statistics cover this micro-batch.
+    whose gradients are summed) so every token of the run has the same weight; likewise
+    `samples_per_run`, each run's completions in the step, for `sequence_mean`. Without
+    them this micro-batch's counts are used. `position_ids` (from 0 at each completion)
+    tell completions apart, which sequence-level kinds and aggregation need;
+    `constant_normalisers` (per slot) stand in for an unset `loss.normaliser`;
+    `base_logprobs` are the base model's, for runs with `loss.base_kl_coef` > 0.
     """
     logprobs = trainer_logprobs.reshape(-1).float()
     device = logprobs.device
@@ -88,75 +103,221 @@ def compute_rl_loss(
     run_of_token = torch.repeat_interleave(
         torch.arange(n_runs, device=device), to_device(counts, device), output_size=total
     )
+    configs = _per_run_configs(loss_config, n_runs)
+    # Completions are told apart on the host, where the packer's position ids are: reading
+    # a device tensor's values would be a host sync per run.
+    host_index = _sample_index(position_ids, counts)
+    sample_index = None if host_index is None else to_device(host_index, device)
+    if base_logprobs is not None:
+        base_logprobs = to_device(base_logprobs.reshape(-1).float(), device)
 
-    low, high, kl_coef, both_sides = _per_run_settings(loss_config, n_runs, logprobs.device)
-    log_ratio = torch.where(loss_mask, logprobs - old_logprobs, 0.0)
-    ratio = torch.exp(log_ratio.detach())
-    too_high = ratio > high[run_of_token]
-    too_low = ratio < low[run_of_token]
-    # Masked: tokens whose probability moved too far in their advantage's direction (up for
-    # A > 0, down for A < 0): the update already went that way and the sample no longer
-    # speaks for the current policy. With mask_both_sides, any token outside the band
-    # (prime-rl's masked importance sampling). Either way a ratio beyond e^+-20 is masked:
-    # it means the sample is unusable, and exp() of it would overflow.
-    both = both_sides[run_of_token]
-    moved_with_advantage = ((advantages > 0) & too_high) | ((advantages < 0) & too_low)
-    outside_band = too_high | too_low
-    absurd = log_ratio.detach().abs() > MAX_ABS_LOG_RATIO
-    is_masked = loss_mask & (torch.where(both, outside_band, moved_with_advantage) | absurd)
-    keep = loss_mask & ~is_masked
-    # Zero the log-ratio of dropped tokens before exp: a masked token's ratio may overflow,
-    # and 0 * inf in the backward would turn every gradient into nan.
-    kept_log_ratio = torch.where(keep, log_ratio, 0.0)
-    per_token = -torch.exp(kept_log_ratio) * advantages
-    per_token = per_token + kl_coef[run_of_token] * kept_log_ratio.square() / 2
-    per_token = torch.where(keep, per_token, 0.0)
+    terms, clipped, base_kl = [], [], []
+    start = 0
+    for idx, length in enumerate(counts.tolist()):
+        run = slice(start, start + length)
+        start += length
+        if not length:
+            continue
+        config = configs[idx]
+        first, last = (
+            (0, 0)
+            if host_index is None
+            else (int(host_index[run.start]), int(host_index[run.stop - 1]))
+        )
+        inputs = LossInputs(
+            logprobs=logprobs[run],
+            sampler_logprobs=old_logprobs[run],
+            advantages=advantages[run],
+            loss_mask=loss_mask[run],
+            sample_index=_local_index(sample_index, run, first, config, device),
+            num_samples=last - first + 1,
+            config=config,
+            args=config.args,
+        )
+        run_base = None if base_logprobs is None else base_logprobs[run]
+        term, run_clipped, kl = _run_terms(inputs, run_base, idx)
+        terms.append(term)
+        clipped.append(run_clipped)
+        base_kl.append(kl)
+    per_token = torch.cat(terms)
 
     def per_run_sum(values: torch.Tensor) -> torch.Tensor:
         return values.new_zeros(n_runs).index_add(0, run_of_token, values)
 
     micro_loss_tokens = per_run_sum(loss_mask.float())
-    if loss_tokens_per_run is None:
-        normaliser = micro_loss_tokens
-    else:
-        normaliser = to_device(torch.as_tensor(loss_tokens_per_run).float(), device)
-    run_loss = per_run_sum(per_token) / normaliser.clamp_min(1.0)
+    if samples_per_run is None:
+        samples_per_run = _micro_samples(host_index, sample_index, run_of_token, loss_mask, n_runs)
+    denominators = _denominators(
+        configs,
+        micro_loss_tokens if loss_tokens_per_run is None else loss_tokens_per_run,
+        samples_per_run,
+        constant_normalisers,
+        device,
+    )
+    run_loss = per_run_sum(per_token) / denominators
     with torch.no_grad():
         seen = micro_loss_tokens.clamp_min(1.0)
-        masked_tokens = per_run_sum(is_masked.float())
+        masked_tokens = per_run_sum(torch.cat(clipped).float())
         advantaged_tokens = per_run_sum((loss_mask & (advantages != 0)).float())
-        masked_fraction = masked_tokens / seen
-        mean_ratio = per_run_sum(torch.where(loss_mask, ratio, 0.0)) / seen
+        ratio = torch.exp(torch.where(loss_mask, logprobs - old_logprobs, 0.0))
+        ratio_sum = per_run_sum(torch.where(loss_mask, ratio, 0.0))
+        inf = torch.full((n_runs,), torch.inf, device=device)
+        ratio_min = inf.scatter_reduce(
+            0, run_of_token, torch.where(loss_mask, ratio, torch.inf), "amin"
+        )
+        ratio_max = (-inf).scatter_reduce(
+            0, run_of_token, torch.where(loss_mask, ratio, -torch.inf), "amax"
+        )
     return RLLossOutput(
         loss=run_loss.sum(),
         run_loss=run_loss.detach(),
-        masked_fraction=masked_fraction,
-        mean_ratio=mean_ratio,
+        masked_fraction=masked_tokens / seen,
+        mean_ratio=ratio_sum / seen,
         loss_tokens=micro_loss_tokens.long(),
         masked_tokens=masked_tokens.long(),
         advantaged_tokens=advantaged_tokens.long(),
+        ratio_sum=ratio_sum,
+        ratio_min=ratio_min,
+        ratio_max=ratio_max,
+        base_kl_sum=per_run_sum(torch.cat(base_kl)),
     )
 
 
-def _per_run_settings(
-    loss_config: LossConfig | Sequence[LossConfig | None] | None, n_runs: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _run_terms(
+    inputs: LossInputs, base_logprobs: torch.Tensor | None, idx: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One run's token terms as its aggregation sums them (a `sequence_mean` run's divided
+    by their completion's loss tokens), with its KL term to the base; where its trust
+    region acted; its KL estimates (0 without that term), detached."""
+    config = inputs.config
+    term, clipped = _policy_terms(inputs)
+    per_sequence = config.effective_aggregation == "sequence_mean"
+    if per_sequence:
+        lengths = inputs.sample_loss_tokens().clamp_min(1.0)[inputs.sample_index]
+        term = term / lengths
+    if config.base_kl_coef <= 0:
+        return term, clipped, term.new_zeros(term.shape).detach()
+    if base_logprobs is None:
+        raise ValueError(f"slot {idx} asks for a KL term to the base: pass base_logprobs")
+    estimate = kl_estimate(inputs.logprobs, base_logprobs, config.base_kl_estimator)
+    kl = torch.where(inputs.loss_mask, estimate, 0.0)
+    weighted = config.base_kl_coef * kl
+    return term + (weighted / lengths if per_sequence else weighted), clipped, kl.detach()
+
+
+def _policy_terms(inputs: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's loss kind on its tokens: each loss token's term (0 elsewhere) and where
+    its trust region acted."""
+    kind = inputs.config.kind
+    result = loss_function(kind)(inputs)
+    shape = tuple(inputs.logprobs.shape)
+    if tuple(getattr(result, "loss", torch.empty(0)).shape) != shape:
+        raise ValueError(
+            f"loss.kind {kind!r} must return a TokenLoss whose loss has one value per token "
+            f"{shape}; got {result!r:.200}"
+        )
+    clipped = result.clipped if result.clipped is not None else torch.zeros_like(inputs.loss_mask)
+    return torch.where(inputs.loss_mask, result.loss, 0.0), clipped.bool() & inputs.loss_mask
+
+
+def _per_run_configs(
+    loss_config: LossConfig | Sequence[LossConfig | None] | None, n_runs: int
+) -> list[LossConfig]:
     if loss_config is None or isinstance(loss_config, LossConfig):
-        configs = [loss_config or LossConfig()] * n_runs
-    else:
-        if len(loss_config) != n_runs:
-            raise ValueError(f"need one LossConfig per slot ({n_runs}), got {len(loss_config)}")
-        configs = [config or LossConfig() for config in loss_config]
+        return [loss_config or LossConfig()] * n_runs
+    if len(loss_config) != n_runs:
+        raise ValueError(f"need one LossConfig per slot ({n_runs}), got {len(loss_config)}")
+    return [config or LossConfig() for config in loss_config]
 
-    def column(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return to_device(torch.tensor(values, dtype=dtype), device)
 
-    return (
-        column([c.mask_ratio_low for c in configs]),
-        column([c.mask_ratio_high for c in configs]),
-        column([c.kl_coef for c in configs]),
-        column([c.mask_both_sides for c in configs], torch.bool),
-    )
+# Kinds and aggregations that need to tell a run's completions apart.
+SEQUENCE_KINDS = ("gspo",)
+
+
+def _sample_index(position_ids: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor | None:
+    """On the host, the completion number of every token in the row: a completion starts
+    where the position does not go on from the previous token's (as attention reads it: a
+    shared prompt's branch goes on from its branch point, not from the previous
+    completion's end), and at every run's first token."""
+    if position_ids is None:
+        return None
+    positions = position_ids.reshape(-1).long().cpu()
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[1:] = positions[1:] != positions[:-1] + 1
+    run_starts = torch.cumsum(counts, 0)[:-1]
+    starts[run_starts[run_starts < positions.numel()]] = True
+    return torch.cumsum(starts.long(), 0) - 1
+
+
+def _local_index(
+    sample_index: torch.Tensor | None,
+    run: slice,
+    first: int,
+    config: LossConfig,
+    device: torch.device,
+) -> torch.Tensor:
+    """The run's completions numbered from 0 (`first`: its first one's number in the row);
+    without position ids, all of its tokens as one completion, which only a loss that does
+    not look at completions may use."""
+    if sample_index is None:
+        if config.kind in SEQUENCE_KINDS or config.effective_aggregation == "sequence_mean":
+            raise ValueError(
+                f"loss.kind {config.kind!r} with aggregation "
+                f"{config.effective_aggregation!r} needs position_ids to tell completions apart"
+            )
+        return torch.zeros(run.stop - run.start, dtype=torch.long, device=device)
+    return sample_index[run] - first
+
+
+def _micro_samples(
+    host_index: torch.Tensor | None,
+    sample_index: torch.Tensor | None,
+    run_of_token: torch.Tensor,
+    loss_mask: torch.Tensor,
+    n_runs: int,
+) -> torch.Tensor:
+    """Completions with a loss token, per run, in this micro-batch (without the step's
+    counts: a caller whose runs each fit one micro-batch)."""
+    if host_index is None or sample_index is None:
+        return torch.zeros(n_runs, device=loss_mask.device)
+    n_samples = int(host_index[-1]) + 1
+    has_loss = torch.zeros(n_samples, device=loss_mask.device)
+    has_loss[sample_index[loss_mask]] = 1.0
+    run_of_sample = torch.zeros(n_samples, dtype=torch.long, device=loss_mask.device)
+    run_of_sample[sample_index] = run_of_token
+    return has_loss.new_zeros(n_runs).index_add(0, run_of_sample, has_loss)
+
+
+def _denominators(
+    configs: list[LossConfig],
+    loss_tokens: torch.Tensor,
+    samples: torch.Tensor,
+    constant_normalisers: Sequence[float | None] | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """Per run, what its summed terms are divided by, as its aggregation says."""
+    tokens = to_device(torch.as_tensor(loss_tokens).float(), device).clamp_min(1.0)
+    if all(config.effective_aggregation == "token_mean" for config in configs):
+        return tokens
+    samples = to_device(torch.as_tensor(samples).float(), device).clamp_min(1.0)
+    values = []
+    for idx, config in enumerate(configs):
+        aggregation = config.effective_aggregation
+        if aggregation == "token_mean":
+            values.append(tokens[idx])
+        elif aggregation == "sequence_mean":
+            values.append(samples[idx])
+        else:
+            constant = config.normaliser
+            if constant is None and constant_normalisers is not None:
+                constant = constant_normalisers[idx]
+            if constant is None:
+                raise ValueError(
+                    f"slot {idx}: aggregation 'constant' needs loss.normaliser or the "
+                    "trainer's constant_normalisers"
+                )
+            values.append(tokens.new_tensor(float(constant)))
+    return torch.stack(values)
 
 
 # ---------------------------------------------------------------------------- log-probs

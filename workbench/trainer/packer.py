@@ -15,8 +15,9 @@ across a sample boundary never counts.
 
 The packer keeps an episode whole: a sample is never split across rows, since its later
 turns must attend to all of its earlier tokens. Each run's loss is normalised by its
-trained tokens over the whole step (`run_loss_tokens`); prompt and environment tokens do
-not count.
+trained tokens over the whole step (`run_loss_tokens`), or, for `loss.aggregation =
+"sequence_mean"`, by its completions over the whole step (`run_samples`); prompt and
+environment tokens do not count.
 
 With `share_prompts`, the completions of one prompt that land in the same row share it:
 the first is packed whole, each next one from its last untrained token before its first
@@ -50,6 +51,8 @@ class MicroBatch:
     advantages: torch.Tensor  # float32 [T]
     lora_num_tokens: torch.Tensor  # int64 [max_runs], tokens of each run in this row
     run_loss_tokens: torch.Tensor  # int64 [max_runs], trained tokens of each run in the WHOLE step
+    # int64 [max_runs], completions of each run in the WHOLE step (sequence_mean's count)
+    run_samples: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -143,8 +146,10 @@ def pack_batches(
     """
     samples = [s for idx in sorted(batches) for s in _split_samples(idx, batches[idx])]
     run_loss_tokens = torch.zeros(max_runs, dtype=torch.int64)
+    run_samples = torch.zeros(max_runs, dtype=torch.int64)
     for sample in samples:
         run_loss_tokens[sample.idx] += int(sample.loss_mask.sum())
+        run_samples[sample.idx] += 1
     rows: list[list[tuple[_PackedSample, int]]] = []
     current: list[tuple[_PackedSample, int]] = []
     used = 0
@@ -168,7 +173,7 @@ def pack_batches(
             whole = sample
     if current:
         rows.append(current)
-    return [_build_row(row, max_runs, run_loss_tokens) for row in rows]
+    return [_build_row(row, max_runs, run_loss_tokens, run_samples) for row in rows]
 
 
 def distribute(rows: list[MicroBatch], world_size: int) -> list[list[MicroBatch]]:
@@ -206,7 +211,10 @@ def _split_samples(idx: int, batch: TensorBatch) -> list[_PackedSample]:
 
 
 def _build_row(
-    row: list[tuple[_PackedSample, int]], max_runs: int, run_loss_tokens: torch.Tensor
+    row: list[tuple[_PackedSample, int]],
+    max_runs: int,
+    run_loss_tokens: torch.Tensor,
+    run_samples: torch.Tensor,
 ) -> MicroBatch:
     """`row`: each sample and how many of its leading tokens it shares (left out)."""
     input_ids, positions, mask, logprobs, advantages = [], [], [], [], []
@@ -227,6 +235,7 @@ def _build_row(
         advantages=torch.cat(advantages),
         lora_num_tokens=counts,
         run_loss_tokens=run_loss_tokens.clone(),
+        run_samples=run_samples.clone(),
     )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workbench.config import ConfigError, TrainerConfig, load_trainer_config
+from workbench.config import ConfigError, LossConfig, TrainerConfig, load_trainer_config
 from workbench.files import busy, layout
 from workbench.files.metrics import append_metrics
 from workbench.system.lifeline import die_with_parent
@@ -31,8 +31,14 @@ from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
 from workbench.trainer.compute import HostRow, RowLogprobs, prepare_model
 from workbench.trainer.divergence import DivergenceWatch, NonFiniteWeights, adapter_divergence
-from workbench.trainer.lora import apply_lora_to_model, resolve_run_lora, set_lora_num_tokens
+from workbench.trainer.lora import (
+    adapters_disabled,
+    apply_lora_to_model,
+    resolve_run_lora,
+    set_lora_num_tokens,
+)
 from workbench.trainer.loss import RLLossOutput, compute_rl_loss
+from workbench.trainer.losses.admission import validate_run_loss
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
 from workbench.trainer.packer import MicroBatch, Packer, filler_row
 from workbench.trainer.row_threads import (
@@ -47,7 +53,8 @@ from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
 KEEP_BROADCASTS = 3
-LOSS, MASKED, TOKENS, ADVANTAGED = range(4)  # the rows of `train_step`'s per-run tally
+# The rows of `train_step`'s per-run tally (sums over the update's rows and ranks).
+LOSS, MASKED, TOKENS, ADVANTAGED, RATIO_SUM, BASE_KL = range(6)
 
 
 @dataclass
@@ -77,9 +84,15 @@ class StepStats:
     loss: dict[int, float]
     grad_norm: dict[int, float]
     lr: dict[int, float]
-    masked: dict[int, float]  # the share of the run's loss tokens the loss masked
+    masked: dict[int, float]  # the share of the run's loss tokens where its trust region acted
     # Its gradient was exactly 0 although some of its tokens had an advantage (`divergence`).
     stalled: dict[int, bool]
+    # Per run: the importance ratio's mean, least and largest over its loss tokens, and the
+    # mean KL estimate to the base model (runs with that term only).
+    ratio_mean: dict[int, float] = field(default_factory=dict)
+    ratio_min: dict[int, float] = field(default_factory=dict)
+    ratio_max: dict[int, float] = field(default_factory=dict)
+    base_kl: dict[int, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- setup
@@ -167,6 +180,9 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
         checkpointer.save_if_due(idx, force=True)
         checkpointer.forget(idx)
 
+    # A user's loss is tried once before its run gets a slot: one that fails rejects its
+    # run instead of stopping the trainer every run shares.
+    manager.register_config_validation_hook(validate_run_loss)
     manager.register_creation_hook(resume_run)
     manager.register_forgotten_hook(checkpoint_leaving_run)
     manager.register_deletion_hook(trainer.divergence.forget)
@@ -198,16 +214,31 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
     temperatures = torch.ones(manager.max_runs)
     for idx in manager.used_idxs:
         temperatures[idx] = manager.config[idx].sampling.temperature  # > 0 (workbench.config)
-    # Per run: loss, masked, loss and advantaged tokens (the rows of the tally), summed on
-    # the device and read once per update: a read per row would wait for each row's
-    # backward before the next row could be queued.
-    tally = torch.zeros(4, manager.max_runs, dtype=torch.float64, device=device)
+    # Dr. GRPO's constant for `aggregation = "constant"` without `loss.normaliser`: the
+    # run's batch_size * max_tokens, as TRL's dr_grpo divides by.
+    constants = [
+        manager.config[i].batch_size * manager.config[i].sampling.max_tokens
+        if i in manager.config
+        else None
+        for i in range(manager.max_runs)
+    ]
+    wants_base = torch.tensor([c is not None and c.base_kl_coef > 0 for c in loss_configs])
+    # Per run: loss, masked, loss and advantaged tokens, ratio and KL sums (the rows of the
+    # tally), and the ratio's extremes (-min, max), summed (maximised) on the device and
+    # read once per update: a read per row would wait for each row's backward before the
+    # next row could be queued.
+    tally = torch.zeros(6, manager.max_runs, dtype=torch.float64, device=device)
+    extremes = torch.full((2, manager.max_runs), -torch.inf, dtype=torch.float64, device=device)
 
     def add_to_tally(out: RLLossOutput) -> None:
         tally[LOSS] += out.run_loss.detach().double()
         tally[MASKED] += out.masked_tokens.double()
         tally[TOKENS] += out.loss_tokens.double()
         tally[ADVANTAGED] += out.advantaged_tokens.double()
+        tally[RATIO_SUM] += out.ratio_sum.double()
+        tally[BASE_KL] += out.base_kl_sum.double()
+        torch.maximum(extremes[0], -out.ratio_min.double(), out=extremes[0])
+        torch.maximum(extremes[1], out.ratio_max.double(), out=extremes[1])
 
     def row_loss(row: MicroBatch) -> RLLossOutput:
         set_lora_num_tokens(model, row.lora_num_tokens)
@@ -216,6 +247,12 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
         # way, per run (runs may sample at different temperatures).
         token_temperatures = torch.repeat_interleave(temperatures, row.lora_num_tokens)
         host = HostRow(row.position_ids, token_temperatures, needed=row.loss_mask.bool())
+        base_logprobs = None
+        if bool(wants_base[row.lora_num_tokens > 0].any()):
+            # The base model's log-probs for the runs with a KL term to it: one forward
+            # without gradient, adapters off, for the whole row.
+            with torch.no_grad(), adapters_disabled(model):
+                base_logprobs = trainer.row_model(input_ids, host)
         logprobs = trainer.row_model(input_ids, host)
         return compute_rl_loss(
             logprobs,
@@ -225,6 +262,10 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
             row.lora_num_tokens,
             loss_configs,
             loss_tokens_per_run=row.run_loss_tokens,
+            position_ids=row.position_ids,
+            samples_per_run=row.run_samples,
+            constant_normalisers=constants,
+            base_logprobs=base_logprobs,
         )
 
     if trainer.row_threads is None:
@@ -257,6 +298,7 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
         [param for idx in ready for _, param in manager.get_named_parameters_for_run(idx)], device
     )
     tally = distributed.all_reduce_sum(tally.cpu(), device)
+    extremes = distributed.all_reduce_max(extremes.cpu(), device)
     norms = trainer.optimizer.step()
     trainer.scheduler.step()
     trainer.optimizer.zero_grad()
@@ -266,6 +308,14 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
         lr={idx: trainer.optimizer.get_lr(idx) for idx in ready},
         masked={idx: float(tally[MASKED, idx] / tally[TOKENS, idx].clamp_min(1)) for idx in ready},
         stalled={idx: norms.get(idx) == 0.0 and bool(tally[ADVANTAGED, idx] > 0) for idx in ready},
+        ratio_mean={idx: float(tally[RATIO_SUM, idx] / tally[TOKENS, idx]) for idx in ready},
+        ratio_min={idx: float(-extremes[0, idx]) for idx in ready},
+        ratio_max={idx: float(extremes[1, idx]) for idx in ready},
+        base_kl={
+            idx: float(tally[BASE_KL, idx] / tally[TOKENS, idx])
+            for idx in ready
+            if loss_configs[idx].base_kl_coef > 0
+        },
     )
 
 
@@ -299,6 +349,27 @@ def publish_adapter(trainer: Trainer, idx: int) -> None:
     prune_broadcasts(run, KEEP_BROADCASTS)
 
 
+def algorithm_metrics(loss: LossConfig, stats: StepStats, idx: int) -> dict[str, object]:
+    """The run's loss diagnostics for its metrics line: its kind, the share of loss tokens
+    where its trust region acted (`clipped`; `masked` is its older name), the importance
+    ratio's mean and extremes, and the KL estimate to the base where there is that term."""
+    metrics: dict[str, object] = {
+        "loss_kind": loss.kind,
+        "clipped": round(stats.masked[idx], 4),
+        # Four significant digits: a least ratio of 3e-5 is not 0.
+        "ratio_mean": _significant(stats.ratio_mean[idx]),
+        "ratio_min": _significant(stats.ratio_min[idx]),
+        "ratio_max": _significant(stats.ratio_max[idx]),
+    }
+    if idx in stats.base_kl:
+        metrics["base_kl"] = _significant(stats.base_kl[idx])
+    return metrics
+
+
+def _significant(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
 def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
     """Master: broadcast each updated run's adapter, log its metrics, checkpoint if due.
 
@@ -329,6 +400,7 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
                 grad_norm=stats.grad_norm[idx],
                 lr=stats.lr[idx],
                 masked=round(stats.masked[idx], 4),
+                **algorithm_metrics(manager.config[idx].loss, stats, idx),
                 tokens=progress.total_tokens,
                 samples=progress.total_samples,
                 step_s=round(step_s, 3),
