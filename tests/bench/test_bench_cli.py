@@ -130,3 +130,12 @@ def test_bench_all_counts_a_benchmark_whose_experiment_failed_as_failed_keeping_
     summary = json.loads((in_tmp_results / "summary-latest.json").read_text())
     assert summary["benchmarks"]["e2e"]["status"] == "failed"
     assert [row["metric"] for row in summary["rows"]] == ["reward first 5 -> last 5", "FAILED"]
+
+
+@pytest.mark.parametrize(
+    ("losses", "expected"),
+    [("ppo,grpo", "unknown loss.kind 'grpo'"), ("ppo,ppo+ref", "the one suffix is +kl")],
+)
+def test_bench_trainer_refuses_an_unknown_loss_before_measuring(losses: str, expected: str):
+    outcome = runner.invoke(app, ["bench", "trainer", "--models", "tiny", "--losses", losses])
+    assert outcome.exit_code == 2 and expected in outcome.output

@@ -63,3 +63,16 @@ def test_two_ranks_measure_the_base_each_rank_holds_replicated_and_sharded():
     assert (replicated.ranks, sharded.ranks) == (2, 2)
     assert "base sharded" in sharded.compute and "base replicated" in replicated.compute
     assert sharded.base_mb <= 0.55 * replicated.base_mb
+
+
+def test_mixed_losses_are_measured_beside_uniform_ones_with_their_ratio():
+    from workbench.bench.trainer import BenchSettings, run_benchmark
+
+    settings = BenchSettings(
+        models=["tiny"], run_counts=[2], steps=1, tokens=256, seq_len=256, sample_len=64,
+        losses=["ppo", "gspo"], pairs=1,
+    )  # fmt: skip
+    uniform, mixed = run_benchmark(settings)
+    assert (uniform.mode, uniform.losses) == ("uniform", "ppo")
+    assert (mixed.mode, mixed.losses) == ("mixed", "ppo,gspo")
+    assert mixed.vs_uniform == mixed.tokens_per_s / uniform.tokens_per_s

@@ -80,6 +80,15 @@ def trainer(
             "replicated and sharded (FSDP2) instead of the other modes.",
         ),
     ] = 1,
+    losses: Annotated[
+        str,
+        typer.Option(
+            help="Loss kinds, comma separated (e.g. ppo,gspo,cispo,is; kind+kl adds a k3 KL "
+            "term to the base). Two or more: each N is measured with every run of the first "
+            "(uniform) and with them in turn (mixed), alternately, instead of the other "
+            "modes; `vs uniform` is their ratio.",
+        ),
+    ] = "",
 ) -> None:
     """One trainer training N runs vs N separate trainers vs peft, same total tokens.
 
@@ -103,6 +112,7 @@ def trainer(
     chosen |= {"peft": peft, "ranks": ranks}
     given = {"tokens": tokens, "seq_len": seq_len, "sample_len": sample_len, "rank": rank}
     chosen |= {key: value for key, value in given.items() if value is not None}
+    chosen["losses"] = _loss_names(losses)
     settings = _trainer_settings(preset, models, runs, chosen)
     measurements = run_benchmark(settings)
     print_table(measurements)
@@ -131,6 +141,25 @@ def _compute_options(
         "compile": compile,
         "row_threads": row_threads if row_threads == "auto" else int(row_threads),
     }
+
+
+def _loss_names(losses: str) -> list[str]:
+    """`--losses` as a list, each name checked as a run's loss would be, or
+    `typer.BadParameter` naming the bad one."""
+    from pydantic import ValidationError
+
+    from workbench.bench.trainer import bench_loss
+
+    names = [name.strip() for name in losses.split(",") if name.strip()]
+    for name in names:
+        try:
+            bench_loss(name)
+        except ValidationError as err:
+            message = err.errors()[0]["msg"].removeprefix("Value error, ")
+            raise typer.BadParameter(message, param_hint="--losses") from None
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--losses") from None
+    return names
 
 
 def _trainer_settings(preset: str | None, models: str, runs: str, chosen: dict):

@@ -204,6 +204,8 @@ class WorkerSpec:
     barrier: str = ""
     parties: int = 1
     ranks: int = 1  # torchrun ranks of the shared trainer
+    # The runs' `loss.kind`s, one per run in turn (empty: every run the default).
+    losses: list[str] = field(default_factory=list)
 
 
 class PeerFailed(RuntimeError):
@@ -371,15 +373,27 @@ def _trainer_section(spec: WorkerSpec):
     )
 
 
+def bench_loss(name: str):
+    """A run's loss from its `--losses` name: a kind, with `+kl` a k3 KL term to the base
+    (coefficient 0.01), which costs one more forward of every row holding the run."""
+    from workbench.config import LossConfig
+
+    kind, _, extra = name.partition("+")
+    if extra not in ("", "kl"):
+        raise ValueError(f"{name!r}: the one suffix is +kl (a KL term to the base model)")
+    return LossConfig(kind=kind, base_kl_coef=0.01 if extra else 0.0)
+
+
 def _shared_step(model, rows, spec: WorkerSpec, device, rows_per_rank: int):
-    from workbench.config import ModelSection, OrchestratorConfig, TrainerConfig
+    from workbench.config import LossConfig, ModelSection, OrchestratorConfig, TrainerConfig
     from workbench.experiment import write_run
     from workbench.trainer.lora import lora_compute_summary
     from workbench.trainer.rl import build_trainer, train_step
 
     experiment = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
     for idx in range(spec.runs):
-        write_run(experiment, f"run_{idx}", OrchestratorConfig(lr=1e-4))
+        loss = bench_loss(spec.losses[idx % len(spec.losses)]) if spec.losses else LossConfig()
+        write_run(experiment, f"run_{idx}", OrchestratorConfig(lr=1e-4, loss=loss))
     config = TrainerConfig(
         output_dir=experiment, model=ModelSection(base="random"), trainer=_trainer_section(spec)
     )
@@ -472,6 +486,8 @@ class Measurement:
     base_mb: float | None = None  # the frozen base's weights one rank holds
     vs_replicated_speed: float | None = None
     vs_replicated_base_memory: float | None = None
+    losses: str = ""  # the runs' loss kinds (`--losses`), in turn
+    vs_uniform: float | None = None  # mixed: tokens/s over the uniform row's (same N)
 
 
 def _spawn(spec: WorkerSpec, threads: int | None = None):
@@ -587,6 +603,8 @@ def _measure(spec: WorkerSpec, mode: str, common: dict[str, int]) -> Measurement
         worker.runs = 1
     if mode == "legacy":
         worker.compute = dict(LEGACY_COMPUTE)
+    if mode == "uniform":
+        worker.losses = spec.losses[:1]
     if mode in ("replicated", "sharded"):
         worker.compute = {**worker.compute, "base_sharding": mode}
     else:
@@ -598,7 +616,8 @@ def _measure(spec: WorkerSpec, mode: str, common: dict[str, int]) -> Measurement
         shape, mode, worker.runs, result["tokens"], step_s, result["tokens"] / step_s, peak,
         worker.ranks, compute=result["compute"], device=result["device"], dtype=result["dtype"],
         added_memory_mb=added, reserved_memory_mb=_reserved([result]), lora=result["lora"],
-        ranks=worker.ranks, base_mb=result.get("base_mb"), **common,
+        ranks=worker.ranks, base_mb=result.get("base_mb"), losses=",".join(worker.losses),
+        **common,
     )  # fmt: skip
 
 
@@ -625,6 +644,11 @@ class BenchSettings:
     separate: bool = True
     peft: bool = True
     ranks: int = 1  # above one: the shared trainer under torchrun, base replicated and sharded
+    # Loss kinds: with two or more, each N is measured as `uniform` (every run the first
+    # kind) and `mixed` (the kinds in turn), alternately `pairs` times, instead of the
+    # other modes.
+    losses: list[str] = field(default_factory=list)
+    pairs: int = 2
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> BenchSettings:
@@ -665,6 +689,7 @@ def run_benchmark(settings: BenchSettings) -> list[Measurement]:
             steps=settings.steps,
             compute=dict(settings.compute),
             ranks=settings.ranks,
+            losses=list(settings.losses),
         )
         console.print(
             f"[bold]{shape}[/]: {spec.tokens} tokens per update, rows of {spec.seq_len}, "
@@ -684,6 +709,12 @@ def run_benchmark(settings: BenchSettings) -> list[Measurement]:
             measurements.append(m)
             return m
 
+        if len(settings.losses) > 1:
+            for n in settings.run_counts:
+                for _ in range(settings.pairs):  # alternately, so drift hits both alike
+                    run("uniform", n)
+                    run("mixed", n)
+            continue
         if settings.ranks > 1:
             for n in settings.run_counts:
                 run("replicated", n)
@@ -720,6 +751,8 @@ def add_ratios(measurements: list[Measurement]) -> None:
             m.mfu = m.tokens_per_s * per_token / flops
         if m.mode == "sharded":
             _add_replicated_ratios(m, measurements)
+        if m.mode == "mixed":
+            _add_uniform_ratio(m, measurements)
         if m.mode not in ("shared", "legacy") or not math.isfinite(m.tokens_per_s):
             continue
         for other in measurements:
@@ -730,6 +763,21 @@ def add_ratios(measurements: list[Measurement]) -> None:
             if other.mode == "separate" and other.runs == m.runs:
                 m.vs_separate_speed = m.tokens_per_s / other.tokens_per_s
                 m.vs_separate_memory = m.peak_memory_mb / other.peak_memory_mb
+
+
+def _add_uniform_ratio(mixed: Measurement, measurements: list[Measurement]) -> None:
+    """The mixed row's speed over the median of the uniform rows of the same model and N."""
+    from workbench.bench.results import median
+
+    uniform = [
+        m.tokens_per_s
+        for m in measurements
+        if m.mode == "uniform"
+        and (m.model, m.runs) == (mixed.model, mixed.runs)
+        and math.isfinite(m.tokens_per_s)
+    ]
+    if uniform and math.isfinite(mixed.tokens_per_s):
+        mixed.vs_uniform = mixed.tokens_per_s / median(uniform)
 
 
 def _add_replicated_ratios(sharded: Measurement, measurements: list[Measurement]) -> None:
@@ -755,8 +803,8 @@ def print_table(measurements: list[Measurement]) -> None:
     table = Table(title="trainer: tokens/s and memory per update (same total tokens)")
     columns = ("model", "mode", "runs", "ranks", "tokens", "step s", "tokens/s", "MFU",
                "peak MB", "added MB", "reserved MB", "base MB / rank", "vs peft",
-               "vs separate (speed / memory)", "vs replicated (speed / base memory)", "LoRA",
-               "compute / note")  # fmt: skip
+               "vs separate (speed / memory)", "vs replicated (speed / base memory)",
+               "vs uniform", "LoRA", "compute / note")  # fmt: skip
     for column in columns:
         left = column in ("model", "mode", "LoRA", "compute / note")
         table.add_column(column, justify="left" if left else "right")
@@ -772,8 +820,9 @@ def print_table(measurements: list[Measurement]) -> None:
             f"{ratio(m.vs_separate_speed)} / {ratio(m.vs_separate_memory)}" if m.vs_separate_speed else "",
             f"{ratio(m.vs_replicated_speed)} / {ratio(m.vs_replicated_base_memory)}"
             if m.vs_replicated_speed else "",
+            ratio(m.vs_uniform),
             m.lora,
-            m.note or m.compute,
+            m.note or (f"losses {m.losses}; {m.compute}" if m.losses else m.compute),
         )  # fmt: skip
     Console().print(table)
     Console().print(

@@ -67,6 +67,34 @@ FOLLOWED_CURVES = frozenset({REWARD_METRIC, EVAL_METRIC})
 
 
 @dataclass(frozen=True)
+class LossDiagnostics:
+    """The run's loss at its latest update, from its trainer line: the kind, the share of
+    loss tokens where its trust region acted, the importance ratio's mean and extremes, and
+    the KL estimate to the base model where the run has that term."""
+
+    kind: str
+    clipped: float | None = None
+    ratio_mean: float | None = None
+    ratio_min: float | None = None
+    ratio_max: float | None = None
+    base_kl: float | None = None
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> LossDiagnostics | None:
+        kind = record.get("loss_kind")
+        if not isinstance(kind, str):
+            return None  # a line from before loss kinds
+        return cls(
+            kind=kind,
+            clipped=_as_float(record.get("clipped")),
+            ratio_mean=_as_float(record.get("ratio_mean")),
+            ratio_min=_as_float(record.get("ratio_min")),
+            ratio_max=_as_float(record.get("ratio_max")),
+            base_kl=_as_float(record.get("base_kl")),
+        )
+
+
+@dataclass(frozen=True)
 class RunView:
     """One row of the runs table: the run's status plus what its metrics say."""
 
@@ -84,6 +112,7 @@ class RunView:
     evals: tuple[tuple[int, float], ...] = ()  # (step, eval_reward_mean), by step
     last_update: float | None = None
     evicted_by: str | None = None
+    loss: LossDiagnostics | None = None  # at the latest update
 
 
 @dataclass(frozen=True)
@@ -167,6 +196,7 @@ class MetricsReader:
         self.trainer_step = 0
         self.last_step = 0  # of any line
         self.tokens = 0
+        self.loss: LossDiagnostics | None = None
         self.last_time: float | None = None
         # One point per step that has the metric: as many as the run has steps, at most.
         self.curves = {metric: MetricCurve(metric) for metric in self.curve_metrics}
@@ -225,6 +255,7 @@ class MetricsReader:
             if step is not None:
                 self.trainer_step = max(self.trainer_step, step)
             self.tokens += _as_int(record.get("tokens")) or 0
+            self.loss = LossDiagnostics.from_record(record) or self.loss
         when = _as_float(record.get("time"))
         if when is not None:
             self.last_time = when if self.last_time is None else max(self.last_time, when)
@@ -480,6 +511,7 @@ class ExperimentReader:
             evals=histories.curves[EVAL_METRIC],
             last_update=metrics.last_time,
             evicted_by=status.evicted_by,
+            loss=histories.loss,
         )
         self._views[status.id] = (status, histories, view)
         return view
@@ -521,6 +553,7 @@ class ExperimentReader:
                 rewards=tuple(metrics.rewards),
                 losses=tuple(metrics.losses),
                 curves={name: tuple(curve.points()) for name, curve in metrics.curves.items()},
+                loss=metrics.loss,
             )
             self._histories[run_id] = cached
         return cached
@@ -534,6 +567,7 @@ class _Histories:
     rewards: tuple[float, ...]
     losses: tuple[float, ...]
     curves: dict[str, tuple[tuple[int, float], ...]]
+    loss: LossDiagnostics | None = None
 
 
 # ---------------------------------------------------------------- small helpers

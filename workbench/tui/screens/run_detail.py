@@ -1,4 +1,5 @@
-"""One run in full: status and reason, reward, eval reward and loss curves, its orch.toml.
+"""One run in full: status and reason, its loss's diagnostics, reward, eval reward and loss
+curves, its orch.toml.
 
 The app keeps one such screen and shows it for whichever run is chosen (`show_run`), so
 `enter` does not build a screen of widgets each time; the run's orch.toml is read and
@@ -22,7 +23,7 @@ from textual.widgets import Static
 
 from workbench.curves import EVAL_METRIC
 from workbench.files import layout
-from workbench.tui.data import ExperimentSnapshot, RunView
+from workbench.tui.data import ExperimentSnapshot, LossDiagnostics, RunView
 from workbench.tui.format import format_age, format_count, format_reward, format_steps
 from workbench.tui.messages import EvictRun, RestartRun, ShowCurves, ShowSamples
 from workbench.tui.widgets.curves import CurveChart, StepCurveChart
@@ -55,6 +56,25 @@ def run_summary(run: RunView, now: float) -> Text:
     if run.slot is not None:
         text.append(f"  slot {run.slot}")
     text.append(f"  updated {format_age(run.last_update, now)}", style="dim")
+    if run.loss is not None:
+        text.append("\n")
+        text.append(loss_summary(run.loss))
+    return text
+
+
+def loss_summary(loss: LossDiagnostics) -> Text:
+    """The run's loss at its latest update: kind, clipped share, ratio, KL to the base."""
+    text = Text()
+    text.append("loss ", style="dim")
+    text.append(loss.kind, style="bold")
+    if loss.clipped is not None:
+        text.append(f"  clipped {loss.clipped:.1%}")
+    if loss.ratio_mean is not None:
+        text.append(f"  ratio {loss.ratio_mean:.3f}")
+        if loss.ratio_min is not None and loss.ratio_max is not None:
+            text.append(f" [{loss.ratio_min:.3g}, {loss.ratio_max:.3g}]", style="dim")
+    if loss.base_kl is not None:
+        text.append(f"  KL to base {loss.base_kl:.3g}")
     return text
 
 
