@@ -24,6 +24,7 @@ from tests.supervisor.conftest import FAST_RESTART, StandinExperiment, wait_for
 from workbench.files import run_control
 from workbench.status import run_statuses
 from workbench.supervisor import paths
+from workbench.supervisor.daemon import RESCAN_S
 from workbench.supervisor.launch import SupervisorStartError, start_daemon
 from workbench.system.procfs import process_is_alive
 
@@ -350,6 +351,61 @@ def test_a_run_directory_created_by_hand_gets_an_orchestrator_within_a_second(
     assert latency < 1.0, f"discovered after {latency:.2f}s"
 
 
+def test_a_run_directory_made_before_its_orch_toml_gets_an_orchestrator_within_a_second_of_it(
+    standin: StandinExperiment,
+):
+    standin.start()
+    standin.wait_for_process("inference", "ready")
+    run = standin.path / "run_config_later"
+    (run / "control").mkdir(parents=True)
+    time.sleep(RESCAN_S + 0.5)  # its directory's event and a rescan have come and gone
+    assert "run_config_later" not in standin.state()["processes"]
+    written = time.time()
+    make_run(standin.path, "run_config_later", "lr = 0.001\n")
+    standin.wait_for_process("run_config_later", "running", timeout_s=5)
+    latency = standin.wait_for_event("run_config_later", "start").time - written
+    assert latency < 1.0, f"started {latency:.2f}s after its orch.toml"
+
+
+# Loaded by the supervisor (through PYTHONPATH) in the test below: a fake kernel answer, as
+# the real limit is the machine's and lowering it would starve every other file watcher.
+NO_INOTIFY_WATCH_LEFT = """
+import ctypes, errno
+from watchdog.observers import inotify_c
+
+def _no_watch_left(fd, path, mask):
+    ctypes.set_errno(errno.ENOSPC)
+    return -1
+
+inotify_c.inotify_add_watch = _no_watch_left
+"""
+
+
+def test_out_of_inotify_watches_the_rescans_find_new_and_evicted_runs_after_a_warning(
+    standin: StandinExperiment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    fake = tmp_path / "no_inotify_watch_left"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text(NO_INOTIFY_WATCH_LEFT)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")]))
+    )
+    standin.start()
+    standin.wait_for_process("inference", "ready")
+    time.sleep(0.3)  # past the first rescan: the next one must find the run
+    created = time.time()
+    run = make_run(standin.path, "run_found_by_rescan", "lr = 0.001\n")
+    standin.wait_for_process("run_found_by_rescan", "running", timeout_s=10)
+    latency = standin.wait_for_event("run_found_by_rescan", "start").time - created
+    assert latency < RESCAN_S + 1.0, f"found after {latency:.2f}s"
+    run_control.write_eviction(run, "found by a rescan too", by="user")
+    stopped = standin.wait_for_process("run_found_by_rescan", "stopped", timeout_s=10)
+    assert stopped["reason"] == "evicted: found by a rescan too"
+    log_text = (standin.path / "logs" / "supervisor.log").read_text()
+    assert "out of inotify watches (fs.inotify.max_user_watches" in log_text
+    assert "sudo sysctl fs.inotify.max_user_watches=" in log_text
+
+
 def test_deleting_a_run_directory_stops_its_orchestrator(standin: StandinExperiment):
     (run,) = standin.add_runs("run_a")
     standin.start()
@@ -374,9 +430,12 @@ def test_evicted_txt_stops_the_orchestrator_and_state_shows_the_reason(
     (run,) = standin.add_runs("run_a")
     standin.start()
     pid = standin.wait_for_process("run_a", "running")["pid"]
+    evicted = time.time()
     run_control.write_eviction(run, "reward collapsed", by="trainer")
     stopped = standin.wait_for_process("run_a", "stopped", timeout_s=5)
     assert stopped["reason"] == "evicted: reward collapsed"
+    # Found by the periodic rescan (no event from inside a run reaches discovery).
+    assert time.time() - evicted < RESCAN_S + 1.0
     assert not process_is_alive(pid)
     time.sleep(0.5)
     assert standin.process("run_a")["state"] == "stopped", "an evicted run is not restarted"

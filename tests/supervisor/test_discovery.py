@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,9 @@ def test_scan_reads_eviction_rejection_invalid_config_and_finish(experiment: Pat
     assert "lr" in conditions["run_invalid"].hold_reason
     assert conditions["run_bare"].hold_reason == "no control/orch.toml yet"
     assert conditions["run_finished"].finished and not conditions["run_finished"].runnable
+    # What the supervisor looks at again on every tick: runs whose orch.toml is to come.
+    awaiting = {run_id for run_id, scan in conditions.items() if scan.awaiting_config}
+    assert awaiting == {"run_bare", "run_invalid"}
     assert scan_run(ok) == conditions["run_ok"]
 
 
@@ -130,76 +134,97 @@ def watcher(experiment: Path):
     watcher.stop()
 
 
-def test_watcher_reports_new_runs_control_files_and_deletions(watcher, experiment: Path):
+def test_watcher_reports_runs_made_deleted_and_renamed_into_place(watcher, experiment: Path):
     watcher, changes = watcher
     run = make_run(experiment, "run_a")
-    changes.expect_change()
-    watcher.sync()  # the supervisor syncs the watched directories on every rescan
-    assert layout.control_dir(run) in watcher.watched
-
-    run_control.write_eviction(run, "because", by="user")
     changes.expect_change()
     shutil.rmtree(run)
     changes.expect_change()
-
-
-def test_watcher_ignores_logs_rollouts_and_reads(watcher, experiment: Path):
-    watcher, changes = watcher
-    run = make_run(experiment, "run_a")
+    staging = experiment / ".run_b.staging"
+    make_run(experiment, staging.name)
+    changes.expect_quiet()  # not a run directory's name
+    staging.rename(experiment / "run_b")
     changes.expect_change()
-    watcher.sync()
-    time.sleep(0.2)
-    changes.expect_quiet(0.2)
-    layout.orchestrator_log_path(run).parent.mkdir()
-    changes.event.clear()
-    for _ in range(20):
-        with open(layout.orchestrator_log_path(run), "a") as log:
-            log.write("a log line\n")
-        layout.orch_config_path(run).read_text()
+    (experiment / "not_a_run").mkdir()
     changes.expect_quiet()
 
 
-def test_watcher_follows_a_run_directory_that_is_deleted_and_created_again(
-    watcher, experiment: Path
-):
+def test_nothing_a_run_writes_reaches_the_watchers_handler(watcher, experiment: Path):
+    # Logs, metrics, rollouts, checkpoints, broadcasts and control files are below the
+    # one directory watched: the kernel sends discovery none of their events. (Control
+    # files are read by the rescans, and by every tick for a run awaiting its orch.toml.)
     watcher, changes = watcher
     run = make_run(experiment, "run_a")
     changes.expect_change()
-    watcher.sync()
+    events_before = watcher.events_seen
+    layout.orchestrator_log_path(run).parent.mkdir()
+    with open(layout.orchestrator_log_path(run), "a", buffering=1) as log_file:
+        for index in range(2000):
+            log_file.write(f"a log line {index}\n")
+    for step in range(5):  # what a training step writes
+        layout.atomic_write_text(run / "rollouts" / f"step_{step}" / "batch.json", "{}")
+        layout.atomic_write_text(run / "checkpoints" / f"step_{step}" / "STABLE", "")
+        layout.atomic_write_text(run / "broadcast" / f"step_{step}" / "STABLE", "")
+        with open(layout.metrics_path(run), "a") as metrics:
+            metrics.write('{"step": 1}\n')
+    run_control.write_eviction(run, "found by the rescan", by="user")
+    changes.expect_quiet()
+    assert watcher.events_seen == events_before
+
+
+def test_out_of_inotify_watches_the_watcher_warns_naming_the_limit_and_how_to_raise_it(
+    experiment: Path, monkeypatch, caplog
+):
+    # A fake kernel answer: the real limit (fs.inotify.max_user_watches) is per user and
+    # the machine's; lowering it would starve every other process watching files.
+    from watchdog.observers import inotify_c
+
+    def no_watch_left(fd, path, mask):
+        inotify_c.ctypes.set_errno(errno.ENOSPC)
+        return -1
+
+    monkeypatch.setattr(inotify_c, "inotify_add_watch", no_watch_left)
+    watcher = RunDirectoryWatcher(experiment, ChangeCounter())
+    with caplog.at_level(logging.WARNING):
+        watcher.start()
+    try:
+        assert not watcher.watching  # the supervisor's rescans find every change
+        assert "fs.inotify.max_user_watches" in caplog.text
+        assert "sudo sysctl fs.inotify.max_user_watches=" in caplog.text
+    finally:
+        watcher.stop()
+
+
+def test_watcher_reports_a_run_directory_deleted_and_made_again(watcher, experiment: Path):
+    watcher, changes = watcher
+    run = make_run(experiment, "run_a")
+    changes.expect_change()
     shutil.rmtree(run)
     changes.expect_change()
-    watcher.sync()
-    run = make_run(experiment, "run_a")
-    changes.expect_change()
-    watcher.sync()
-    run_control.write_eviction(run, "again", by="user")
+    make_run(experiment, "run_a")
     changes.expect_change()
 
 
-def _inotify_descriptors() -> int:
-    fds = Path("/proc/self/fd")
-    count = 0
-    for fd in fds.iterdir():
-        try:
-            count += "inotify" in fd.readlink().as_posix()
-        except OSError:  # closed meanwhile
-            continue
-    return count
-
-
-def test_a_sweep_of_many_runs_is_watched_through_one_descriptor_and_one_thread(
-    watcher, experiment: Path
+def test_a_sweep_of_many_runs_is_watched_by_three_threads_whatever_the_number_of_runs(
+    experiment: Path,
 ):
-    # Linux allows 128 inotify descriptors per user by default; a descriptor per watched
-    # directory (two per run) left the runs past about 60 to the periodic rescan.
-    watcher, changes = watcher
-    descriptors, threads = _inotify_descriptors(), threading.active_count()
-    runs = [make_run(experiment, f"run_{index:03d}") for index in range(100)]
-    watcher.sync()
-    assert len(watcher.watched) == 1 + 2 * len(runs)
-    changes.expect_change()
-    while changes.event.wait(0.3):  # the hundred runs' own events, read in batches
-        changes.event.clear()
-    assert (_inotify_descriptors(), threading.active_count()) == (descriptors, threads)
-    run_control.write_eviction(runs[-1], "the last of a hundred", by="user")
-    changes.expect_change()
+    # A watchdog schedule per run directory and per control/ cost two threads per run:
+    # 204 threads for a 100-run sweep.
+    threads_before = threading.active_count()
+    counter = ChangeCounter()
+    watcher = RunDirectoryWatcher(experiment, counter)
+    watcher.start()
+    try:
+        added_with_no_run = threading.active_count() - threads_before
+        runs = [make_run(experiment, f"run_{index:03d}") for index in range(100)]
+        counter.expect_change()
+        while counter.event.wait(0.3):  # the hundred runs' own events, read in batches
+            counter.event.clear()
+        watcher.sync()
+        assert 0 < added_with_no_run <= 3
+        assert threading.active_count() - threads_before == added_with_no_run
+        shutil.rmtree(runs[-1])
+        counter.expect_change()
+    finally:
+        watcher.stop()
+    assert threading.active_count() == threads_before

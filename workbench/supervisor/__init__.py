@@ -5,7 +5,7 @@
 - `policy`: restart on failure with backoff and a maximum.
 - `plan`: the recipe turned into processes (inference, trainer, orchestrators).
 - `startup`: what a starting experiment is doing (the startup phase in state.json).
-- `discovery`: which runs get an orchestrator; inotify on the experiment directory.
+- `discovery`: which runs get an orchestrator; watchdog on the experiment directory.
 - `control_socket`: the Unix-socket control channel.
 - `paths`: the supervisor's own files under `supervisor/` and Unix socket addresses.
 - `daemon`: the supervisor loop and the daemon process (`python -m workbench.supervisor`).

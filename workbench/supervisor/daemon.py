@@ -226,7 +226,7 @@ class Supervisor:
         if self.status == SupervisorStatus.STOPPING:
             self._advance_shutdown(now)
         else:
-            if self._discovery_due or now >= self._next_rescan:
+            if self._discovery_due or now >= self._next_rescan or self._config_arrived():
                 self._discover(now)
             self._stop_early(now)
             self._start_due(now)
@@ -343,6 +343,16 @@ class Supervisor:
         if not run.is_dir():
             return RunScan(proc.spec.run_id, run, hold_reason=RUN_DELETED)
         return scan_run(run, self._validator)
+
+    def _config_arrived(self) -> bool:
+        """Whether a run that waits for its control/orch.toml (its directory came first,
+        `RunScan.awaiting_config`) now says something else: looked at on every tick, as no
+        event tells of files inside a run (see `discovery`). Few runs wait, and briefly."""
+        return any(
+            scan_run(scan.path, self._validator) != scan
+            for scan in self._scans.values()
+            if scan.awaiting_config
+        )
 
     def _discover(self, now: float) -> None:
         self._discovery_due = False

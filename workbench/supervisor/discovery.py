@@ -11,19 +11,22 @@ Three layers, so the decisions are tested without processes:
   orchestrators in line with the directories. A run that is deleted, evicted or rejected
   has its orchestrator stopped; once the condition clears (the directory comes back, the
   eviction is lifted) it is started again and resumes from its checkpoint.
-- `RunDirectoryWatcher`: calls back when anything that matters changes, so a new run gets
-  its orchestrator within a second. It watches only the experiment directory, each run
-  directory and each run's `control/`, never recursively: logs and rollouts change all
-  the time and are none of discovery's business. One inotify descriptor holds every
-  watch, read by one thread, whatever the number of runs (watchdog's observer, used
-  before, ran a thread per watched directory: 204 threads for a 100-run sweep).
-  The supervisor also rescans every few seconds as a safety net against missed events,
-  and without inotify (not Linux, or no descriptor left) the rescans do it all.
+- `RunDirectoryWatcher`: calls back when a run directory appears, goes or is renamed, so
+  a new run gets its orchestrator within a second. One watchdog schedule of the
+  experiment directory itself, not recursive (`workbench.system.tree_events`: three
+  threads and one kernel watch whatever the number of runs): nothing a run writes
+  (logs, metrics, rollouts, checkpoints, broadcasts) reaches discovery's handler.
+  A run whose directory came before its `control/orch.toml` waits for it
+  (`RunScan.awaiting_config`): the supervisor looks at those few runs again at every
+  tick of its loop. A control file written into a running run (`evicted.txt`, a
+  rejection, `finished.txt`) is found by the rescan every few seconds, which also
+  catches whatever no event told (NFS writes from another machine send none); without
+  a watch (out of inotify watches or instances: warned, naming the limit) the rescans
+  and the ticks do it all. Measured against a recursive schedule in docs/discovery.md.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -31,28 +34,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-try:  # Linux only: elsewhere the supervisor's rescans find every change.
-    from inotify_simple import flags
-except ImportError:  # pragma: no cover - not on the Linux machines this is tested on
-    flags = None  # type: ignore[assignment]
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileSystemEvent,
+)
+from watchdog.observers.api import BaseObserver
 
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.files import layout, run_control
-from workbench.files.experiment_changes import DirectoryWatches, open_inotify
 from workbench.files.run_control import Condition
 from workbench.supervisor.lifecycle import TERMINAL_STATES, ProcessState
+from workbench.system import tree_events
 
 log = logging.getLogger(__name__)
 
-CONTROL_FILES = frozenset(
-    path.name
-    for path in (
-        layout.orch_config_path(Path("run")),
-        layout.evicted_path(Path("run")),
-        layout.validation_error_path(Path("run")),
-        layout.finished_path(Path("run")),
-    )
-)
 RUN_DELETED = "run directory deleted"
 
 
@@ -67,6 +64,7 @@ class RunScan:
     path: Path
     hold_reason: str | None = None  # why no orchestrator may run now
     finished: bool = False
+    awaiting_config: bool = False  # held only for a missing or invalid control/orch.toml
 
     @property
     def runnable(self) -> bool:
@@ -110,7 +108,7 @@ def scan_run(run: Path, validator: OrchConfigValidator | None = None) -> RunScan
     if condition.kind is Condition.FINISHED:
         return RunScan(run.name, run, finished=True)
     problem = (validator or OrchConfigValidator()).problem(layout.orch_config_path(run))
-    return RunScan(run.name, run, hold_reason=problem)
+    return RunScan(run.name, run, hold_reason=problem, awaiting_config=problem is not None)
 
 
 def scan_runs(experiment: Path, validator: OrchConfigValidator | None = None) -> dict[str, RunScan]:
@@ -178,116 +176,69 @@ def reconcile(
 # ---------------------------------------------------------------- watching
 
 
-# How long the watcher's thread waits for events before it looks whether to stop.
-READ_TIMEOUT_MS = 200
-
-
-def _watch_mask() -> int:
-    if flags is None:
-        return 0
-    # Made, deleted, renamed, written (an editor saving orch.toml in place), closed after
-    # writing; directories only. Reads are not events.
-    return (
-        flags.CREATE
-        | flags.DELETE
-        | flags.MOVED_FROM
-        | flags.MOVED_TO
-        | flags.MODIFY
-        | flags.CLOSE_WRITE
-        | flags.ONLYDIR
-    )
+# A run directory made, deleted or renamed (in or out: watchdog tells a rename from or to
+# elsewhere as deleted or made).
+WATCHED_EVENTS: tuple[type[FileSystemEvent], ...] | None = (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+)
 
 
 class RunDirectoryWatcher:
-    """Calls `on_change` (from its own thread) when a run appears, goes, or changes its
-    control files. `sync` (from the supervisor's loop) keeps the set of watched directories
-    in line with the run directories that exist."""
+    """Calls `on_change` (from watchdog's thread) when a run directory appears, goes or is
+    renamed. `sync` (from the supervisor's loop, at every rescan) starts watching if the
+    experiment directory was not there before or the observer stopped."""
 
     def __init__(self, experiment: Path, on_change: Callable[[], None]):
         self._experiment = os.fsdecode(experiment)
         self._experiment_path = experiment
         self._on_change = on_change
-        self._inotify = open_inotify()
-        self._lock = threading.Lock()  # the watches: `sync` changes them, the thread reads
-        # Each watch notes its directory's inode.
-        self._watches = DirectoryWatches(self._inotify, _watch_mask())
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(
-            target=self._follow, name="run-directory-watcher", daemon=True
-        )
+        self._observer: BaseObserver | None = None
+        self._lock = threading.Lock()  # `sync` (supervisor's loop) against `stop`
+        self._stopped = False
+        self._gave_up = False  # out of watches or instances: warned, not tried again
+        self.events_seen = 0  # every event the filter let through (for benchmarks)
 
     def start(self) -> None:
-        if self._inotify is not None:
-            self._thread.start()
         self.sync()
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=2)
-        if self._inotify is not None:
-            with contextlib.suppress(OSError):
-                self._inotify.close()
+        with self._lock:
+            self._stopped = True
+            observer, self._observer = self._observer, None
+        tree_events.stop_following(observer)
 
     def sync(self) -> None:
-        if self._inotify is None:
-            return
-        wanted = [self._experiment_path]
-        for run in layout.list_run_dirs(self._experiment_path):
-            wanted.append(run)
-            wanted.append(layout.control_dir(run))
-        inodes = {os.fsdecode(path): _inode(path) for path in wanted}
         with self._lock:
-            for path in self._watches.paths():
-                # A directory that was deleted (or replaced by a new one of the same name)
-                # has a dead watch: drop it and watch the new directory afresh.
-                if inodes.get(path) != self._watches.note_of(path):
-                    self._watches.remove(path)
-            for path, inode in inodes.items():
-                if inode is not None:  # gone again, or out of watches: rescans cover it
-                    self._watches.add(path, inode)
+            if self._stopped or self._gave_up or not self._experiment_path.is_dir():
+                return
+            if self._observer is not None and self._observer.is_alive():
+                return
+            tree_events.stop_following(self._observer)
+            self._observer = tree_events.follow_tree(
+                self._experiment_path,
+                self._notice,
+                WATCHED_EVENTS,
+                "run discovery",
+                recursive=False,
+            )
+            self._gave_up = self._observer is None
 
     @property
-    def watched(self) -> list[Path]:
+    def watching(self) -> bool:
+        """Whether events are followed at all (else the rescans do everything)."""
         with self._lock:
-            return sorted(Path(path) for path in self._watches.paths())
+            return self._observer is not None and self._observer.is_alive()
 
-    def _follow(self) -> None:
-        assert self._inotify is not None
-        while not self._stopping.is_set():
-            try:
-                events = self._inotify.read(timeout=READ_TIMEOUT_MS)
-            except (OSError, ValueError) as err:  # closed: the rescans go on alone
-                log.debug("run directory watcher stops: %s", err)
-                return
-            if any(self._matters(event) for event in events):
-                self._on_change()
-
-    def _matters(self, event) -> bool:
-        if event.mask & flags.Q_OVERFLOW:  # events were lost: any of them may have mattered
-            return True
-        with self._lock:
-            directory = self._watches.path(event.wd)
-        if directory is None or not event.name:
-            return False
-        return self._matters_at(os.path.join(directory, event.name))
-
-    def _matters_at(self, path: str) -> bool:
-        parent, name = os.path.split(path)
-        if parent == self._experiment:
-            return layout.is_run_dir_name(name)
-        grandparent, parent_name = os.path.split(parent)
-        if name == "control":  # run_x/control itself
-            return grandparent == self._experiment and layout.is_run_dir_name(parent_name)
-        return parent_name == "control" and name in CONTROL_FILES
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return stat.st_ino if path.is_dir() else None
+    def _notice(self, event: FileSystemEvent) -> None:
+        self.events_seen += 1
+        for path in (event.src_path, event.dest_path):
+            if path:
+                parent, name = os.path.split(os.fsdecode(path))
+                if parent == self._experiment and layout.is_run_dir_name(name):
+                    self._on_change()
+                    return
 
 
 def _relative(path: Path) -> str:
