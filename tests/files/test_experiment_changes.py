@@ -1,14 +1,42 @@
-"""Which runs changed since the last look, from real inotify events on real directories."""
+"""Which runs changed since the last look, from real file events (watchdog's native observer)
+on real directories."""
 
 from __future__ import annotations
 
+import errno
+import logging
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
-from workbench.files import experiment_changes, layout
-from workbench.files.experiment_changes import ExperimentChanges
+from workbench.files import layout
+from workbench.files.experiment_changes import Changes, ExperimentChanges
+
+# Events reach the feed from watchdog's threads within milliseconds; a look waits this long
+# at most for the ones a test expects, and a quiet look this long for none to come.
+SETTLE_S = 0.3
+
+
+def look(changes: ExperimentChanges, expected: set[str] | None = None) -> Changes:
+    """The looks' union until `expected` runs were named (or SETTLE_S passed)."""
+    deadline = time.monotonic() + SETTLE_S
+    runs: set[str] = set()
+    busy: set[str] = set()
+    while True:
+        seen = changes.take()
+        if seen.everything:
+            return seen
+        runs |= seen.runs
+        busy |= seen.busy
+        if time.monotonic() > deadline or (expected is not None and expected <= runs):
+            time.sleep(0.05)  # and anything else those writes sent
+            seen = changes.take()
+            if seen.everything:
+                return seen
+            return Changes(runs=frozenset(runs | seen.runs), busy=frozenset(busy | seen.busy))
+        time.sleep(0.01)
 
 
 def make_runs(experiment: Path, *run_ids: str) -> None:
@@ -23,14 +51,14 @@ def make_runs(experiment: Path, *run_ids: str) -> None:
 def changes(tmp_path: Path):
     make_runs(tmp_path, "run_a", "run_b", "run_c", "run_d", "run_e")
     follower = ExperimentChanges(tmp_path, full_pass_looks=None)
-    assert follower.watching, "inotify is there on the Linux machines these tests run on"
+    assert follower.watching, "watchdog's native observer runs on the machines tests run on"
     assert follower.take().everything, "nothing was watched before the first look"
     yield follower
     follower.close()
 
 
 def test_a_look_names_the_runs_whose_files_changed_and_no_other(tmp_path, changes):
-    assert changes.take().runs == frozenset()
+    assert look(changes).runs == frozenset()
 
     with open(layout.metrics_path(tmp_path / "run_b"), "a") as handle:
         handle.write('{"step": 1}\n')
@@ -41,45 +69,45 @@ def test_a_look_names_the_runs_whose_files_changed_and_no_other(tmp_path, change
     (tmp_path / "run_e" / "logs" / "orchestrator.log").write_text("a line\n")
     (tmp_path / "run_e" / "notes.txt").write_text("mine\n")
 
-    seen = changes.take()
+    seen = look(changes, {"run_b", "run_c", "run_d"})
     assert not seen.everything
     assert seen.runs == {"run_b", "run_c", "run_d"}
-    assert changes.take().runs == frozenset(), "each event is told once"
+    assert look(changes).runs == frozenset(), "each event is told once"
 
 
 def test_an_orch_toml_edited_in_place_is_a_change(tmp_path, changes):
     with open(layout.orch_config_path(tmp_path / "run_a"), "a") as handle:
         handle.write("lr = 1e-3\n")
-    assert changes.take().runs == {"run_a"}
+    assert look(changes, {"run_a"}).runs == {"run_a"}
 
 
 def test_a_new_run_is_named_and_its_directories_watched_as_they_are_made(tmp_path, changes):
     run = tmp_path / "run_new"
     run.mkdir()
-    assert changes.take().runs == {"run_new"}
+    assert look(changes, {"run_new"}).runs == {"run_new"}
     layout.control_dir(run).mkdir()
-    assert changes.take().runs == {"run_new"}
+    assert look(changes, {"run_new"}).runs == {"run_new"}
     layout.orch_config_path(run).write_text("max_steps = 5\n")
-    assert changes.take().runs == {"run_new"}, "written inside control/, made after the run"
+    assert look(changes, {"run_new"}).runs == {"run_new"}, "inside control/, made after the run"
     (tmp_path / "not_a_run").mkdir()
-    assert changes.take().runs == frozenset()
+    assert look(changes).runs == frozenset()
 
 
 def test_a_run_deleted_and_made_again_is_watched_again(tmp_path, changes):
     shutil.rmtree(tmp_path / "run_a")
-    assert "run_a" in changes.take().runs
+    assert "run_a" in look(changes, {"run_a"}).runs
     make_runs(tmp_path, "run_a")
-    assert "run_a" in changes.take().runs
+    assert "run_a" in look(changes, {"run_a"}).runs
     layout.atomic_write_text(layout.finished_path(tmp_path / "run_a"), "")
-    assert changes.take().runs == {"run_a"}
+    assert look(changes, {"run_a"}).runs == {"run_a"}
 
 
 def test_busy_records_are_named_by_file(tmp_path, changes):
     busy = layout.busy_dir(tmp_path)
     busy.mkdir()
-    assert changes.take().everything, "records written before busy/ was watched are unknown"
+    assert look(changes).everything, "records written before busy/ was watched are unknown"
     layout.atomic_write_text(layout.busy_path(tmp_path, "trainer"), "{}")
-    seen = changes.take()
+    seen = look(changes)
     assert "trainer.json" in seen.busy
     assert seen.runs == frozenset()
 
@@ -99,13 +127,71 @@ def test_every_run_is_looked_at_within_a_full_pass_events_or_not(tmp_path):
     assert looked_at == set(run_ids)
 
 
-def test_without_inotify_every_look_is_everything(tmp_path, monkeypatch):
+def test_logs_rollouts_and_checkpoints_send_the_feed_nothing_it_counts(tmp_path, changes):
+    run = tmp_path / "run_a"
+    (run / "logs").mkdir()
+    # A log written by a process that keeps it open only ever sends "modified": not
+    # subscribed, so not one event reaches the feed's handler.
+    with open(run / "logs" / "orchestrator.log", "a", buffering=1) as log_file:
+        time.sleep(SETTLE_S)  # the log's "made" has come
+        before = changes.events_seen
+        for index in range(2000):
+            log_file.write(f"line {index}\n")
+        time.sleep(SETTLE_S)
+        assert changes.events_seen == before
+    # Rollouts and checkpoints send events (made, closed, renamed), none of which counts.
+    for step in range(5):
+        layout.atomic_write_text(run / "rollouts" / f"step_{step}" / "batch.json", "{}")
+        layout.atomic_write_text(run / "checkpoints" / f"step_{step}" / "STABLE", "")
+    assert look(changes).runs == frozenset()
+
+
+def test_out_of_inotify_watches_every_look_is_everything_after_a_warning(
+    tmp_path, monkeypatch, caplog
+):
+    # A fake kernel answer: the real limit (fs.inotify.max_user_watches) is per user and
+    # the machine's, and lowering it would starve every other process watching files.
+    from watchdog.observers import inotify_c
+
+    def no_watch_left(fd, path, mask):
+        inotify_c.ctypes.set_errno(errno.ENOSPC)
+        return -1
+
     make_runs(tmp_path, "run_a")
-    monkeypatch.setattr(experiment_changes, "INotify", None)
-    follower = ExperimentChanges(tmp_path)
+    monkeypatch.setattr(inotify_c, "inotify_add_watch", no_watch_left)
+    with caplog.at_level(logging.WARNING):
+        follower = ExperimentChanges(tmp_path)
     assert not follower.watching
     assert follower.take().everything
     assert follower.take().everything
+    warning = caplog.text
+    assert "fs.inotify.max_user_watches" in warning and "sudo sysctl" in warning
+
+
+def test_a_run_whose_directories_got_no_watch_is_looked_at_every_time(
+    tmp_path, monkeypatch, caplog
+):
+    # Fake, as above: the kernel refuses watches below the runs; watchdog skips those
+    # directories without a word, the feed finds them unwatched.
+    from watchdog.observers import inotify_c
+
+    real_add_watch = inotify_c.inotify_add_watch
+
+    def no_watch_below_run_b(fd, path, mask):
+        if b"run_b" in path:
+            inotify_c.ctypes.set_errno(errno.ENOSPC)
+            return -1
+        return real_add_watch(fd, path, mask)
+
+    make_runs(tmp_path, "run_a", "run_b")
+    monkeypatch.setattr(inotify_c, "inotify_add_watch", no_watch_below_run_b)
+    with caplog.at_level(logging.WARNING):
+        follower = ExperimentChanges(tmp_path, full_pass_looks=None)
+        assert follower.take().everything
+        assert follower.take().runs == {"run_b"}
+        assert follower.take().runs == {"run_b"}
+    follower.close()
+    assert "fs.inotify.max_user_watches" in caplog.text
 
 
 def test_a_closed_follower_says_everything(tmp_path, changes):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,16 @@ from workbench.tui.data import ExperimentReader, MetricsReader
 from workbench.tui.leaderboard import EARLY_STOPPED
 from workbench.tui.screens.add_run import parse_add_run
 from workbench.tui.tail import LogTail
+
+
+def wait_for_file_events(reader: ExperimentReader, seen_before: int) -> None:
+    """File events reach a reader from watchdog's thread, within milliseconds: a poll right
+    after a write waits for them, as a poll a second later (the TUI's) never has to."""
+    feed = reader._changes
+    deadline = time.monotonic() + 5.0
+    while feed.events_seen == seen_before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # the rest of the write's events
 
 
 def test_metrics_are_read_incrementally_from_the_last_offset(tmp_path):
@@ -269,7 +280,9 @@ def test_a_poll_reuses_the_rows_of_runs_that_did_not_change(tmp_path):
     before = {run.id: run for run in reader.poll().runs}
     board = reader.poll().leaderboard
 
+    seen_before = reader._changes.events_seen
     append_metrics(experiment / "run_lr1e-3", metrics_lines(13, 14, reward0=0.3, slope=0.04))
+    wait_for_file_events(reader, seen_before)
     snapshot = reader.poll()
     after = {run.id: run for run in snapshot.runs}
     assert after["run_lr1e-3"] is not before["run_lr1e-3"]
@@ -278,7 +291,10 @@ def test_a_poll_reuses_the_rows_of_runs_that_did_not_change(tmp_path):
     assert snapshot.leaderboard is not board, "a run changed: ranked again"
 
     age_files(experiment)
-    reader.poll()
+    # Dating files back sends no event the reader follows: a full pass of slices looks at
+    # every run again, as time passing does in a real experiment.
+    for _ in range(experiment_changes.FULL_PASS_LOOKS):
+        reader.poll()
     unchanged = reader.poll()
     assert reader.poll().leaderboard is unchanged.leaderboard, "nothing changed: kept"
 
@@ -327,7 +343,9 @@ def test_a_poll_looks_at_the_runs_that_changed_not_at_every_run(tmp_path, monkey
             looked_at.add(parts[0])
         return real_stat(path, *args, **kwargs)
 
+    seen_before = reader._changes.events_seen
     append_metrics(experiment / "run_many42", metrics_lines(3, 4, reward0=0.2, slope=0.1))
+    wait_for_file_events(reader, seen_before)
     monkeypatch.setattr(os, "stat", stat)
     snapshot = reader.poll(rank=False)  # as the TUI polls while no leaderboard is shown
     monkeypatch.undo()
