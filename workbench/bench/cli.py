@@ -698,3 +698,36 @@ def load(
     typer.echo(f"results: {report['path']}")
     if not report["ok"]:
         raise typer.Exit(1)
+
+
+@bench_app.command("discovery")
+def discovery(
+    baseline: Annotated[
+        Path,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="A checkout of the code to compare with (e.g. `git archive` of main).",
+        ),
+    ],
+    seconds: Annotated[
+        float, typer.Option(min=5, help="How long discovery's CPU is measured.")
+    ] = 60.0,
+    step_every: Annotated[
+        float, typer.Option(min=0.5, help="Seconds between two steps of one run.")
+    ] = 10.0,
+    trials: Annotated[
+        int, typer.Option(min=1, help="Discovery latency samples per way of making a run.")
+    ] = 10,
+    results_dir: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS_DIR,
+) -> None:
+    """Threads, watches, CPU and latency of run discovery and the TUI's change feed, for
+    this tree and BASELINE side by side (`workbench/bench/discovery.py`). About 8 minutes;
+    starts stand-in supervisors, never vLLM or torchrun."""
+    from workbench.bench.discovery import compare
+    from workbench.bench.results import write_result
+
+    path = write_result(
+        "discovery", compare(baseline, seconds, step_every, trials), results_dir=results_dir
+    )
+    typer.echo(f"results: {path}")
