@@ -87,6 +87,11 @@ log = logging.getLogger("workbench.supervisor")
 
 EXIT_OK = 0
 TICK_S = 0.2
+# While a run directory that came before its control/orch.toml is this new, the loop ticks
+# every AWAITING_TICK_S: `workbench runs add` makes the directory, then writes the file,
+# and no event tells of the file (see `discovery`).
+AWAITING_TICK_S = 0.02
+AWAITING_FAST_S = 2.0
 RESCAN_S = 2.0
 
 
@@ -164,6 +169,7 @@ class Supervisor:
         self._next_rescan = 0.0
         self._validator = OrchConfigValidator()
         self._scans: dict[str, RunScan] = {}
+        self._awaiting_since: dict[str, float] = {}  # run id -> when first seen awaiting
         self._stop_reason: str | None = None
         self._shutdown_stages: list[list[str]] = []
         self._last_state: str | None = None
@@ -200,7 +206,7 @@ class Supervisor:
                     self._log_fault(err)
                 if self.status == SupervisorStatus.STOPPED:
                     break
-                self._wake.wait(self.tick_s)
+                self._wake.wait(self._next_wait(time.monotonic()))
                 self._wake.clear()
         except BaseException:
             log.exception("supervisor loop crashed; stopping every child")
@@ -344,6 +350,12 @@ class Supervisor:
             return RunScan(proc.spec.run_id, run, hold_reason=RUN_DELETED)
         return scan_run(run, self._validator)
 
+    def _next_wait(self, now: float) -> float:
+        """How long the loop sleeps: briefly while a new run waits for its orch.toml."""
+        if any(now - since < AWAITING_FAST_S for since in self._awaiting_since.values()):
+            return min(self.tick_s, AWAITING_TICK_S)
+        return self.tick_s
+
     def _config_arrived(self) -> bool:
         """Whether a run that waits for its control/orch.toml (its directory came first,
         `RunScan.awaiting_config`) now says something else: looked at on every tick, as no
@@ -360,6 +372,11 @@ class Supervisor:
         if self.watcher is not None:
             self.watcher.sync()
         self._scans = scan_runs(self.experiment, self._validator)
+        self._awaiting_since = {
+            run_id: self._awaiting_since.get(run_id, now)
+            for run_id, scan in self._scans.items()
+            if scan.awaiting_config
+        }
         views = {
             proc.spec.run_id: OrchestratorView(proc.state, proc.held, proc.reason)
             for proc in self.processes.values()
