@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,16 +28,6 @@ from workbench.tui.data import ExperimentReader, MetricsReader
 from workbench.tui.leaderboard import EARLY_STOPPED
 from workbench.tui.screens.add_run import parse_add_run
 from workbench.tui.tail import LogTail
-
-
-def wait_for_file_events(reader: ExperimentReader, seen_before: int) -> None:
-    """File events reach a reader from watchdog's thread, within milliseconds: a poll right
-    after a write waits for them, as a poll a second later (the TUI's) never has to."""
-    feed = reader._changes
-    deadline = time.monotonic() + 5.0
-    while feed.events_seen == seen_before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.05)  # the rest of the write's events
 
 
 def test_metrics_are_read_incrementally_from_the_last_offset(tmp_path):
@@ -280,9 +270,7 @@ def test_a_poll_reuses_the_rows_of_runs_that_did_not_change(tmp_path):
     before = {run.id: run for run in reader.poll().runs}
     board = reader.poll().leaderboard
 
-    seen_before = reader._changes.events_seen
     append_metrics(experiment / "run_lr1e-3", metrics_lines(13, 14, reward0=0.3, slope=0.04))
-    wait_for_file_events(reader, seen_before)
     snapshot = reader.poll()
     after = {run.id: run for run in snapshot.runs}
     assert after["run_lr1e-3"] is not before["run_lr1e-3"]
@@ -291,10 +279,7 @@ def test_a_poll_reuses_the_rows_of_runs_that_did_not_change(tmp_path):
     assert snapshot.leaderboard is not board, "a run changed: ranked again"
 
     age_files(experiment)
-    # Dating files back sends no event the reader follows: a full pass of slices looks at
-    # every run again, as time passing does in a real experiment.
-    for _ in range(experiment_changes.FULL_PASS_LOOKS):
-        reader.poll()
+    reader.poll()
     unchanged = reader.poll()
     assert reader.poll().leaderboard is unchanged.leaderboard, "nothing changed: kept"
 
@@ -318,7 +303,8 @@ def test_the_processes_of_an_unchanged_state_json_are_the_rows_of_the_last_poll(
 
 def test_a_poll_looks_at_the_runs_that_changed_not_at_every_run(tmp_path, monkeypatch):
     """A sweep's hundreds of runs cost a poll what changed: the run written to, plus the
-    slice of the others each poll looks at in turn, and no `stat` of any other run."""
+    slice of the others each poll looks at in turn; of every other run, only the change
+    feed's one `stat` of each path it watches (`experiment_changes._SWEPT`)."""
     experiment = build_experiment(tmp_path)
     for index in range(80):
         append_metrics(
@@ -330,7 +316,7 @@ def test_a_poll_looks_at_the_runs_that_changed_not_at_every_run(tmp_path, monkey
     reader.poll(rank=False)
     reader.poll(rank=False)
 
-    looked_at: set[str] = set()
+    stats: Counter[str] = Counter()
     real_stat = os.stat
 
     def stat(path, *args, **kwargs):
@@ -340,12 +326,10 @@ def test_a_poll_looks_at_the_runs_that_changed_not_at_every_run(tmp_path, monkey
             else ()
         )
         if parts and layout.is_run_dir_name(parts[0]) and len(parts) > 1:
-            looked_at.add(parts[0])
+            stats[parts[0]] += 1
         return real_stat(path, *args, **kwargs)
 
-    seen_before = reader._changes.events_seen
     append_metrics(experiment / "run_many42", metrics_lines(3, 4, reward0=0.2, slope=0.1))
-    wait_for_file_events(reader, seen_before)
     monkeypatch.setattr(os, "stat", stat)
     snapshot = reader.poll(rank=False)  # as the TUI polls while no leaderboard is shown
     monkeypatch.undo()
@@ -353,5 +337,8 @@ def test_a_poll_looks_at_the_runs_that_changed_not_at_every_run(tmp_path, monkey
     assert snapshot.run("run_many42").step == 3
     runs = len(snapshot.runs)
     slice_size = -(-runs // experiment_changes.FULL_PASS_LOOKS)
+    swept = len(experiment_changes._SWEPT)
+    assert set(stats) == {status.id for status in snapshot.runs}, "the feed's sweep"
+    looked_at = {run_id for run_id, count in stats.items() if count > swept}
     assert "run_many42" in looked_at
     assert len(looked_at) <= 1 + slice_size < runs / 4

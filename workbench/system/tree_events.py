@@ -18,8 +18,9 @@ On Linux every directory watched takes one inotify watch (`fs.inotify.max_user_w
 per user; a recursive schedule takes one per directory below the root) and the observer
 one inotify instance (`fs.inotify.max_user_instances`). When either runs out, the
 follower says so at WARNING, naming the limit and how to raise it, and its owner relies
-on its periodic looks (`follow_tree` returns None; `unwatched` names the directories
-below the root that got no watch).
+on its periodic looks (`follow_tree` returns None). watchdog skips a directory below the
+root that it cannot watch without a word: the followers here schedule the experiment
+directory alone, so that does not arise.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ import contextlib
 import errno
 import logging
 import os
-import sys
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -38,13 +37,6 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger(__name__)
-
-# watchdog (7.x) warns when a directory made just before its parent's watch was walked gets
-# its watch twice (it keeps one): harmless, but every warning is unique (it prints every
-# watched path), so each new run would add a page to the supervisor's log.
-warnings.filterwarnings(
-    "ignore", message="Callback with id .* already exists for watch", category=RuntimeWarning
-)
 
 # errno -> the sysctl that ran out; watchdog raises these from inotify_init/add_watch.
 _LIMITS = {
@@ -107,11 +99,8 @@ def stop_following(observer: BaseObserver | None) -> None:
         observer.join(timeout=2)
 
 
-def warn_out_of_watches(who: str, err: OSError | None = None) -> None:
-    """The warning a follower gives when it has no watch for something it should watch:
-    `err` from watchdog, or None for a directory `unwatched` found without a watch."""
-    if err is None:
-        err = OSError(errno.ENOSPC, "inotify watch limit reached")
+def warn_out_of_watches(who: str, err: OSError) -> None:
+    """The warning a follower gives when watchdog could not watch (`err`)."""
     limit = _LIMITS.get(err.errno or 0)
     if limit is None:
         log.warning("%s cannot watch for file events (%s); it looks every few seconds", who, err)
@@ -127,42 +116,6 @@ def warn_out_of_watches(who: str, err: OSError | None = None) -> None:
         limit,
         _ADVISED[limit],
     )
-
-
-def unwatched(directories: Iterable[Path]) -> list[Path]:
-    """Those of `directories` that no inotify watch of this process covers: the kernel
-    refused them a watch (watchdog skips a directory below the root it cannot watch
-    without a word). Linux only (elsewhere the native observers watch a tree as one, and
-    there is nothing per directory to run out of): [] there."""
-    if not sys.platform.startswith("linux"):
-        return []
-    watched = _watched_inodes()
-    missing = []
-    for directory in directories:
-        try:
-            inode = directory.stat().st_ino
-        except OSError:  # gone meanwhile: nothing to watch
-            continue
-        if inode not in watched:
-            missing.append(directory)
-    return missing
-
-
-def _watched_inodes() -> set[int]:
-    """The inodes this process's inotify descriptors watch, from /proc/self/fdinfo (one
-    `inotify wd:.. ino:..` line per watch)."""
-    inodes: set[int] = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
-                continue
-            with open(f"/proc/self/fdinfo/{fd}") as info:
-                for line in info:
-                    if line.startswith("inotify "):
-                        inodes.add(int(line.split(" ino:", 1)[1].split(None, 1)[0], 16))
-        except OSError:  # closed meanwhile
-            continue
-    return inodes
 
 
 def _read_limit(name: str) -> str:
