@@ -224,7 +224,7 @@ class RunStatusReader:
 
     def read(self, changed: AbstractSet[str] | None = None) -> list[RunStatus]:
         """Every run's status. `changed`: the runs whose files may have changed since the
-        last read, as file events tell (`workbench.files.experiment_changes`); the others are
+        last read, as the change feed tells (`workbench.files.experiment_changes`); the others are
         not even `stat`ed, unless their last read was too recent to trust. None: any."""
         with self._lock:
             return self._read(changed)

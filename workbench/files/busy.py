@@ -228,7 +228,7 @@ class BusyReader:
     def __init__(self, experiment: Path) -> None:
         self.experiment = experiment
         self._files: dict[Path, OnFileChange[BusyRecord | None]] = {}
-        # The record of each file at the last look: kept for the files that file events
+        # The record of each file at the last look: kept for the files that the change feed
         # say did not change.
         self._records: dict[Path, BusyRecord | None] | None = None
         # The summaries of processes that had ended, by process: they hold while the file
@@ -238,7 +238,7 @@ class BusyReader:
 
     def records(self, changed: AbstractSet[str] | None = None) -> dict[str, BusyRecord]:
         """Every process's record. `changed`: the names of the files in `busy/` that may
-        have changed since the last call, as file events tell
+        have changed since the last call, as the change feed tells
         (`workbench.files.experiment_changes`); the others are not even `stat`ed. None: any."""
         directory = layout.busy_dir(self.experiment)
         known = self._records
