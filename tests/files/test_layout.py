@@ -63,7 +63,7 @@ def test_step_listing_is_numeric_and_ignores_other_entries(tmp_path: Path):
 WRITER_KILLED_MID_WAY = """
 import sys, time
 from pathlib import Path
-from workbench import layout
+from workbench.files import layout
 with layout.staged_directory(Path(sys.argv[1])) as staging:
     (staging / "adapter.safetensors").write_bytes(b"half")
     print("writing", flush=True)
