@@ -42,7 +42,7 @@ from workbench.orchestrator.advantages import (
 )
 from workbench.orchestrator.episodes import EpisodeClient, TurnJoiner, run_episodes
 from workbench.orchestrator.evaluation import PolicyEvaluator
-from workbench.orchestrator.state import OrchestratorState, load_state, save_state
+from workbench.orchestrator.state import OrchestratorState, resume_state, save_state
 
 logger = logging.getLogger(__name__)
 
@@ -91,14 +91,9 @@ class Orchestrator:
     # ------------------------------------------------------------------ lifecycle
 
     def _resume(self) -> OrchestratorState:
-        state = load_state(self.run) or OrchestratorState()
-        trained = layout.latest_stable_step(layout.broadcasts_dir(self.run)) or 0
-        if trained > state.step:
-            # The trainer is ahead of our checkpoint (it was lost): never regenerate a step
-            # the trainer has already trained.
-            skipped = trained - state.step
-            state.data_position += skipped * self.config.prompts_per_step
-            state.step = trained
+        state, note = resume_state(self.run, self.config.prompts_per_step)
+        if note:
+            logger.warning("%s %s", self.run_id, note)
         if state.step:
             logger.info(
                 "%s resumes at step %d (data position %d)",

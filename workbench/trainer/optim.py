@@ -114,7 +114,14 @@ class MultiLoRAOptimizer:
         return self._optimizer(idx).state_dict()
 
     def load_state_dict_for_run(self, idx: int, state_dict: dict[str, Any]) -> None:
-        self._optimizer(idx).load_state_dict(state_dict)
+        """The checkpoint's moments and step counts, under the run's own settings: a run
+        started from another run's checkpoint with other `optim` values trains with its
+        own (for a run resuming its own checkpoint they are the same)."""
+        optimizer = self._optimizer(idx)
+        optimizer.load_state_dict(state_dict)
+        optim = self.manager.config[idx].optim
+        for group in optimizer.param_groups:
+            group.update(betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
 
     def _optimizer(self, idx: int) -> AdamW:
         optimizer = self.optimizers[idx]
@@ -177,7 +184,18 @@ class MultiLoRAScheduler:
         return self._scheduler(idx).state_dict()
 
     def load_state_dict_for_run(self, idx: int, state_dict: dict[str, Any]) -> None:
-        self._scheduler(idx).load_state_dict(state_dict)
+        """The checkpoint's position in the schedule (its update count), on the run's own
+        `lr`, `[scheduler]` and `max_steps`: a checkpoint saved under another `lr` (a fork
+        with `--set lr=...`) or a shorter `max_steps` goes on with this run's schedule."""
+        scheduler = self._scheduler(idx)
+        scheduler.load_state_dict(state_dict)
+        config = self.manager.config[idx]
+        factor = lr_factor(config.scheduler, scheduler.last_epoch, config.max_steps)
+        scheduler.base_lrs = [config.lr for _ in scheduler.optimizer.param_groups]
+        for group in scheduler.optimizer.param_groups:
+            group["initial_lr"] = config.lr
+            group["lr"] = config.lr * factor
+        scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
     def _scheduler(self, idx: int) -> LambdaLR:
         scheduler = self.schedulers[idx]
