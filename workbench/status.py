@@ -61,6 +61,7 @@ class RunStatus:
     evicted_by: str | None = None  # user, tui, trainer, orchestrator or asha
     values: dict[str, Any] | None = None  # what a sweep run varies (dotted keys)
     asha: dict[str, Any] | None = None  # rung, step, value, cutoff, rank, of, decision
+    forked_from: dict[str, Any] | None = None  # run, step: `workbench runs fork`'s record
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,8 +188,8 @@ class _KnownRun:
     watched: tuple[str, ...]  # `watched_paths`
     signatures: tuple[Signature, ...] | None  # of `watched`; None: read again next time
     files: RunFiles
-    max_steps: int | None
-    orch_config: OnFileChange[int | None]  # max_steps, parsed only when orch.toml changes
+    settings: RunSettings
+    orch_config: OnFileChange[RunSettings]  # parsed only when orch.toml changes
 
 
 class RunStatusReader:
@@ -197,7 +198,7 @@ class RunStatusReader:
 
     A run's own files (`read_run_files`) are read again only when the signature of one of
     its `watched_paths` changes (one to three `stat`s for a run that did not), its orch.toml
-    parsed for `max_steps` only when that file changes, the list of runs only when the
+    parsed for `max_steps` and `forked_from` only when that file changes, the list of runs only when the
     experiment directory changes, and the sweep's plan and decisions only when their
     files change. What changes for every run at once (the trainer's slots and progress)
     is one file, combined with the rest without further reads. `files_read` counts the
@@ -259,7 +260,8 @@ class RunStatusReader:
             if last is not None and _same_inputs(last[0], inputs):
                 statuses.append(last[1])
                 continue
-            status = run_status(run_id, known.files, slots, progress, known.max_steps)
+            status = run_status(run_id, known.files, slots, progress, known.settings.max_steps)
+            status.forked_from = known.settings.forked_from
             status.values = values.get(run_id)
             if run_id in standings:
                 status.asha = _standing(standings[run_id])
@@ -298,7 +300,7 @@ class RunStatusReader:
         trusted = not files.broadcast_pending and settled(signatures, now_ns, self._settle_ns)
         if known is None:
             path = layout.orch_config_path(run)
-            orch_config = OnFileChange(path, partial(_read_max_steps, path), self._settle_ns)
+            orch_config = OnFileChange(path, partial(_read_settings, path), self._settle_ns)
         else:
             orch_config = known.orch_config
         known = _KnownRun(
@@ -318,12 +320,21 @@ _readers: dict[Path, RunStatusReader] = {}
 _readers_lock = threading.Lock()
 
 
-def _read_max_steps(path: Path) -> int | None:
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run's status shows of its orch.toml; None where it does not parse."""
+
+    max_steps: int | None = None
+    forked_from: dict[str, Any] | None = None
+
+
+def _read_settings(path: Path) -> RunSettings:
     # Read leniently: a broken orch.toml is reported as a rejection, not a crash here.
     with contextlib.suppress(Exception):
-        document = tomlkit.parse(path.read_text(encoding="utf-8"))
-        value = document.get("max_steps")
-        if value is None:
-            return OrchestratorConfig.model_fields["max_steps"].default
-        return int(value)
-    return None
+        document = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
+        max_steps = document.get("max_steps", OrchestratorConfig.model_fields["max_steps"].default)
+        forked_from = document.get("forked_from")
+        if not isinstance(forked_from, dict):
+            forked_from = None
+        return RunSettings(int(max_steps), forked_from)
+    return RunSettings()

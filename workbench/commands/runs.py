@@ -1,4 +1,4 @@
-"""The commands about one run: `workbench runs add` (a Typer sub-app), `workbench export`
+"""The commands about one run: `workbench runs add` and `runs fork` (a Typer sub-app), `workbench export`
 (its adapter with a model card) and `workbench samples` (what its policy wrote lately).
 
 A run added while a supervisor runs is added by the supervisor (its discovery starts the
@@ -35,7 +35,20 @@ from workbench.experiment import RunLookupError, resolve_run, write_run
 from workbench.supervisor.client import SupervisorClient, SupervisorError
 from workbench.supervisor.control_socket import ControlError, new_run_config
 
-runs_app = command_group("runs", "Add runs to an experiment.")
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="Set one orchestrator setting over the ones the run starts from (repeatable); "
+        "dotted keys reach nested tables: --set sampling.temperature=0.7.",
+        show_default=False,
+    ),
+]
+
+runs_app = command_group(
+    "runs", "Add runs to an experiment, or fork one from another's checkpoint."
+)
 
 
 @runs_app.command("add")
@@ -43,16 +56,7 @@ def runs_add(
     run_id: Annotated[
         str, typer.Argument(help="Id of the new run, e.g. lr3e-3 (its directory: run_lr3e-3).")
     ],
-    settings: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            metavar="KEY=VALUE",
-            help="Override one orchestrator setting of the recipe's defaults (repeatable); "
-            "dotted keys reach nested tables: --set sampling.temperature=0.7.",
-            show_default=False,
-        ),
-    ] = None,
+    settings: SetOption = None,
     from_file: Annotated[
         Path | None,
         typer.Option(
@@ -83,12 +87,7 @@ def runs_add(
             overrides = load_partial(OrchestratorConfig, from_file)
         except ConfigError as err:
             raise fail(str(err), EXIT_BAD_INPUT) from None
-    for assignment in settings or []:
-        try:
-            key, value = parse_assignment(assignment)
-        except ValueError as err:
-            raise fail(f"--set {assignment}: {err}", EXIT_BAD_INPUT) from None
-        overrides = deep_merge(overrides, nest_dotted(key, value))
+    overrides = deep_merge(overrides, _set_values(settings))
     try:
         new_id, config = new_run_config(path, run_id, overrides)
     except ControlError as err:
@@ -103,6 +102,70 @@ def runs_add(
         return
     run = write_run(path, new_id, config)
     say(f"added {new_id} ({run}); no supervisor is running: it starts with the next `workbench up`")
+
+
+@runs_app.command("fork")
+def runs_fork(
+    source: Annotated[
+        str,
+        typer.Argument(
+            metavar="SOURCE[@STEP]",
+            help="The run to start from, and the step of one of its kept checkpoints "
+            "(default: its newest), e.g. run_lr1e-3@20.",
+        ),
+    ],
+    run_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="NEW", help="Id of the new run, e.g. lr3e-4 (its directory: run_lr3e-4)."
+        ),
+    ],
+    settings: SetOption = None,
+    experiment: ExperimentOption = None,
+) -> None:
+    """Start a new run from a checkpoint another run keeps, with its settings (and any
+    --set changes): the same adapter, optimizer state, schedule position and data
+    position, going on to its own max_steps.
+
+    The new run's orch.toml records where it came from (`forked_from`: run and step);
+    `workbench status` shows it. A run or step that is not there is refused, listing the
+    runs or the steps kept (the trainer keeps the last 3 checkpoints of a run). The LoRA
+    rank and alpha cannot change (the adapter was trained under them); max_steps must be
+    past the step (a finished run's last checkpoint needs --set max_steps=...).
+
+    A running supervisor discovers the new run within a second; without one it starts
+    with the next `workbench up`.
+    """
+    from workbench.commands.fork import ForkError, fork_run
+
+    path = experiment_or_fail(experiment)
+    try:
+        fork = fork_run(path, source, run_id, _set_values(settings))
+    except ForkError as err:
+        raise fail(str(err), err.exit_code) from None
+    state = (
+        "its data position and sampling seeds"
+        if fork.with_orchestrator_state
+        else "no orchestrator state of that step (its data position is assumed: see its log)"
+    )
+    when = (
+        "the supervisor starts it"
+        if SupervisorClient(path).is_running()
+        else "no supervisor is running: it starts with the next `workbench up`"
+    )
+    say(f"forked {fork.source}@{fork.step} into {fork.run_id} ({fork.path}) with {state}; {when}")
+
+
+def _set_values(settings: list[str] | None) -> dict:
+    """`--set KEY=VALUE` options as nested tables; a malformed one exits 2 naming it."""
+    overrides: dict = {}
+    for assignment in settings or []:
+        try:
+            key, value = parse_assignment(assignment)
+        except ValueError as err:
+            raise fail(f"--set {assignment}: {err}", EXIT_BAD_INPUT) from None
+        overrides = deep_merge(overrides, nest_dotted(key, value))
+    return overrides
 
 
 def export(

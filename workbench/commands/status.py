@@ -50,6 +50,8 @@ def status(
     waiting to restart a process that crashed, or a process that failed. Once every
     process is up, it is left out.
 
+    A run made by `workbench runs fork` shows where it came from (`from`: run@step).
+
     A sweep adds the values each run varies and, under early stopping, each run's highest
     rung so far and its rank there (rank 1 is the best; `6/8`: sixth of the eight runs that
     had recorded the rung when it was judged).
@@ -59,7 +61,8 @@ def status(
 
     --json prints {"experiment", "supervisor": {"running", "pid", "status"}, "runs": [{"id",
     "status", "step", "reason", "values", "asha": null or {"rung", "step", "value",
-    "cutoff", "rank", "of", "decision"}, ...}], "processes": [{"name", "state", "pid",
+    "cutoff", "rank", "of", "decision"}, "forked_from": null or {"run", "step"}, ...}],
+    "processes": [{"name", "state", "pid",
     "restarts", "uptime_s", "reason", "last_exit", "busy": null or {"window_s", "busy",
     "waiting", "starting", "activities": {"update" or "generation" or "waiting for
     adapter" ...: share}}, ...}], "placement": which GPUs run what and how the trainer's
@@ -143,7 +146,9 @@ def _runs_table(report: StatusReport) -> Table:
     table = Table(title=str(report.path), title_justify="left")
     show_values = any(run.values for run in runs)
     show_asha = any(run.asha for run in runs)
+    show_forks = any(run.forked_from for run in runs)
     columns = ["run", "status", "step", "slot"]
+    columns += ["from"] if show_forks else []
     columns += ["values"] if show_values else []
     columns += ["rung", "rank"] if show_asha else []
     for column in [*columns, "reason"]:
@@ -153,6 +158,8 @@ def _runs_table(report: StatusReport) -> Table:
         slot = "" if run.slot is None else str(run.slot)
         reason = (run.reason or "").splitlines()[0] if run.reason else ""
         cells = [run.id, run.status, steps, slot]
+        if show_forks:
+            cells.append(escape(describe_fork(run.forked_from)))
         if show_values:
             cells.append(escape(describe_values(run.values or {})))
         if show_asha:
@@ -190,6 +197,13 @@ def _print_processes(supervisor: dict, processes: list[dict]) -> None:
             escape(note.splitlines()[0] if note else ""),
         )
     console.print(table)
+
+
+def describe_fork(forked_from: dict | None) -> str:
+    """`run_a@20` for a run forked from run_a's step 20; empty for any other run."""
+    if not forked_from:
+        return ""
+    return f"{forked_from.get('run')}@{forked_from.get('step')}"
 
 
 def _asha_cells(standing: dict | None) -> list[str]:

@@ -28,6 +28,14 @@ class RunLoraConfig(StrictModel):
     )
 
 
+class ForkedFrom(StrictModel):
+    """Where a run made by `workbench runs fork` came from: a record for people and reports.
+    What the run starts from is the checkpoint in its own `checkpoints/`."""
+
+    run: str = Field(description="the run whose checkpoint this run started from")
+    step: int = Field(ge=0, description="the step of that checkpoint: this run's first step")
+
+
 GREEDY_TRAINING = (
     "0 is greedy decoding: every completion of a prompt would be the same text, so every "
     "advantage (its reward minus its group's mean) is 0 and the run learns nothing; use a "
@@ -466,6 +474,11 @@ class OrchestratorConfig(StrictModel):
     eval: EvalConfig = Field(
         default_factory=EvalConfig,
         description="scoring the policy on the environment's held-out prompts",
+    )
+    forked_from: ForkedFrom | None = Field(
+        None,
+        description="written by `workbench runs fork`: the run and step whose checkpoint "
+        "this run started from (shown by `status`; not set by hand)",
     )
 
     @field_validator("rollouts_per_prompt", mode="before")

@@ -183,9 +183,14 @@ def checkpoint_part_dir(run: Path, step: int, part: str) -> Path:
     return checkpoint_dir(run, step) / part
 
 
+def checkpoint_steps(run: Path, part: str) -> list[int]:
+    """The steps whose `<part>` checkpoint is STABLE, oldest first."""
+    return [step for step, path in list_step_dirs(checkpoints_dir(run)) if is_stable(path / part)]
+
+
 def latest_checkpoint_step(run: Path, part: str) -> int | None:
     """The newest step whose `<part>` checkpoint is STABLE, or None."""
-    stable = [step for step, path in list_step_dirs(checkpoints_dir(run)) if is_stable(path / part)]
+    stable = checkpoint_steps(run, part)
     return stable[-1] if stable else None
 
 

@@ -77,15 +77,6 @@ def load_state(run: Path, step: int | None = None) -> OrchestratorState | None:
     return OrchestratorState(**data)
 
 
-def kept_state_steps(run: Path) -> list[int]:
-    """The steps of the run's STABLE orchestrator states, oldest first."""
-    return [
-        step
-        for step, path in layout.list_step_dirs(layout.checkpoints_dir(run))
-        if layout.is_stable(path / PART)
-    ]
-
-
 def trained_step(run: Path) -> int:
     """The step the trainer will hand this run's next adapter after: its newest broadcast
     or, when it has none (yet) that far, its newest trainer checkpoint, which the trainer
@@ -116,7 +107,7 @@ def resume_state(run: Path, prompts_per_step: int) -> tuple[OrchestratorState, s
     (`prompts_per_step` each; batches dropped for lack of signal are not counted then).
     """
     trained = trained_step(run)
-    steps = kept_state_steps(run)
+    steps = layout.checkpoint_steps(run, PART)
     usable = [step for step in steps if _followable(run, step, trained)]
     state = load_state(run, usable[-1]) if usable else None
     note = None

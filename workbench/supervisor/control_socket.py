@@ -174,11 +174,15 @@ def normalize_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def new_run_config(
-    experiment: Path, raw_id: str, overrides: dict[str, Any]
+    experiment: Path,
+    raw_id: str,
+    overrides: dict[str, Any],
+    base: OrchestratorConfig | None = None,
 ) -> tuple[str, OrchestratorConfig]:
-    """The id and orchestrator config of a run to add: the recipe's `[defaults]` deep-merged
-    with `overrides`. Raises ControlError naming what is wrong (bad or taken id, invalid
-    keys or values, an unreadable recipe, what `workbench.supervisor.preflight.check_new_run` finds)."""
+    """The id and orchestrator config of a run to add: `base` (default: the recipe's
+    `[defaults]`) deep-merged with `overrides`. Raises ControlError naming what is wrong
+    (bad or taken id, invalid keys or values, an unreadable recipe, what
+    `workbench.supervisor.preflight.check_new_run` finds)."""
     raw_id = raw_id.strip()
     problem = check_run_id(raw_id)
     if problem:
@@ -198,8 +202,9 @@ def new_run_config(
         except ConfigError as err:
             raise ControlError(f"cannot read the experiment's recipe: {err}") from None
     # An experiment made by hand has no recipe: the built-in defaults.
-    defaults = (recipe.defaults if recipe else OrchestratorConfig()).model_dump(mode="json")
-    merged = deep_merge(defaults, normalize_overrides(overrides))
+    if base is None:
+        base = recipe.defaults if recipe else OrchestratorConfig()
+    merged = deep_merge(base.model_dump(mode="json"), normalize_overrides(overrides))
     try:
         config = validate_model(OrchestratorConfig, merged, f"{run_id} settings", "")
         check_new_run(experiment, recipe, run_id, config)

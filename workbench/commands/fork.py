@@ -1,0 +1,164 @@
+"""`workbench runs fork SOURCE[@STEP] NEW`: a new run of the same experiment that starts
+from a checkpoint another run keeps, with its settings and any changed.
+
+The new run directory is built under a temporary name in the experiment: a copy of the
+source's `checkpoints/step_N/` (the trainer's part, and the orchestrator's when one of that
+step is kept) and `control/orch.toml` (the source's settings, the changes, and
+`forked_from`, the lineage); then it is renamed into place whole, so discovery sees the
+complete run or nothing. From there it is a run made from a copied checkpoint
+(docs/contracts.md, "A run from another run's checkpoint").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.commands.common import EXIT_BAD_INPUT, EXIT_FAILED
+from workbench.config import (
+    ConfigError,
+    ForkedFrom,
+    OrchestratorConfig,
+    load_orchestrator_config,
+    normalize_run_id,
+)
+from workbench.experiment import orch_toml_text
+from workbench.files import layout
+from workbench.supervisor.control_socket import ControlError, new_run_config, normalize_overrides
+
+TRAINER_PART = "trainer"
+ORCHESTRATOR_PART = "orchestrator"
+
+
+class ForkError(Exception):
+    """A fork that cannot be made; the message says why and what works."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Fork:
+    run_id: str
+    path: Path
+    source: str
+    step: int
+    with_orchestrator_state: bool  # the source's data position and seeds came along
+
+
+def parse_source(spec: str) -> tuple[str, int | None]:
+    """`run_a@20` -> ("run_a", 20); `run_a` -> ("run_a", None): its newest checkpoint."""
+    name, at, step = spec.partition("@")
+    if not at:
+        return name, None
+    if not step.isdigit():
+        raise ForkError(
+            f"{spec!r}: the step after '@' must be a whole number, e.g. {name}@20",
+            EXIT_BAD_INPUT,
+        )
+    return name, int(step)
+
+
+def fork_run(experiment: Path, source_spec: str, new_id: str, overrides: dict[str, Any]) -> Fork:
+    """Create the new run (see the module docstring); raises ForkError before anything is
+    written when the source, its step, the new id or the settings will not do."""
+    raw_source, wanted_step = parse_source(source_spec)
+    source_id = normalize_run_id(raw_source)
+    source = layout.run_dir(experiment, source_id)
+    config_path = layout.orch_config_path(source)
+    if not config_path.is_file():
+        known = ", ".join(p.name for p in layout.list_run_dirs(experiment)) or "none"
+        raise ForkError(f"no run {raw_source!r} in {experiment} to fork (runs: {known})")
+    try:
+        source_config = load_orchestrator_config(config_path)
+    except ConfigError as err:
+        raise ForkError(f"cannot fork {source_id}: its config does not load: {err}") from None
+    step = _kept_step(source, source_id, wanted_step, source_config)
+    if "forked_from" in normalize_overrides(overrides):
+        raise ForkError("forked_from is written by the fork itself; leave it out", EXIT_BAD_INPUT)
+    base = source_config.model_copy(update={"forked_from": ForkedFrom(run=source_id, step=step)})
+    try:
+        run_id, config = new_run_config(experiment, new_id, overrides, base)
+    except ControlError as err:
+        raise ForkError(str(err), EXIT_BAD_INPUT) from None
+    problem = fork_settings_problem(source_id, source_config, config, step)
+    if problem is not None:
+        raise ForkError(f"{run_id} settings: {problem}", EXIT_BAD_INPUT)
+    with_state = _write_fork(experiment, source, step, run_id, config)
+    return Fork(run_id, layout.run_dir(experiment, run_id), source_id, step, with_state)
+
+
+def _kept_step(source: Path, source_id: str, wanted: int | None, config: OrchestratorConfig) -> int:
+    kept = layout.checkpoint_steps(source, TRAINER_PART)
+    if not kept:
+        raise ForkError(
+            f"{source_id} keeps no checkpoint yet: the trainer writes one every "
+            f"checkpoint_interval ({config.checkpoint_interval}) steps, at the run's last "
+            "step and when it stops or the run leaves it; fork it once one is written"
+        )
+    if wanted is None:
+        return kept[-1]
+    if wanted not in kept:
+        listing = ", ".join(str(step) for step in kept)
+        raise ForkError(
+            f"{source_id} keeps no checkpoint of step {wanted}; it keeps steps {listing} "
+            f"(the trainer keeps the last 3): fork one of those, e.g. {source_id}@{kept[-1]}"
+        )
+    return wanted
+
+
+def fork_settings_problem(
+    source_id: str, source: OrchestratorConfig, fork: OrchestratorConfig, step: int
+) -> str | None:
+    """Why the fork's settings cannot go on from the source's checkpoint, or None."""
+    for key in ("rank", "alpha"):
+        before, after = getattr(source.lora, key), getattr(fork.lora, key)
+        if before != after:
+            return (
+                f"lora.{key} = {after} differs from {source_id}'s ({before}, unset: the "
+                f"trainer's): the adapter of step {step} was trained under it, so a fork keeps "
+                "it; a run with another LoRA shape starts afresh (`workbench runs add`)"
+            )
+    if fork.max_steps <= step:
+        return (
+            f"max_steps = {fork.max_steps} leaves nothing to train after step {step}; "
+            f"give it more, e.g. --set max_steps={step + fork.max_steps}"
+        )
+    return None
+
+
+def _write_fork(
+    experiment: Path, source: Path, step: int, run_id: str, config: OrchestratorConfig
+) -> bool:
+    """Stage the new run directory and rename it into place; True when the orchestrator's
+    state of `step` came along."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{run_id}.", suffix=".tmp", dir=experiment))
+    try:
+        parts = [TRAINER_PART]
+        if layout.is_stable(layout.checkpoint_part_dir(source, step, ORCHESTRATOR_PART)):
+            parts.append(ORCHESTRATOR_PART)
+        for part in parts:
+            shutil.copytree(
+                layout.checkpoint_part_dir(source, step, part),
+                layout.checkpoint_part_dir(staging, step, part),
+            )
+        note = f"Forked from {source.name} at step {step} (checkpoints/step_{step} copied)."
+        layout.atomic_write_text(
+            layout.orch_config_path(staging), orch_toml_text(run_id, config, note)
+        )
+        os.rename(staging, layout.run_dir(experiment, run_id))
+    except FileNotFoundError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ForkError(
+            f"{source.name}'s checkpoint of step {step} went while it was copied (the trainer "
+            f"keeps only its last 3): {err}; fork a newer step"
+        ) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return ORCHESTRATOR_PART in parts
