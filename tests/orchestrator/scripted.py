@@ -93,6 +93,18 @@ def publish_adapter(run: Path, step: int) -> None:
         (staging / "adapter_model.safetensors").write_bytes(b"")
 
 
+def trainer_publishes_after(run: Path, step: int, polls: list[float], count: int):
+    """An orchestrator's `sleep` that records each poll and publishes `broadcast/step_N`
+    (as the trainer would) at the `count`-th."""
+
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == count:
+            publish_adapter(run, step)
+
+    return sleep
+
+
 @contextlib.contextmanager
 def scripted_server(experiment: Path, chat: ScriptedChat) -> Iterator[Endpoint]:
     """Serve `chat` over HTTP on a free loopback port (health, chat completions with token

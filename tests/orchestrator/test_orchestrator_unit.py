@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import make_run
-from tests.orchestrator.scripted import ScriptedChat, make_orchestrator, publish_adapter
+from tests.orchestrator.scripted import (
+    ScriptedChat,
+    make_orchestrator,
+    publish_adapter,
+    trainer_publishes_after,
+)
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import read_rollouts
@@ -67,13 +72,7 @@ def test_orchestrator_waits_for_the_adapter_when_async_level_is_reached(experime
     orchestrator.step_once()
     orchestrator.step_once()  # step 1 may use version 0
     polls = []
-
-    def trainer_finishes_step_1(seconds):
-        polls.append(seconds)
-        if len(polls) == 3:
-            publish_adapter(run, 1)
-
-    orchestrator.sleep = trainer_finishes_step_1
+    orchestrator.sleep = trainer_publishes_after(run, 1, polls, count=3)
     orchestrator.step_once()  # step 2 needs version >= 1
     assert len(polls) == 3
     assert client.loaded == ["run_a@step1"]

@@ -26,6 +26,19 @@ class RunLoraConfig(StrictModel):
     alpha: float | None = Field(
         None, gt=0, description="this run's LoRA alpha; unset: the trainer's"
     )
+    init_from: str | None = Field(
+        None,
+        description="start the adapter from this peft LoRA adapter directory (`workbench "
+        "export`'s or `workbench sft --lora`'s output, a run's broadcast/step_N): same base "
+        "model, target modules among the trainer's, rank at most the run's; a relative path "
+        "is taken from where the recipe is loaded. Unset: a fresh adapter",
+    )
+
+    @field_validator("init_from")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        # The trainer reads it from orch.toml in a directory of its own: written absolute.
+        return None if value is None else str(Path(value).expanduser().absolute())
 
 
 class ForkedFrom(StrictModel):

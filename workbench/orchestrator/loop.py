@@ -230,7 +230,9 @@ class Orchestrator:
 
     def _load_newest_adapter(self) -> None:
         newest = layout.latest_stable_step(layout.broadcasts_dir(self.run))
-        if newest is not None and newest > self._policy_version():
+        current = self.adapters.current_step
+        # `broadcast/step_0` exists only for a run started from an adapter (lora.init_from).
+        if newest is not None and (current is None or newest > current):
             with busy.doing("loading adapter"):
                 self.adapters.load(newest, layout.broadcast_dir(self.run, newest))
             # Not at INFO: the next step line names the policy version it generated with.
@@ -240,11 +242,18 @@ class Orchestrator:
         """Load the newest adapter; block while `step` would be too far ahead of it."""
         started = time.monotonic()
         self._load_newest_adapter()
-        while not steps_ahead_allowed(step, self._policy_version(), self.config.async_level):
+        while not self._may_generate(step):
             self.check_evicted()
             self.sleep(self.poll_s)
             self._load_newest_adapter()
         return time.monotonic() - started
+
+    def _may_generate(self, step: int) -> bool:
+        if self.config.lora.init_from is not None and self.adapters.current_step is None:
+            # Version 0 of a run started from an adapter is that adapter (the trainer
+            # publishes it as broadcast/step_0 when it admits the run), never the base.
+            return False
+        return steps_ahead_allowed(step, self._policy_version(), self.config.async_level)
 
     def _wait_for_final_adapter(self) -> None:
         final = layout.broadcast_dir(self.run, self.config.max_steps)

@@ -55,6 +55,7 @@ from workbench.envs.checks import (
     environment_problem,
 )
 from workbench.files import layout, run_control
+from workbench.models.adapters import init_adapter_problem
 from workbench.models.resolve import base_model_problem, linear_layer_names, prompt_tokenizer
 from workbench.recipe import Recipe, RunSpec
 from workbench.supervisor import plan as supervisor_plan
@@ -293,6 +294,16 @@ class RunChecker:
             problem = served_rank_problem(run_rank, served, whose="the run's adapters have")
             if problem is not None:
                 findings.append(("lora.rank", problem))
+        if config.lora.init_from is not None:
+            trainer = self.recipe.trainer
+            problem = init_adapter_problem(
+                Path(config.lora.init_from),
+                self.recipe.model.base,
+                trainer.target_modules,
+                config.lora.rank or trainer.lora.rank,
+            )
+            if problem is not None:
+                findings.append(("lora.init_from", problem))
         env, problem = cached_environment(config, self._environments)
         if problem is not None:
             findings.append(problem)

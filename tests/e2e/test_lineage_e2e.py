@@ -1,0 +1,109 @@
+"""A fork end to end, with every real part (vLLM's CPU build, the torchrun trainer, the
+orchestrators, the supervisor, the built-in tiny model): `workbench runs fork` of a run
+that is still training, picked up by the running supervisor, trained from the forked step
+to its own max_steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench.files import layout, run_control
+from workbench.files.metrics import read_metrics
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+WORKBENCH = [sys.executable, "-m", "workbench.cli"]
+# This checkout's workbench in every child, whichever one the environment installed.
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+}
+
+RECIPE = """\
+[experiment]
+name = "lineage"
+output_dir = "outputs/lineage"
+[model]
+base = "builtin:tiny-reverse"
+[inference]
+max_loras = 2
+[trainer]
+max_concurrent_runs = 2
+[defaults]
+env_args = { min_length = 5, max_length = 5 }
+max_steps = 10
+batch_size = 32
+rollouts_per_prompt = 8
+lr = 3e-3
+checkpoint_interval = 2
+eval = { interval = 0 }
+[[runs]]
+id = "a"
+"""
+
+
+def workbench(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*WORKBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV
+    )
+
+
+def test_a_fork_of_a_running_run_starts_at_its_step_with_its_adapter_and_trains_to_its_own_end(
+    tmp_path: Path,
+):
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE)
+    experiment = tmp_path / "outputs" / "lineage"
+    source = experiment / "run_a"
+    log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed below
+    up = subprocess.Popen(
+        [*WORKBENCH, "up", str(recipe), "--headless"],
+        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=ENV,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10 * 60
+        while not layout.is_stable(layout.checkpoint_part_dir(source, 2, "trainer")):
+            assert up.poll() is None, "the experiment ended early"
+            assert time.monotonic() < deadline, "run_a kept no checkpoint of step 2"
+            time.sleep(0.5)
+        forked = workbench(
+            "runs", "fork", "run_a@2", "b", "--set", "max_steps=5", "--set", "lr=1e-3",
+            "-e", str(experiment), cwd=tmp_path,
+        )  # fmt: skip
+        assert forked.returncode == 0, forked.stdout + forked.stderr
+        code = up.wait(timeout=10 * 60)
+    finally:
+        if up.poll() is None:
+            up.terminate()
+        log.close()
+        if (experiment / "supervisor").exists():
+            workbench("down", str(experiment), cwd=tmp_path, timeout=180)
+    output = (tmp_path / "up.log").read_text()
+    assert code == 0, output[-3000:]
+
+    fork = experiment / "run_b"
+    assert run_control.is_finished(fork) and run_control.is_finished(source)
+    generated = [m for m in read_metrics(fork, "orchestrator") if m.get("written", True)]
+    # Its first batch is step 2, sampled with the forked adapter (version 2), not the base.
+    assert sorted(m["step"] for m in generated) == [2, 3, 4]
+    assert min(generated, key=lambda m: m["step"])["policy_version"] == 2
+    trainer_lines = read_metrics(fork, "trainer")
+    assert sorted(m["step"] for m in trainer_lines) == [3, 4, 5]
+    assert all(line["lr"] == 1e-3 for line in trainer_lines)  # its own lr, not run_a's
+    assert layout.latest_stable_step(layout.broadcasts_dir(fork)) == 5
+    trainer_log = (experiment / "logs" / "trainer.log").read_text()
+    assert "run run_b resumes at step 2" in trainer_log
+
+    status = json.loads(workbench("status", str(experiment), "--json", cwd=tmp_path).stdout)
+    runs = {run["id"]: run for run in status["runs"]}
+    assert runs["run_b"]["forked_from"] == {"run": "run_a", "step": 2}
+    assert runs["run_b"]["status"] == "finished" and runs["run_b"]["step"] == 5
