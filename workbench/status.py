@@ -67,6 +67,13 @@ class RunStatus:
         return asdict(self)
 
 
+def describe_fork(forked_from: dict | None) -> str:
+    """`run_a@20` for a run forked from run_a's step 20; empty for any other run."""
+    if not forked_from:
+        return ""
+    return f"{forked_from.get('run')}@{forked_from.get('step')}"
+
+
 def read_trainer_state(experiment: Path) -> dict[str, Any] | None:
     """The trainer's published state, or None if there is none or its trainer is gone."""
     try:

@@ -371,6 +371,19 @@ async def test_the_run_detail_shows_each_run_chosen_in_turn(experiment, make_app
         await wait_until(pilot, lambda: "lr = 3e-4" in str(config.content), what="orch.toml")
 
 
+async def test_the_run_detail_says_which_run_and_step_a_forked_run_came_from(experiment, make_app):
+    orch_toml = experiment / "run_lr3e-4" / "control" / "orch.toml"
+    with orch_toml.open("a") as out:
+        out.write('\n[forked_from]\nrun = "run_lr1e-3"\nstep = 10\n')
+    app = make_app(experiment)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await next_polls(pilot, app)
+        await pilot.press("down")
+        await press_for(pilot, "enter", RunDetailScreen)
+        summary = app.screen.query_one("#detail-summary")
+        assert "forked from run_lr1e-3@10" in str(summary.content)
+
+
 async def test_a_diverged_run_reads_diverged_with_the_trainers_reason(experiment, make_app):
     why = "diverged: gradient norm nan at updates 3-5; try a lower lr in a new run"
     run_control.write_eviction(experiment / "run_lr1e-3", why, by="trainer")

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
 from workbench.files.busy import BusyReader
-from workbench.status import RunStatus, run_statuses, supervisor_warnings
+from workbench.status import RunStatus, describe_fork, run_statuses, supervisor_warnings
 from workbench.supervisor.client import process_summaries, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.values import describe_values
@@ -197,13 +197,6 @@ def _print_processes(supervisor: dict, processes: list[dict]) -> None:
             escape(note.splitlines()[0] if note else ""),
         )
     console.print(table)
-
-
-def describe_fork(forked_from: dict | None) -> str:
-    """`run_a@20` for a run forked from run_a's step 20; empty for any other run."""
-    if not forked_from:
-        return ""
-    return f"{forked_from.get('run')}@{forked_from.get('step')}"
 
 
 def _asha_cells(standing: dict | None) -> list[str]:

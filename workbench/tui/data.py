@@ -43,7 +43,7 @@ from workbench.files import layout
 from workbench.files.busy import BusyReader
 from workbench.files.experiment_changes import ExperimentChanges
 from workbench.files.metrics import parse_record
-from workbench.status import RunStatus, RunStatusReader, supervisor_warnings
+from workbench.status import RunStatus, RunStatusReader, describe_fork, supervisor_warnings
 from workbench.supervisor import paths as supervisor_paths
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase, startup_phase
@@ -113,6 +113,7 @@ class RunView:
     last_update: float | None = None
     evicted_by: str | None = None
     loss: LossDiagnostics | None = None  # at the latest update
+    forked_from: str = ""  # `run_a@20` for a run made by `workbench runs fork`
 
 
 @dataclass(frozen=True)
@@ -501,6 +502,7 @@ class ExperimentReader:
             # runs.json only at the next synchronisation: show whichever is ahead.
             step=max(status.step, metrics.trainer_step),
             max_steps=status.max_steps,
+            forked_from=describe_fork(status.forked_from),
             reason=status.reason,
             slot=status.slot,
             tokens=max(status.total_tokens, metrics.tokens),

@@ -55,6 +55,8 @@ def run_summary(run: RunView, now: float) -> Text:
     text.append(f"  tokens {format_count(run.tokens)}")
     if run.slot is not None:
         text.append(f"  slot {run.slot}")
+    if run.forked_from:
+        text.append(f"  forked from {run.forked_from}")
     text.append(f"  updated {format_age(run.last_update, now)}", style="dim")
     if run.loss is not None:
         text.append("\n")
