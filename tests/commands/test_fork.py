@@ -144,3 +144,13 @@ def test_a_fork_refuses_settings_the_checkpoint_cannot_go_on_with(cli, experimen
     lineage = cli("runs", "fork", "run_a@20", "b", "--set", "forked_from.step=3", "-e", experiment)
     assert lineage.exit_code == 2 and "forked_from is written by the fork" in lineage.output
     assert sorted(p.name for p in experiment.iterdir()) == ["recipe.toml", "run_a"]
+
+
+def test_the_sweep_report_shows_a_forks_lineage_among_the_values_it_sets(cli, experiment: Path):
+    assert cli("runs", "fork", "run_a@20", "b", "--set", "lr=1e-3", "-e", experiment).exit_code == 0
+    report = cli("sweep", "report", experiment, "--json")
+    assert report.exit_code == 0, report.output
+    runs = {run["id"]: run for run in json.loads(report.output)["runs"]}
+    differences = runs["run_b"]["differences"]
+    assert differences["forked_from.run"] == "run_a" and differences["forked_from.step"] == 20
+    assert differences["lr"] == 1e-3
