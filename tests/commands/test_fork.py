@@ -154,3 +154,16 @@ def test_the_sweep_report_shows_a_forks_lineage_among_the_values_it_sets(cli, ex
     differences = runs["run_b"]["differences"]
     assert differences["forked_from.run"] == "run_a" and differences["forked_from.step"] == 20
     assert differences["lr"] == 1e-3
+
+
+def test_a_fork_of_a_run_started_from_an_adapter_needs_the_adapter_no_more(
+    cli, experiment: Path, tmp_path: Path
+):
+    config = OrchestratorConfig(max_steps=30, lora={"init_from": str(tmp_path / "gone")})
+    source = write_run(experiment, "run_sft", config)
+    with layout.staged_directory(layout.checkpoint_part_dir(source, 10, "trainer")) as part:
+        (part / "progress.json").write_text(json.dumps({"step": 10}))
+    result = cli("runs", "fork", "run_sft", "b", "-e", experiment)
+    assert result.exit_code == 0, result.output
+    fork = load_orchestrator_config(layout.orch_config_path(experiment / "run_b"))
+    assert fork.lora.init_from is None  # it starts from step 10's checkpoint

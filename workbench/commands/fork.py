@@ -81,7 +81,12 @@ def fork_run(experiment: Path, source_spec: str, new_id: str, overrides: dict[st
     step = _kept_step(source, source_id, wanted_step, source_config)
     if "forked_from" in normalize_overrides(overrides):
         raise ForkError("forked_from is written by the fork itself; leave it out", EXIT_BAD_INPUT)
-    base = source_config.model_copy(update={"forked_from": ForkedFrom(run=source_id, step=step)})
+    # The fork starts from the checkpoint; an adapter its source started from
+    # (`lora.init_from`) is no longer needed, nor checked (it may be gone by now).
+    lora = source_config.lora.model_copy(update={"init_from": None})
+    base = source_config.model_copy(
+        update={"forked_from": ForkedFrom(run=source_id, step=step), "lora": lora}
+    )
     try:
         run_id, config = new_run_config(experiment, new_id, overrides, base)
     except ControlError as err:

@@ -1,6 +1,5 @@
 """A run's adapter started from a peft LoRA adapter directory (`lora.init_from`) instead of
-a fresh one: the check the trainer makes when it discovers such a run, and loading the
-adapter into the run's slot.
+a fresh one: loading the adapter into the run's slot, once it is checked to fit.
 
 The slot then computes what the adapter computes: the adapter's A fills the first rows of
 the slot's A, its B (rescaled from the adapter's alpha / rank to the run's) the first
@@ -16,27 +15,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from workbench.config import OrchestratorConfig
 from workbench.models.adapters import WEIGHTS_FILE, init_adapter_problem, read_peft_adapter
 from workbench.trainer.broadcast import PEFT_PREFIX
 from workbench.trainer.runs import MultiRunManager
 
 logger = logging.getLogger(__name__)
-
-
-def init_from_validation_hook(base: str, target_modules: list[str], slot_rank: int):
-    """A config validation hook: a run whose `lora.init_from` does not fit is rejected with
-    the reason (a run added by hand, which no preflight saw)."""
-
-    def validate(config: OrchestratorConfig) -> tuple[bool, str]:
-        if config.lora.init_from is None:
-            return True, ""
-        problem = init_adapter_problem(
-            Path(config.lora.init_from), base, target_modules, config.lora.rank or slot_rank
-        )
-        return problem is None, f"lora.init_from: {problem}" if problem else ""
-
-    return validate
 
 
 def load_adapter_into_slot(
@@ -80,3 +63,15 @@ def load_adapter_into_slot(
         adapter.alpha,
         len(used),
     )
+
+
+def check_init_adapter(
+    directory: Path, base: str, target_modules: list[str], run_rank: int
+) -> None:
+    """Raise ValueError (`lora.init_from: why`) when the adapter does not fit the run: a run
+    written by hand, which no preflight saw, is rejected with it. Checked only when the run
+    starts from the adapter, so a run that has checkpoints of its own never depends on the
+    adapter directory still being there."""
+    problem = init_adapter_problem(directory, base, target_modules, run_rank)
+    if problem is not None:
+        raise ValueError(f"lora.init_from: {problem}")

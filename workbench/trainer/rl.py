@@ -31,7 +31,7 @@ from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
 from workbench.trainer.compute import HostRow, RowLogprobs, prepare_model
 from workbench.trainer.divergence import DivergenceWatch, NonFiniteWeights, adapter_divergence
-from workbench.trainer.init_adapter import init_from_validation_hook, load_adapter_into_slot
+from workbench.trainer.init_adapter import check_init_adapter, load_adapter_into_slot
 from workbench.trainer.lora import (
     adapters_disabled,
     apply_lora_to_model,
@@ -185,9 +185,6 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
     # A user's loss is tried once before its run gets a slot: one that fails rejects its
     # run instead of stopping the trainer every run shares.
     manager.register_config_validation_hook(validate_run_loss)
-    manager.register_config_validation_hook(
-        init_from_validation_hook(config.model.base, section.target_modules, section.lora.rank)
-    )
     manager.register_creation_hook(resume_run)
     manager.register_forgotten_hook(checkpoint_leaving_run)
     manager.register_deletion_hook(trainer.divergence.forget)
@@ -202,6 +199,7 @@ def start_from_adapter(trainer: Trainer, idx: int) -> None:
     if init_from is None:
         return
     rank, alpha = resolve_run_lora(manager.config[idx], section.lora.rank, section.lora.alpha)
+    check_init_adapter(Path(init_from), trainer.base_model, section.target_modules, rank)
     load_adapter_into_slot(manager, idx, Path(init_from), rank, alpha)
     if manager.is_master:
         publish_adapter(trainer, idx)
