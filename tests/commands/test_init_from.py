@@ -92,3 +92,17 @@ def test_runs_add_takes_a_fitting_adapter_by_relative_path_and_refuses_a_missing
     assert added.exit_code == 0, added.output
     config = load_orchestrator_config(layout.orch_config_path(experiment / "run_b"))
     assert config.lora.init_from == str(tmp_path / "sft-out")  # absolute for the trainer
+
+
+def test_the_shipped_sft_then_rl_recipe_needs_the_sft_adapter_first_and_then_passes(cli, tmp_path):
+    shipped = Path(__file__).parents[2] / "recipes" / "sft_then_rl.toml"
+    before = cli("up", shipped, "--dry-run")
+    assert before.exit_code == 2
+    assert (
+        "runs[0].lora.init_from" in before.output
+        and "sft-reverse is not a directory" in before.output
+    )
+    adapter(tmp_path / "outputs" / "sft-reverse")  # what `workbench sft --lora -o` leaves
+    after = cli("up", shipped, "--dry-run")
+    assert after.exit_code == 0, after.output
+    assert "run_from_sft" in after.output and "run_scratch" in after.output
