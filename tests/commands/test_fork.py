@@ -17,6 +17,9 @@ from workbench.cli import app
 from workbench.config import OrchestratorConfig, load_orchestrator_config
 from workbench.experiment import write_run
 from workbench.files import layout
+from workbench.status import RunStatus
+from workbench.sweep.report import build_report
+from workbench.tui.leaderboard import leaderboard_row
 
 RECIPE = """\
 [experiment]
@@ -154,6 +157,10 @@ def test_the_sweep_report_shows_a_forks_lineage_among_the_values_it_sets(cli, ex
     differences = runs["run_b"]["differences"]
     assert differences["forked_from.run"] == "run_a" and differences["forked_from.step"] == 20
     assert differences["lr"] == 1e-3
+    # The TUI's leaderboard (`b`) shows the same values on the run's row.
+    outcome = next(run for run in build_report(experiment).runs if run.id == "run_b")
+    row = leaderboard_row(outcome, RunStatus(id="run_b", status="waiting", step=0))
+    assert 'forked_from.run="run_a" forked_from.step=20' in row.values
 
 
 def test_a_fork_of_a_run_started_from_an_adapter_needs_the_adapter_no_more(
