@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import threading
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 
 from tests.envs.conftest import TASKS
 from workbench.cli import app
+from workbench.config import SamplingParams
 from workbench.envs import (
     EnvironmentConfigError,
     environment_class,
@@ -73,8 +75,10 @@ def test_run_episodes_hands_an_external_environment_the_endpoint_and_the_samplin
         def __init__(self):  # no process: the test plays the environment
             self.calls = []
 
-        def run_episodes(self, endpoint, prompts, seeds, **sampling):
-            self.calls.append((endpoint, prompts, seeds, sampling))
+        def run_episodes(self, endpoint, prompts, seeds, *, model, n, sampling):
+            self.calls.append(
+                (endpoint, prompts, seeds, {"model": model, "n": n, **asdict(sampling)})
+            )
             return [[Episode(prompt_ids=[1], token_ids=[2], logprobs=[-0.1], mask=[True])]]
 
     class Client:
@@ -85,8 +89,8 @@ def test_run_episodes_hands_an_external_environment_the_endpoint_and_the_samplin
 
     env = Standin()
     groups = run_episodes(
-        Client(), env, ["prompt"], [5], model="run@step1", n=1, max_tokens=8, temperature=1.0,
-        top_p=0.9,
+        Client(), env, ["prompt"], [5], model="run@step1", n=1,
+        sampling=SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9),
     )  # fmt: skip
     assert groups[0][0].token_ids == [2]
     ((endpoint, prompts, seeds, sampling),) = env.calls
@@ -282,9 +286,7 @@ def test_episodes_run_against_the_server_and_take_the_rubrics_rewards(verifiers_
             [11, 12],
             model="run_x@step3",
             n=3,
-            max_tokens=5,
-            temperature=0.8,
-            top_p=0.9,
+            sampling=SamplingParams(max_tokens=5, temperature=0.8, top_p=0.9),
         )
     finally:
         env.close()

@@ -13,6 +13,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.helpers import random_adapter, served_models
+from workbench.config import SamplingParams
 from workbench.envs import get_environment
 from workbench.inference.client import AdapterVersions, InferenceClient
 from workbench.orchestrator.episodes import run_episodes
@@ -23,7 +24,9 @@ LETTERS = string.ascii_lowercase
 
 
 def greedy(client: InferenceClient, model: str) -> str:
-    result = client.chat(PROMPT, model=model, n=1, max_tokens=24, temperature=0.0, seed=0)
+    result = client.chat(
+        PROMPT, model=model, n=1, sampling=SamplingParams(max_tokens=24, temperature=0.0), seed=0
+    )
     return result.completions[0].text
 
 
@@ -68,7 +71,7 @@ def test_completions_carry_token_ids_and_logprobs_the_trainer_reproduces(
     with InferenceClient(server) as client:
         client.load_adapter("logprob-check", adapter)
         result = client.chat(
-            PROMPT, model="logprob-check", n=2, max_tokens=16, temperature=1.0, seed=7
+            PROMPT, model="logprob-check", n=2, sampling=SamplingParams(max_tokens=16), seed=7
         )
         client.unload_adapter("logprob-check")
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_reverse))
@@ -107,7 +110,7 @@ def test_requests_for_two_adapters_and_the_base_batched_together_each_get_their_
                     names,
                     pool.map(
                         lambda name: client.chat(
-                            PROMPT, model=name, n=4, max_tokens=12, temperature=1.0, seed=3
+                            PROMPT, model=name, n=4, sampling=SamplingParams(max_tokens=12), seed=3
                         ),
                         names,
                     ),
@@ -143,9 +146,7 @@ def test_every_model_turn_is_trained_on_its_sampled_tokens_with_vllms_logprobs(
             [11, 12],
             model=server.model,
             n=2,
-            max_tokens=8,
-            temperature=1.0,
-            top_p=1.0,
+            sampling=SamplingParams(max_tokens=8, temperature=1.0, top_p=1.0),
         )
     assert any(not episode.truncated for group in groups for episode in group)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_reverse))
@@ -207,7 +208,11 @@ def test_a_seeded_request_whose_prefill_is_split_gives_the_tokens_it_gives_alone
 
     def sample(client: InferenceClient, index: int) -> list[int]:
         result = client.chat(
-            prompts[index], model=server.model, n=1, max_tokens=16, temperature=1.0, seed=index
+            prompts[index],
+            model=server.model,
+            n=1,
+            sampling=SamplingParams(max_tokens=16),
+            seed=index,
         )
         return result.completions[0].token_ids
 

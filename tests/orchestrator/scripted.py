@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from workbench.config import OrchestratorConfig
+from workbench.config import OrchestratorConfig, SamplingParams
 from workbench.files import layout
 from workbench.files.endpoint import Endpoint, new_api_key, write_endpoint
 from workbench.inference.client import AdapterVersions, ChatResult, Completion, InferenceError
@@ -41,7 +41,8 @@ class ScriptedChat:
         self.hold_greedy: threading.Event | None = None
         self.fail_greedy = False
 
-    def chat(self, messages, *, model, n, max_tokens, temperature, top_p, seed):
+    def chat(self, messages, *, model, n, sampling, seed):
+        temperature = sampling.temperature
         question = messages[-1]["content"]
         self.requests.append(
             {"model": model, "n": n, "seed": seed, "temperature": temperature, "question": question}
@@ -164,9 +165,9 @@ def _chat_response(chat: ScriptedChat, body: dict) -> dict:
         body["messages"],
         model=body["model"],
         n=body["n"],
-        max_tokens=body["max_tokens"],
-        temperature=body["temperature"],
-        top_p=body["top_p"],
+        sampling=SamplingParams(
+            max_tokens=body["max_tokens"], temperature=body["temperature"], top_p=body["top_p"]
+        ),
         seed=body.get("seed"),
     )
     choices = [

@@ -126,9 +126,7 @@ def _measure(
                 list(range(len(prompts))),
                 model=model,
                 n=config.rollouts_per_prompt,
-                max_tokens=config.sampling.max_tokens,
-                temperature=config.sampling.temperature,
-                top_p=config.sampling.top_p,
+                sampling=config.sampling.params(),
             )
             return time.monotonic() - started
 

@@ -69,6 +69,7 @@ from workbench.config.run import (
     OrchestratorConfig,
     RunLoraConfig,
     SamplingConfig,
+    SamplingParams,
     SchedulerConfig,
     load_orchestrator_config,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "OrchestratorConfig",
     "RunLoraConfig",
     "SamplingConfig",
+    "SamplingParams",
     "SchedulerConfig",
     "StrictModel",
     "TrackingSection",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,6 +64,20 @@ GROUP_OF_ONE = (
 )
 
 
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples: what travels from a run's config to the server's HTTP body.
+
+    Built from `SamplingConfig` (training) or `EvalSamplingConfig` (evals, which may be
+    greedy, so it cannot be a `SamplingConfig`). A request's seed is not here: each prompt
+    has its own.
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
 class SamplingConfig(StrictModel):
     temperature: float = Field(
         1.0,
@@ -86,6 +101,12 @@ class SamplingConfig(StrictModel):
             raise ValueError(GREEDY_TRAINING)
         return value
 
+    def params(self) -> SamplingParams:
+        """The training requests' sampling."""
+        return SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p
+        )
+
 
 class EvalSamplingConfig(StrictModel):
     """How eval completions are sampled; greedy by default, so scores move with the policy
@@ -98,6 +119,15 @@ class EvalSamplingConfig(StrictModel):
     max_tokens: int | None = Field(
         None, ge=1, description="default: the run's `sampling.max_tokens`"
     )
+
+    def params(self, run_max_tokens: int) -> SamplingParams:
+        """The eval requests' sampling; `run_max_tokens` (the run's `sampling.max_tokens`)
+        when `max_tokens` is unset."""
+        return SamplingParams(
+            max_tokens=self.max_tokens or run_max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+        )
 
 
 # An eval scores all its prompts at every interval, beside training. 4096 prompts already

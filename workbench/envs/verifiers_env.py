@@ -26,6 +26,7 @@ with these over them, e.g. its own `split` key), or else a held-out share of the
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import json
 import logging
@@ -45,6 +46,7 @@ from workbench.envs.dataset import shuffled_order
 from workbench.envs.external import ExternalEpisodeError, ExternalEpisodes
 
 if TYPE_CHECKING:
+    from workbench.config import SamplingParams
     from workbench.envs.episode import Episode
     from workbench.files.endpoint import Endpoint
 
@@ -191,13 +193,10 @@ class VerifiersEnvironment(ExternalEpisodes, Environment):
         *,
         model: str,
         n: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
+        sampling: SamplingParams,
     ) -> list[list[Episode]]:
         from workbench.envs.episode import Episode
 
-        sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
         pending = [
             self.server.submit(
                 "run",
@@ -207,7 +206,7 @@ class VerifiersEnvironment(ExternalEpisodes, Environment):
                 model=model,
                 base_url=endpoint.base_url,
                 api_key=endpoint.api_key,
-                sampling=sampling,
+                sampling=dataclasses.asdict(sampling),
                 # Each episode samples with a seed of its own, fixed by the prompt's.
                 seeds=[(seed * 1_000_003 + number * 101) % 2**31 for number in range(n)],
             )

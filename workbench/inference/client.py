@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from workbench.config import SamplingParams
 from workbench.files.endpoint import Endpoint
 
 logger = logging.getLogger(__name__)
@@ -83,9 +84,7 @@ class InferenceClient:
         *,
         model: str,
         n: int,
-        max_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
+        sampling: SamplingParams,
         seed: int | None = None,
     ) -> ChatResult:
         """`n` completions of one conversation with the token ids and their log-probs."""
@@ -93,9 +92,7 @@ class InferenceClient:
             "model": model,
             "messages": messages,
             "n": n,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
+            **asdict(sampling),
             "logprobs": True,
             "return_token_ids": True,
         }
@@ -120,9 +117,7 @@ class InferenceClient:
         prompt_ids: list[int],
         *,
         model: str,
-        max_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
+        sampling: SamplingParams,
         seed: int | None = None,
     ) -> Completion:
         """One completion of a prompt given as token ids (no template applied, nothing
@@ -131,9 +126,7 @@ class InferenceClient:
         body: dict[str, Any] = {
             "model": model,
             "prompt": prompt_ids,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
+            **asdict(sampling),
             "logprobs": 0,  # the sampled token's own log-prob, no alternatives
             "return_token_ids": True,
         }

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from workbench.config import SamplingParams
 from workbench.envs.base import Environment, Message, Prompt
 from workbench.envs.episode import Episode
 from workbench.envs.external import ExternalEpisodes
@@ -50,11 +51,9 @@ class EpisodeClient(Protocol):
 
     endpoint: Endpoint  # where an `ExternalEpisodes` environment sends its requests
 
-    def chat(self, messages, *, model, n, max_tokens, temperature, top_p, seed) -> ChatResult: ...
+    def chat(self, messages, *, model, n, sampling, seed) -> ChatResult: ...
 
-    def complete_tokens(
-        self, prompt_ids, *, model, max_tokens, temperature, top_p, seed
-    ) -> Completion: ...
+    def complete_tokens(self, prompt_ids, *, model, sampling, seed) -> Completion: ...
 
     def tokenize_chat(self, messages, *, add_generation_prompt) -> list[int]: ...
 
@@ -123,9 +122,7 @@ def run_episodes(
     *,
     model: str,
     n: int,
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
+    sampling: SamplingParams,
     joiner: TurnJoiner | None = None,
 ) -> list[list[Episode]]:
     """`n` scored episodes of each prompt, in the prompts' order. The first turn of every
@@ -133,25 +130,9 @@ def run_episodes(
     environment's later turns are one request per episode, all in flight at once."""
     if isinstance(env, ExternalEpisodes):
         return env.run_episodes(
-            client.endpoint,
-            prompts,
-            seeds,
-            model=model,
-            n=n,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
+            client.endpoint, prompts, seeds, model=model, n=n, sampling=sampling
         )
-    results = complete_prompts(
-        client,
-        prompts,
-        seeds,
-        model=model,
-        n=n,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-    )
+    results = complete_prompts(client, prompts, seeds, model=model, n=n, sampling=sampling)
     groups = []
     for result in results:
         group = []
@@ -169,12 +150,7 @@ def run_episodes(
             groups,
             joiner or TurnJoiner(client),
             lambda ids, seed: client.complete_tokens(
-                ids,
-                model=model,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                seed=seed,
+                ids, model=model, sampling=sampling, seed=seed
             ),
         )
     for prompt, group in zip(prompts, groups, strict=True):

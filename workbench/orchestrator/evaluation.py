@@ -88,7 +88,7 @@ class PolicyEvaluator:
         self.run = run
         self.joiner = joiner or TurnJoiner(client)
         self.config = config.eval
-        self.max_tokens = config.eval.sampling.max_tokens or config.sampling.max_tokens
+        self.sampling = config.eval.sampling.params(run_max_tokens=config.sampling.max_tokens)
         self.env = env
         self.client = client
         self.adapters = adapters
@@ -171,7 +171,6 @@ class PolicyEvaluator:
     def score(self, model: str) -> EvalScores:
         """Complete and score the eval prompts with `model` (a served adapter or the base)."""
         started = time.monotonic()
-        sampling = self.config.sampling
         groups = run_episodes(
             self.client,
             self.env,
@@ -179,9 +178,7 @@ class PolicyEvaluator:
             self.seeds,
             model=model,
             n=self.config.rollouts_per_prompt,
-            max_tokens=self.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
+            sampling=self.sampling,
             joiner=self.joiner,
         )
         rewards, lengths, truncated = [], [], 0

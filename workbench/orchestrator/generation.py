@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from workbench.config import SamplingParams
 from workbench.envs.base import Prompt
 from workbench.inference.client import ChatResult
 
@@ -15,7 +16,7 @@ class ChatClient(Protocol):
     """What the orchestrator needs from the inference server (`InferenceClient` is the real
     one)."""
 
-    def chat(self, messages, *, model, n, max_tokens, temperature, top_p, seed) -> ChatResult: ...
+    def chat(self, messages, *, model, n, sampling, seed) -> ChatResult: ...
 
     def load_adapter(self, name, path) -> None: ...
 
@@ -29,9 +30,7 @@ def complete_prompts(
     *,
     model: str,
     n: int,
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
+    sampling: SamplingParams,
 ) -> list[ChatResult]:
     """`n` completions of each prompt (with its own sampling seed), in the prompts' order."""
 
@@ -41,9 +40,7 @@ def complete_prompts(
             prompt.messages,
             model=model,
             n=n,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
+            sampling=sampling,
             seed=seed,
         )
 

@@ -209,7 +209,6 @@ class Orchestrator:
         return StepResult(step=step, written=written, reward_mean=reward_mean)
 
     def _generate(self, prompts: list[Prompt], model: str) -> list[list[Episode]]:
-        sampling = self.config.sampling
         return run_episodes(
             self.client,
             self.env,
@@ -217,9 +216,7 @@ class Orchestrator:
             [self.rng.randrange(2**31) for _ in prompts],
             model=model,
             n=self.config.rollouts_per_prompt,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
+            sampling=self.config.sampling.params(),
             joiner=self.joiner,
         )
 
