@@ -21,6 +21,11 @@ files did not change costs a few `stat`s; `run_statuses` keeps one per experimen
 
 `supervisor_warnings` reads what the supervisor says is wrong without stopping anything
 (experiment tracking failing, for one), from its state.json.
+
+`read_experiment` is the one reading of a whole experiment that `workbench status`, the
+TUI and `up`'s headless following each show in their own way: the runs, the supervisor's
+state.json, whether that supervisor still runs, and what follows from them (the startup
+phase, the warnings, the placement).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -40,6 +46,8 @@ import tomlkit
 from workbench.config import OrchestratorConfig
 from workbench.files import layout, run_control
 from workbench.files.run_control import Condition, RunCondition
+from workbench.supervisor.client import read_state, running_supervisor_pid
+from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import read_asha, read_plan_values
 from workbench.system.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
@@ -103,6 +111,61 @@ def supervisor_warnings(state: dict[str, Any] | None) -> list[str]:
     if not isinstance(warnings, list):
         return []
     return [str(warning) for warning in warnings if warning]
+
+
+@dataclass(frozen=True)
+class ExperimentState:
+    """An experiment read at unix time `now`: its runs, its supervisor's state.json (None
+    before a supervisor wrote one) and the pid of its supervisor if one still runs."""
+
+    path: Path
+    runs: list[RunStatus]
+    supervisor_state: dict[str, Any] | None
+    supervisor_pid: int | None
+    now: float
+
+    @property
+    def supervisor_running(self) -> bool:
+        return self.supervisor_pid is not None
+
+    @property
+    def startup(self) -> StartupPhase | None:
+        """The startup phase a live supervisor published; a dead supervisor's last phase
+        says nothing about now."""
+        return self.last_startup if self.supervisor_running else None
+
+    @property
+    def last_startup(self) -> StartupPhase | None:
+        """The startup phase state.json holds, live supervisor or not: headless following
+        says a supervisor's last phase (failed, for one) as it exits."""
+        return startup_phase(self.supervisor_state)
+
+    @property
+    def warnings(self) -> list[str]:
+        return supervisor_warnings(self.supervisor_state)
+
+    @property
+    def placement(self) -> str | None:
+        """Which GPUs run inference and the trainer, as the supervisor recorded it."""
+        return (self.supervisor_state or {}).get("placement") or None
+
+
+def read_experiment(
+    experiment: Path,
+    *,
+    read_runs: Callable[[Path], list[RunStatus]] = run_statuses,
+    read_supervisor_state: Callable[[Path], dict[str, Any] | None] = read_state,
+    supervisor_pid: Callable[[Path], int | None] = running_supervisor_pid,
+) -> ExperimentState:
+    """The experiment as it is now. A caller that keeps readers between reads (the TUI
+    reads only what changed) passes them for the runs, the state.json and the pid."""
+    return ExperimentState(
+        path=experiment,
+        runs=read_runs(experiment),
+        supervisor_state=read_supervisor_state(experiment),
+        supervisor_pid=supervisor_pid(experiment),
+        now=time.time(),
+    )
 
 
 def _standing(result: RungResult) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from workbench.experiment import create_experiment
 from workbench.files import layout
 from workbench.files.run_control import Condition
 from workbench.recipe import Recipe, recipe_from_document
-from workbench.status import run_statuses
+from workbench.status import read_experiment, run_statuses
 from workbench.supervisor.client import (
     SupervisorClient,
     process_summaries,
@@ -47,7 +47,7 @@ from workbench.supervisor.launch import (
 )
 from workbench.supervisor.lifecycle import UP_STATES, ProcessState
 from workbench.supervisor.preflight import check_recipe
-from workbench.supervisor.startup import StartupPhase, startup_phase
+from workbench.supervisor.startup import StartupPhase
 from workbench.sweep.scheduler import EVICTED_BY
 
 POLL_S = 0.5
@@ -230,8 +230,8 @@ class Snapshot:
 
 
 def snapshot(experiment: Path) -> Snapshot:
-    now = time.time()
-    state = read_state(experiment) or {}
+    read = read_experiment(experiment)
+    state = read.supervisor_state or {}
     # An orchestrator's process name is its run id: say which of the two a line is about.
     processes = {
         (f"orchestrator {name}" if record.get("run_id") else name): (
@@ -241,11 +241,8 @@ def snapshot(experiment: Path) -> Snapshot:
         for name, record in (state.get("processes") or {}).items()
         if isinstance(record, dict)
     }
-    runs = {
-        run.id: (run.status, run.step, run.max_steps, run.reason)
-        for run in run_statuses(experiment)
-    }
-    return Snapshot(processes, runs, startup_phase(state), now)
+    runs = {run.id: (run.status, run.step, run.max_steps, run.reason) for run in read.runs}
+    return Snapshot(processes, runs, read.last_startup, read.now)
 
 
 def _phase_mark(snap: Snapshot) -> tuple | None:

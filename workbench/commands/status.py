@@ -6,7 +6,6 @@ the supervisor's state.json (`workbench.supervisor.client`).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -17,9 +16,9 @@ from rich.table import Table
 
 from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
 from workbench.files.busy import BusyReader
-from workbench.status import RunStatus, describe_fork, run_statuses, supervisor_warnings
-from workbench.supervisor.client import process_summaries, read_state, running_supervisor_pid
-from workbench.supervisor.startup import StartupPhase, startup_phase
+from workbench.status import RunStatus, describe_fork, read_experiment
+from workbench.supervisor.client import process_summaries
+from workbench.supervisor.startup import StartupPhase
 from workbench.sweep.values import describe_values
 from workbench.system.clock import format_duration
 
@@ -115,29 +114,29 @@ class StatusReport:
 
 
 def read_status(path: Path) -> StatusReport:
-    """The runs from the experiment directory, the processes from the supervisor's
+    """The experiment as `read_experiment` reads it, the processes from the supervisor's
     state.json with each one's busy share of the last minute."""
-    state = read_state(path)
-    supervisor_pid = running_supervisor_pid(path)
-    processes = process_summaries(state, live=supervisor_pid is not None)
-    now = time.time()
-    recent = BusyReader(path).recent(now)
+    experiment = read_experiment(path)
+    state = experiment.supervisor_state
+    processes = process_summaries(state, live=experiment.supervisor_running)
+    recent = BusyReader(path).recent(experiment.now)
     for row in processes:
         row["busy"] = recent.get(row["name"])
     return StatusReport(
         path=path,
-        runs=run_statuses(path),
+        runs=experiment.runs,
         supervisor={
-            "running": supervisor_pid is not None,
-            "pid": supervisor_pid,
-            "status": (state or {}).get("status") if supervisor_pid else "not running",
+            "running": experiment.supervisor_running,
+            "pid": experiment.supervisor_pid,
+            "status": (state or {}).get("status")
+            if experiment.supervisor_running
+            else "not running",
         },
         processes=processes,
-        placement=(state or {}).get("placement") or None,
-        # A dead supervisor's last phase says nothing about now.
-        startup=startup_phase(state) if supervisor_pid is not None else None,
-        warnings=supervisor_warnings(state),
-        now=now,
+        placement=experiment.placement,
+        startup=experiment.startup,
+        warnings=experiment.warnings,
+        now=experiment.now,
     )
 
 

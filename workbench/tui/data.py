@@ -4,8 +4,11 @@ One `ExperimentReader.poll()` turns the files of an experiment into an immutable
 `ExperimentSnapshot`; widgets only ever see snapshots, never files. Reads are cheap enough
 to repeat every second:
 
-- run states come from `workbench.status.RunStatusReader`, as `workbench status` reads
-  them, so the two always agree; a run's files are read again only when they change;
+- the runs, state.json and whether its supervisor still runs are read into one
+  `workbench.status.ExperimentState` (`read_experiment`), as `workbench status` and `up`
+  read them, so they always agree;
+- run states come from `workbench.status.RunStatusReader`; a run's files are read again
+  only when they change;
 - each run's `metrics.jsonl` is read incrementally from the byte offset reached last time
   (a file that shrinks or is replaced is read again from the start), never whole; its
   reward and eval curves by step are gathered as `workbench plot` reads them
@@ -43,10 +46,10 @@ from workbench.files import layout
 from workbench.files.busy import BusyReader
 from workbench.files.experiment_changes import ExperimentChanges
 from workbench.files.metrics import parse_record
-from workbench.status import RunStatus, RunStatusReader, describe_fork, supervisor_warnings
+from workbench.status import RunStatus, RunStatusReader, describe_fork, read_experiment
 from workbench.supervisor import paths as supervisor_paths
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
-from workbench.supervisor.startup import StartupPhase, startup_phase
+from workbench.supervisor.startup import StartupPhase
 from workbench.sweep.report import RANKINGS
 from workbench.system.clock import unix_time
 from workbench.system.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
@@ -399,7 +402,13 @@ class ExperimentReader:
         even when few changed, so the TUI asks for it only while a leaderboard is shown."""
         changes = self._changes.take()
         changed = None if changes.everything else changes.runs
-        statuses = self._statuses.read(changed)
+        experiment = read_experiment(
+            self.experiment,
+            read_runs=lambda _: self._statuses.read(changed),
+            read_supervisor_state=lambda _: self._state.get(),
+            supervisor_pid=self._supervisor_pid,
+        )
+        statuses = experiment.runs
         ranking = self._leaderboard.ranking()
         self._follow_curves(FOLLOWED_CURVES | {ranking.metric})
         seen = {status.id for status in statuses}
@@ -427,8 +436,8 @@ class ExperimentReader:
                 ranked.append(RunMetric(status, curve, metrics.last_step))
             runs.append(self._view_of(status, metrics, histories))
         runs_tuple = tuple(runs)
-        state = self._state.get()
-        supervisor = supervisor_view(state, self._supervisor_pid(self.experiment))
+        state = experiment.supervisor_state
+        supervisor = supervisor_view(state, experiment.supervisor_pid)
         return ExperimentSnapshot(
             experiment=self.experiment,
             supervisor=supervisor,
@@ -437,8 +446,8 @@ class ExperimentReader:
                 state, supervisor, None if changes.everything else changes.busy
             ),
             leaderboard=self._leaderboard_of(ranking, ranked, runs_tuple) if rank else None,
-            startup=startup_phase(state) if supervisor.running else None,
-            warnings=tuple(supervisor_warnings(state)),
+            startup=experiment.startup,
+            warnings=tuple(experiment.warnings),
         )
 
     def _processes_of(
