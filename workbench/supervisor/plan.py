@@ -470,29 +470,63 @@ def orchestrator_spec(run_id: str, run_dir: Path, env: dict[str, str] | None = N
 def plan_from_recipe(experiment: Path) -> Plan:
     """The real plan: vLLM inference, the torchrun trainer, one orchestrator per run."""
     experiment = Path(experiment).resolve()
-    try:
-        recipe = load_recipe(layout.recipe_path(experiment))
-    except ConfigError as err:
-        raise PlanError(f"cannot start the experiment: {err}") from None
-    notes: list[str] = []
-
-    host = recipe.inference.host
-    inference_port = choose_port(recipe.inference.port, host, "[inference] port")
+    recipe = _load_recipe(experiment)
+    inference_port = choose_port(recipe.inference.port, recipe.inference.host, "[inference] port")
     gpu_count = detect_gpu_count()
-    ranks = recipe.trainer.nproc_per_node
     devices, placement = recipe_devices(recipe, gpu_count)
     rendezvous = recipe_rendezvous(recipe)
+    early_stopping = recipe.sweep.scheduler if recipe.sweep is not None else None
+    notes = _plan_notes(recipe, gpu_count, placement, rendezvous, early_stopping)
+    tracking = TrackingTarget.from_recipe(recipe)
+    api_key = _write_process_files(experiment, recipe, inference_port, rendezvous)
+    orchestrator_env = _orchestrator_env(gpu_count)
+    return Plan(
+        processes=[
+            _inference_spec(experiment, recipe, devices, gpu_count, api_key),
+            _trainer_spec(experiment, recipe, devices, gpu_count, rendezvous),
+        ],
+        orchestrator=lambda run_id, run_dir: orchestrator_spec(run_id, run_dir, orchestrator_env),
+        notes=notes,
+        placement=placement,
+        early_stopping=early_stopping,
+        tracking=tracking,
+    )
+
+
+def _load_recipe(experiment: Path) -> Recipe:
+    try:
+        return load_recipe(layout.recipe_path(experiment))
+    except ConfigError as err:
+        raise PlanError(f"cannot start the experiment: {err}") from None
+
+
+def _plan_notes(
+    recipe: Recipe,
+    gpu_count: int,
+    placement: str,
+    rendezvous: Rendezvous,
+    early_stopping: AshaSpec | None,
+) -> list[str]:
+    """What the supervisor says about the plan as it starts: GPUs, placement, rendezvous,
+    early stopping."""
+    notes: list[str] = []
     if gpu_count == 0 and (recipe.inference.gpus or recipe.trainer.gpus):
         notes.append("no GPU on this machine: the recipe's gpus lists are ignored")
     notes.append(placement)
     notes.append(rendezvous.describe())
-    early_stopping = recipe.sweep.scheduler if recipe.sweep is not None else None
     if early_stopping is not None:
         notes.append(
             f"early stopping: {scheduler.describe(early_stopping, recipe.defaults.max_steps)}"
         )
-    tracking = TrackingTarget.from_recipe(recipe)
+    return notes
 
+
+def _write_process_files(
+    experiment: Path, recipe: Recipe, inference_port: int, rendezvous: Rendezvous
+) -> str:
+    """The files the children start from: inference's and the trainer's configs, the
+    rendezvous, and the endpoint orchestrators will find the server at. Returns the
+    server's new API key."""
     inference_config = recipe.inference_config()
     inference_config.output_dir = experiment
     inference_config.inference.port = inference_port
@@ -514,14 +548,23 @@ def plan_from_recipe(experiment: Path) -> Plan:
         api_key=api_key,
         model=recipe.model.base,
     )
+    return api_key
 
+
+def _orchestrator_env(gpu_count: int) -> dict[str, str]:
     # Orchestrators never need a GPU; hiding them keeps a stray CUDA init off the devices.
-    orchestrator_env = {"CUDA_VISIBLE_DEVICES": ""} if gpu_count else {}
+    env = {"CUDA_VISIBLE_DEVICES": ""} if gpu_count else {}
     # Orchestrators do little arithmetic (rewards, advantages): one thread each.
-    orchestrator_env.update(shared_cpu_env(gpu_count, threads=1))
+    env.update(shared_cpu_env(gpu_count, threads=1))
     # Children stop when the supervisor dies (workbench.system.lifeline explains why).
-    orchestrator_env[PARENT_PID_ENV] = str(os.getpid())
-    inference_argv = [
+    env[PARENT_PID_ENV] = str(os.getpid())
+    return env
+
+
+def _inference_spec(
+    experiment: Path, recipe: Recipe, devices: DeviceAssignment, gpu_count: int, api_key: str
+) -> ProcessSpec:
+    argv = [
         sys.executable,
         "-m",
         INFERENCE_MODULE,
@@ -529,11 +572,11 @@ def plan_from_recipe(experiment: Path) -> Plan:
         str(paths.inference_config_path(experiment)),
     ]
     if recipe.inference.port == 0:  # any free port will do: move if this one is taken
-        inference_argv.append("--move-port-if-taken")
-    inference = ProcessSpec(
+        argv.append("--move-port-if-taken")
+    return ProcessSpec(
         name="inference",
         kind="inference",
-        argv=inference_argv,
+        argv=argv,
         log_path=layout.process_log_path(experiment, "inference"),
         env={
             **cuda_env(devices.inference),
@@ -551,7 +594,17 @@ def plan_from_recipe(experiment: Path) -> Plan:
         # vLLM's API server exits 0 after its engine died; its log says why.
         exit_cause=engine_fatal_error,
     )
-    trainer = ProcessSpec(
+
+
+def _trainer_spec(
+    experiment: Path,
+    recipe: Recipe,
+    devices: DeviceAssignment,
+    gpu_count: int,
+    rendezvous: Rendezvous,
+) -> ProcessSpec:
+    ranks = recipe.trainer.nproc_per_node
+    return ProcessSpec(
         name="trainer",
         kind="trainer",
         argv=trainer_argv(paths.trainer_config_path(experiment), ranks, rendezvous),
@@ -567,14 +620,6 @@ def plan_from_recipe(experiment: Path) -> Plan:
         restart=TRAINER_RESTART,
         stop_timeout_s=TRAINER_STOP_TIMEOUT_S,
         preflight=_module_preflight(TRAINER_MODULE),
-    )
-    return Plan(
-        processes=[inference, trainer],
-        orchestrator=lambda run_id, run_dir: orchestrator_spec(run_id, run_dir, orchestrator_env),
-        notes=notes,
-        placement=placement,
-        early_stopping=early_stopping,
-        tracking=tracking,
     )
 
 
