@@ -69,19 +69,33 @@ def _install_token_client() -> None:
     rather than relay streams. verifiers' own train client renders prompts itself and needs
     vLLM's generate endpoint; ours lets vLLM render, as the rest of workbench does.
     """
-    import httpx
     import verifiers.v1 as vf
-    from verifiers.v1.clients.client import Client
-    from verifiers.v1.dialects import ChatDialect
-    from verifiers.v1.errors import model_error
     from verifiers.v1.interception import server as interception_server
-    from verifiers.v1.types import TurnTokens
 
     if not hasattr(interception_server, "resolve_client"):
         raise RuntimeError(
             "this verifiers release builds its model clients differently from 0.4; "
             "reinstall the venv: workbench env install verifiers"
         )
+    token_client = _token_client_class()
+    resolve = interception_server.resolve_client
+
+    def resolve_client(config: Any) -> Any:
+        if isinstance(config, vf.TrainClientConfig):
+            return token_client(config)
+        return resolve(config)
+
+    interception_server.resolve_client = resolve_client
+
+
+def _token_client_class() -> type:
+    """`TokenClient`, a verifiers model client; made here because verifiers is imported
+    only once the process serves an environment."""
+    import httpx
+    from verifiers.v1.clients.client import Client
+    from verifiers.v1.dialects import ChatDialect
+    from verifiers.v1.errors import model_error
+    from verifiers.v1.types import TurnTokens
 
     class TokenClient(Client):
         """Each turn through vLLM's chat completions, with the token ids and log-probs."""
@@ -103,25 +117,9 @@ def _install_token_client() -> None:
                     f"workbench trains on chat-completions turns only; this harness spoke "
                     f"{type(dialect).__name__}"
                 )
-            request = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-            request.pop("top_logprobs", None)
-            request.update(n=1, logprobs=True, return_token_ids=True)
-            try:
-                answer = await self.http.post(self.url, json=request)
-            except httpx.HTTPError as err:
-                raise model_error(f"{type(err).__name__}: {err}", status_code=503) from err
-            if answer.status_code != 200:
-                raise model_error(
-                    f"upstream {answer.status_code}: {answer.text[:500]}",
-                    status_code=answer.status_code,
-                )
-            raw = answer.json()
-            choice = raw["choices"][0]
-            content = (choice.get("logprobs") or {}).get("content") or []
-            logprobs = [float(item["logprob"]) for item in content]
-            ids = list(choice.get("token_ids") or [])
-            prompt_ids = raw.get("prompt_token_ids")
-            if prompt_ids is None or choice.get("token_ids") is None:
+            raw = await _post_turn(self.http, self.url, _turn_request(body))
+            prompt_ids, ids, logprobs = _take_token_fields(raw)
+            if prompt_ids is None or ids is None:
                 raise model_error(
                     "the server returned no token ids: it must be vLLM (return_token_ids)",
                     status_code=502,
@@ -129,11 +127,6 @@ def _install_token_client() -> None:
             # A reply's log-probs can be one short of its ids (a stop token vLLM gave no
             # log-prob): the ids without one are not the model's to train on.
             kept = min(len(ids), len(logprobs))
-            for key in ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params"):
-                raw.pop(key, None)
-            for item in raw["choices"]:
-                item.pop("token_ids", None)
-                item.pop("logprobs", None)
             response = dialect.parse_response(dialect.validate_response(raw))
             response.tokens = TurnTokens(
                 prompt_ids=list(prompt_ids),
@@ -146,14 +139,50 @@ def _install_token_client() -> None:
         async def close(self) -> None:
             await self.http.aclose()
 
-    resolve = interception_server.resolve_client
+    return TokenClient
 
-    def resolve_client(config: Any) -> Any:
-        if isinstance(config, vf.TrainClientConfig):
-            return TokenClient(config)
-        return resolve(config)
 
-    interception_server.resolve_client = resolve_client
+def _turn_request(body: dict[str, Any]) -> dict[str, Any]:
+    """A harness's turn as one unstreamed choice with vLLM's token ids and the sampled
+    tokens' log-probs."""
+    request = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    request.pop("top_logprobs", None)
+    request.update(n=1, logprobs=True, return_token_ids=True)
+    return request
+
+
+async def _post_turn(http: Any, url: str, request: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's chat completion of one turn; a failed request is verifiers' model error."""
+    import httpx
+    from verifiers.v1.errors import model_error
+
+    try:
+        answer = await http.post(url, json=request)
+    except httpx.HTTPError as err:
+        raise model_error(f"{type(err).__name__}: {err}", status_code=503) from err
+    if answer.status_code != 200:
+        raise model_error(
+            f"upstream {answer.status_code}: {answer.text[:500]}",
+            status_code=answer.status_code,
+        )
+    return answer.json()
+
+
+def _take_token_fields(raw: dict[str, Any]) -> tuple[Any, list[int] | None, list[float]]:
+    """The prompt's token ids, the first choice's token ids (None when vLLM sent none) and
+    its log-probs, taken out of a chat completion so that verifiers parses a plain one."""
+    choice = raw["choices"][0]
+    content = (choice.get("logprobs") or {}).get("content") or []
+    logprobs = [float(item["logprob"]) for item in content]
+    token_ids = choice.get("token_ids")
+    ids = None if token_ids is None else list(token_ids)
+    prompt_ids = raw.get("prompt_token_ids")
+    for key in ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params"):
+        raw.pop(key, None)
+    for item in raw["choices"]:
+        item.pop("token_ids", None)
+        item.pop("logprobs", None)
+    return prompt_ids, ids, logprobs
 
 
 # ---------------------------------------------------------------- the environment
