@@ -195,8 +195,6 @@ class VerifiersEnvironment(ExternalEpisodes, Environment):
         n: int,
         sampling: SamplingParams,
     ) -> list[list[Episode]]:
-        from workbench.envs.episode import Episode
-
         pending = [
             self.server.submit(
                 "run",
@@ -212,40 +210,42 @@ class VerifiersEnvironment(ExternalEpisodes, Environment):
             )
             for prompt, seed in zip(prompts, seeds, strict=True)
         ]
-        groups = []
-        for prompt, future in zip(prompts, pending, strict=True):
-            group = []
-            for record in self.server.answer(future)["episodes"]:
-                if "error" in record:
-                    raise ExternalEpisodeError(
-                        f"{self.name}: an episode of {prompt.question[:60]!r} ended before "
-                        f"the model answered: {record['error']}"
-                    )
-                if record["branches"] > 1 and not self._warned_branches:
-                    self._warned_branches = True
-                    logger.warning(
-                        "%s: an episode's later turns did not extend the tokens of its earlier "
-                        "ones (%d branches: the chat template re-renders earlier turns, or a "
-                        "reply re-tokenised differently); it trains on its last branch, where "
-                        "the earlier replies are prompt",
-                        self.name,
-                        record["branches"],
-                    )
-                group.append(
-                    Episode(
-                        prompt_ids=record["prompt_ids"],
-                        token_ids=record["token_ids"],
-                        logprobs=record["logprobs"],
-                        mask=record["mask"],
-                        replies=record["replies"],
-                        env_messages=record["env_messages"],
-                        truncated=record["truncated"],
-                        done=True,
-                        reward=record["reward"],
-                    )
-                )
-            groups.append(group)
-        return groups
+        return [
+            [self._episode_of(prompt, record) for record in self.server.answer(future)["episodes"]]
+            for prompt, future in zip(prompts, pending, strict=True)
+        ]
+
+    def _episode_of(self, prompt: Prompt, record: dict[str, Any]) -> Episode:
+        """One episode the process sent back; `ExternalEpisodeError` for one that ended
+        before the model answered."""
+        from workbench.envs.episode import Episode
+
+        if "error" in record:
+            raise ExternalEpisodeError(
+                f"{self.name}: an episode of {prompt.question[:60]!r} ended before "
+                f"the model answered: {record['error']}"
+            )
+        if record["branches"] > 1 and not self._warned_branches:
+            self._warned_branches = True
+            logger.warning(
+                "%s: an episode's later turns did not extend the tokens of its earlier "
+                "ones (%d branches: the chat template re-renders earlier turns, or a "
+                "reply re-tokenised differently); it trains on its last branch, where "
+                "the earlier replies are prompt",
+                self.name,
+                record["branches"],
+            )
+        return Episode(
+            prompt_ids=record["prompt_ids"],
+            token_ids=record["token_ids"],
+            logprobs=record["logprobs"],
+            mask=record["mask"],
+            replies=record["replies"],
+            env_messages=record["env_messages"],
+            truncated=record["truncated"],
+            done=True,
+            reward=record["reward"],
+        )
 
     # ------------------------------------------------------------ scoring text alone
 
