@@ -342,19 +342,7 @@ class RunChecker:
 
     def _length_findings(self, config: OrchestratorConfig, env: Environment) -> list[Finding]:
         inference, trainer = self.recipe.inference, self.recipe.trainer
-        count = min(max(TRAINING_PROMPTS_MEASURED, config.prompts_per_step), MAX_PROMPTS_MEASURED)
-        prompt = self._longest_prompt(config, env, "train", count)
-        total = prompt + config.sampling.max_tokens
-        measured = f"the longest of the run's first {count} training prompts is {prompt} tokens"
-        if isinstance(env, MultiTurnEnvironment):
-            # An episode holds every turn: the prompt and the environment's messages as the
-            # template writes them, and up to max_tokens for each of the model's replies.
-            prompt = self._longest_episode(config, env, count)
-            total = prompt + env.max_turns * config.sampling.max_tokens
-            measured = (
-                f"the longest of the run's first {count} training episodes has {prompt} tokens "
-                f"of prompt and environment messages, and {env.max_turns} replies"
-            )
+        total, measured = self._training_length(config, env)
         findings = []
         if total > inference.max_model_len:
             findings.append(
@@ -377,35 +365,57 @@ class RunChecker:
                 )
             )
         if config.eval.interval > 0:
-            eval_count = min(config.eval.num_prompts, MAX_PROMPTS_MEASURED)
-            eval_prompt = self._longest_prompt(config, env, "eval", eval_count)
-            eval_measured = (
-                f"the longest of the run's {eval_count} eval prompts"
-                if eval_count == config.eval.num_prompts
-                else f"the longest of the first {eval_count} of the run's "
-                f"{config.eval.num_prompts} eval prompts"
-            )
-            eval_tokens = config.eval.sampling.max_tokens or config.sampling.max_tokens
-            eval_total = eval_prompt + eval_tokens
-            # Said once: an eval no longer than training is covered by the finding above.
-            if eval_total > inference.max_model_len and (
-                eval_total > total or total <= inference.max_model_len
-            ):
-                key = (
-                    "eval.sampling.max_tokens"
-                    if config.eval.sampling.max_tokens
-                    else "sampling.max_tokens"
-                )
-                findings.append(
-                    (
-                        key,
-                        f"{eval_measured} is {eval_prompt} tokens; with {eval_tokens} to generate an eval request "
-                        f"takes up to {eval_total}, above [inference] max_model_len = "
-                        f"{inference.max_model_len}: raise max_model_len to {eval_total} or "
-                        "lower the eval's max_tokens",
-                    )
-                )
+            findings.extend(self._eval_length_findings(config, env, total))
         return findings
+
+    def _training_length(self, config: OrchestratorConfig, env: Environment) -> tuple[int, str]:
+        """The most tokens a training request of the run may take, and how it was measured."""
+        count = min(max(TRAINING_PROMPTS_MEASURED, config.prompts_per_step), MAX_PROMPTS_MEASURED)
+        if isinstance(env, MultiTurnEnvironment):
+            # An episode holds every turn: the prompt and the environment's messages as the
+            # template writes them, and up to max_tokens for each of the model's replies.
+            prompt = self._longest_episode(config, env, count)
+            return prompt + env.max_turns * config.sampling.max_tokens, (
+                f"the longest of the run's first {count} training episodes has {prompt} tokens "
+                f"of prompt and environment messages, and {env.max_turns} replies"
+            )
+        prompt = self._longest_prompt(config, env, "train", count)
+        return prompt + config.sampling.max_tokens, (
+            f"the longest of the run's first {count} training prompts is {prompt} tokens"
+        )
+
+    def _eval_length_findings(
+        self, config: OrchestratorConfig, env: Environment, training_total: int
+    ) -> list[Finding]:
+        """An eval request above max_model_len, unless the training finding says it already."""
+        max_model_len = self.recipe.inference.max_model_len
+        eval_count = min(config.eval.num_prompts, MAX_PROMPTS_MEASURED)
+        eval_prompt = self._longest_prompt(config, env, "eval", eval_count)
+        eval_measured = (
+            f"the longest of the run's {eval_count} eval prompts"
+            if eval_count == config.eval.num_prompts
+            else f"the longest of the first {eval_count} of the run's "
+            f"{config.eval.num_prompts} eval prompts"
+        )
+        eval_tokens = config.eval.sampling.max_tokens or config.sampling.max_tokens
+        eval_total = eval_prompt + eval_tokens
+        # Said once: an eval no longer than training is covered by the training finding.
+        if eval_total <= max_model_len or (
+            eval_total <= training_total and training_total > max_model_len
+        ):
+            return []
+        key = (
+            "eval.sampling.max_tokens" if config.eval.sampling.max_tokens else "sampling.max_tokens"
+        )
+        return [
+            (
+                key,
+                f"{eval_measured} is {eval_prompt} tokens; with {eval_tokens} to generate an eval request "
+                f"takes up to {eval_total}, above [inference] max_model_len = "
+                f"{max_model_len}: raise max_model_len to {eval_total} or "
+                "lower the eval's max_tokens",
+            )
+        ]
 
     def _longest_prompt(
         self, config: OrchestratorConfig, env: Environment, split: str, count: int
