@@ -267,6 +267,19 @@ def _related(loc: tuple, parts: list[str]) -> bool:
 def rule_problems(
     section: SweepSection, grid: list[Param], sampled: list[Param], text: str | None
 ) -> list[ConfigProblem]:
+    """[sweep]'s rules across its tables: no key varied twice, draws with a count, no
+    repeats beside a varied seed, at most max_runs runs."""
+    return [
+        *_overlap_problems(grid, sampled, text),
+        *_draw_problems(section, grid, sampled, text),
+        *_size_problems(section, grid, sampled, text),
+    ]
+
+
+def _overlap_problems(
+    grid: list[Param], sampled: list[Param], text: str | None
+) -> list[ConfigProblem]:
+    """A key varied twice: in both tables, or as a table and a key inside it."""
     problems = []
     keys = {param.key: param for param in grid}
     for param in sampled:
@@ -274,8 +287,7 @@ def rule_problems(
             problems.append(
                 problem_at(param.loc, "also in [sweep.grid]; vary a key in one of them", text)
             )
-    every = grid + sampled
-    for first, second in itertools.combinations(every, 2):
+    for first, second in itertools.combinations(grid + sampled, 2):
         if first.key != second.key and _related(tuple(first.key.split(".")), second.key.split(".")):
             problems.append(
                 problem_at(
@@ -284,6 +296,14 @@ def rule_problems(
                     text,
                 )
             )
+    return problems
+
+
+def _draw_problems(
+    section: SweepSection, grid: list[Param], sampled: list[Param], text: str | None
+) -> list[ConfigProblem]:
+    """num_samples without [sweep.random] or the other way round; repeats beside a seed."""
+    problems = []
     if sampled and section.num_samples is None:
         problems.append(
             problem_at(
@@ -301,6 +321,7 @@ def rule_problems(
                 text,
             )
         )
+    every = grid + sampled
     if section.repeats > 1 and "seed" in {p.key for p in every}:
         seed = next(p for p in every if p.key == "seed")
         problems.append(
@@ -310,22 +331,29 @@ def rule_problems(
                 text,
             )
         )
-    count = count_runs(section, grid, sampled)
-    if count > section.max_runs:
-        factors = [f"{len(p.values)} {p.key}" for p in grid]
-        if sampled:
-            factors.append(f"{section.num_samples} samples")
-        if section.repeats > 1:
-            factors.append(f"{section.repeats} repeats")
-        problems.append(
-            problem_at(
-                ("sweep", "max_runs") if "max_runs" in section.model_fields_set else ("sweep",),
-                f"the sweep expands to {count} runs ({' x '.join(factors)}), more than "
-                f"max_runs = {section.max_runs}; shrink the grid or raise [sweep] max_runs",
-                text,
-            )
-        )
     return problems
+
+
+def _size_problems(
+    section: SweepSection, grid: list[Param], sampled: list[Param], text: str | None
+) -> list[ConfigProblem]:
+    """More runs than max_runs, with the factors that make them."""
+    count = count_runs(section, grid, sampled)
+    if count <= section.max_runs:
+        return []
+    factors = [f"{len(p.values)} {p.key}" for p in grid]
+    if sampled:
+        factors.append(f"{section.num_samples} samples")
+    if section.repeats > 1:
+        factors.append(f"{section.repeats} repeats")
+    return [
+        problem_at(
+            ("sweep", "max_runs") if "max_runs" in section.model_fields_set else ("sweep",),
+            f"the sweep expands to {count} runs ({' x '.join(factors)}), more than "
+            f"max_runs = {section.max_runs}; shrink the grid or raise [sweep] max_runs",
+            text,
+        )
+    ]
 
 
 def rank_problems(
