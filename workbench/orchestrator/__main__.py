@@ -28,11 +28,16 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.config import ConfigError, ConfigProblem, load_orchestrator_config
-from workbench.envs import EnvironmentConfigError
+from workbench.config import (
+    ConfigError,
+    ConfigProblem,
+    OrchestratorConfig,
+    load_orchestrator_config,
+)
+from workbench.envs import Environment, EnvironmentConfigError
 from workbench.envs.checks import checked_environment
 from workbench.files import busy, layout, run_control
-from workbench.files.endpoint import read_endpoint
+from workbench.files.endpoint import Endpoint, read_endpoint
 from workbench.inference.client import AdapterVersions, InferenceClient
 from workbench.inference.readiness import is_healthy
 from workbench.orchestrator.loop import Orchestrator, RunEvicted
@@ -113,27 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         env, problem = checked_environment(config)
         if problem is not None:
             raise ConfigError(config_path, [ConfigProblem(key=problem[0], message=problem[1])])
-        wait_until(
-            lambda: read_endpoint(experiment) is not None,
-            run,
-            "supervisor/endpoint.json",
-            args.poll_s,
-        )
-        endpoint = read_endpoint(experiment)
-        wait_until(
-            lambda: is_healthy(endpoint.server_url), run, f"inference at {endpoint.server_url}", 1.0
-        )
-        with InferenceClient(endpoint) as client:
-            adapters = AdapterVersions(client, run.name)
-            try:
-                Orchestrator(
-                    run, config, client, adapters, poll_s=args.poll_s, env=env
-                ).run_until_done()
-            finally:
-                # With the supervisor gone vLLM is stopping too (it got the same SIGTERM):
-                # unloading would wait on a server that no longer answers.
-                if os.getppid() == supervisor:
-                    adapters.unload_all()
+        endpoint = _wait_for_inference(run, args.poll_s)
+        _train_until_done(run, config, env, endpoint, supervisor, args.poll_s)
     except (ConfigError, EnvironmentConfigError) as err:
         # A bad env or env_args (or a task space too small to hold out eval prompts) fails
         # the same way on every restart: a rejected config, not a crash.
@@ -157,6 +143,40 @@ def main(argv: list[str] | None = None) -> int:
         if env is not None:
             env.close()  # a verifiers environment's process
     return 0
+
+
+def _wait_for_inference(run: Path, poll_s: float) -> Endpoint:
+    """The server's endpoint, once the supervisor wrote it and the server answers."""
+    experiment = run.parent
+    wait_until(
+        lambda: read_endpoint(experiment) is not None, run, "supervisor/endpoint.json", poll_s
+    )
+    endpoint = read_endpoint(experiment)
+    wait_until(
+        lambda: is_healthy(endpoint.server_url), run, f"inference at {endpoint.server_url}", 1.0
+    )
+    return endpoint
+
+
+def _train_until_done(
+    run: Path,
+    config: OrchestratorConfig,
+    env: Environment,
+    endpoint: Endpoint,
+    supervisor: int,
+    poll_s: float,
+) -> None:
+    """The run's steps until it is done, its adapter versions unloaded at the end while
+    the supervisor (pid `supervisor`) is still there."""
+    with InferenceClient(endpoint) as client:
+        adapters = AdapterVersions(client, run.name)
+        try:
+            Orchestrator(run, config, client, adapters, poll_s=poll_s, env=env).run_until_done()
+        finally:
+            # With the supervisor gone vLLM is stopping too (it got the same SIGTERM):
+            # unloading would wait on a server that no longer answers.
+            if os.getppid() == supervisor:
+                adapters.unload_all()
 
 
 if __name__ == "__main__":
