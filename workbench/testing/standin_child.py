@@ -80,38 +80,8 @@ def build_model(experiment: Path, steps: int, until: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--events", type=Path, required=True)
-    parser.add_argument("--ready-file", type=Path, help="created once ready")
-    parser.add_argument("--ready-after", type=float, default=0.0)
-    parser.add_argument("--crash-times", type=int, default=0, help="crash on the first N starts")
-    parser.add_argument("--crash-code", type=int, default=3)
-    parser.add_argument("--crash-after", type=float, default=0.1)
-    parser.add_argument("--grandchild-pid-file", type=Path, help="spawn a sleeping grandchild")
-    parser.add_argument("--ignore-sigterm", action="store_true")
-    parser.add_argument("--run-dir", type=Path, help="orchestrator stand-ins: the run")
-    parser.add_argument("--finish-after", type=float, help="mark the run finished, exit 0")
-    parser.add_argument("--write-metrics", action="store_true", help="see the docstring")
-    parser.add_argument("--experiment", type=Path, help="where a stand-in build reports")
-    parser.add_argument("--build-steps", type=int, default=0, help="report a model build")
-    parser.add_argument("--build-until", type=Path, help="hold the build until this exists")
-    parser.add_argument("--say", action="append", default=[], help="print this line")
-    parser.add_argument("--ready-when", type=Path, help="hold readiness until this exists")
-    args = parser.parse_args()
-    if args.build_steps and (args.experiment is None or args.build_until is None):
-        parser.error("--build-steps needs --experiment and --build-until")
-
-    if args.ignore_sigterm:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    else:
-
-        def on_sigterm(_signum: int, _frame: object) -> None:
-            event(args.events, f"{args.name} sigterm")
-            sys.exit(0)
-
-        signal.signal(signal.SIGTERM, on_sigterm)
-
+    args = _parse_args()
+    _handle_sigterm(args)
     # Announced once signals are handled: a test that saw "start" may send SIGTERM.
     event(args.events, f"{args.name} start {os.getpid()}")
     print(f"stand-in {args.name} started (pid {os.getpid()})", flush=True)
@@ -133,15 +103,8 @@ def main() -> None:
         build_model(args.experiment, args.build_steps, args.build_until)
     for line in args.say:
         print(line, flush=True)
-
     if args.ready_file:
-        time.sleep(args.ready_after)
-        if args.ready_when is not None:
-            wait_for_file(args.ready_when)
-        args.ready_file.parent.mkdir(parents=True, exist_ok=True)
-        args.ready_file.touch()
-        event(args.events, f"{args.name} ready")
-
+        _become_ready(args)
     if args.write_metrics and args.run_dir is not None:
         write_metrics(args.run_dir)
 
@@ -155,6 +118,55 @@ def main() -> None:
 
     while True:
         time.sleep(0.1)
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--events", type=Path, required=True)
+    parser.add_argument("--ready-file", type=Path, help="created once ready")
+    parser.add_argument("--ready-after", type=float, default=0.0)
+    parser.add_argument("--crash-times", type=int, default=0, help="crash on the first N starts")
+    parser.add_argument("--crash-code", type=int, default=3)
+    parser.add_argument("--crash-after", type=float, default=0.1)
+    parser.add_argument("--grandchild-pid-file", type=Path, help="spawn a sleeping grandchild")
+    parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--run-dir", type=Path, help="orchestrator stand-ins: the run")
+    parser.add_argument("--finish-after", type=float, help="mark the run finished, exit 0")
+    parser.add_argument("--write-metrics", action="store_true", help="see the docstring")
+    parser.add_argument("--experiment", type=Path, help="where a stand-in build reports")
+    parser.add_argument("--build-steps", type=int, default=0, help="report a model build")
+    parser.add_argument("--build-until", type=Path, help="hold the build until this exists")
+    parser.add_argument("--say", action="append", default=[], help="print this line")
+    parser.add_argument("--ready-when", type=Path, help="hold readiness until this exists")
+    args = parser.parse_args()
+    if args.build_steps and (args.experiment is None or args.build_until is None):
+        parser.error("--build-steps needs --experiment and --build-until")
+    return args
+
+
+def _handle_sigterm(args: argparse.Namespace) -> None:
+    """Ignore SIGTERM when asked; else record it and exit 0."""
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return
+
+    def on_sigterm(_signum: int, _frame: object) -> None:
+        event(args.events, f"{args.name} sigterm")
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _become_ready(args: argparse.Namespace) -> None:
+    """Create the ready file after --ready-after seconds and, if given, once --ready-when
+    exists."""
+    time.sleep(args.ready_after)
+    if args.ready_when is not None:
+        wait_for_file(args.ready_when)
+    args.ready_file.parent.mkdir(parents=True, exist_ok=True)
+    args.ready_file.touch()
+    event(args.events, f"{args.name} ready")
 
 
 if __name__ == "__main__":
