@@ -140,21 +140,7 @@ class Orchestrator:
             groups = self._generate(prompts, model)
         generation_s = time.monotonic() - started
 
-        samples, rewards, lengths, truncated = [], [], [], 0
-        for episode in (episode for group in groups for episode in group):
-            rewards.append(episode.reward)
-            lengths.append(episode.model_tokens)
-            truncated += episode.truncated
-            samples.append(
-                Sample(
-                    prompt_ids=episode.prompt_ids,
-                    completion_ids=episode.token_ids,
-                    completion_logprobs=episode.logprobs,
-                    advantage=0.0,
-                    reward=episode.reward,
-                    completion_mask=episode.mask if episode.multi_turn else None,
-                )
-            )
+        samples, rewards, lengths, truncated = _samples_of(groups)
         advantages = compute_advantages(
             rewards, self.config.rollouts_per_prompt, self.config.advantage
         )
@@ -199,14 +185,17 @@ class Orchestrator:
         self.state.remember_rng(self.rng)
         save_state(self.run, self.state)
         if self.state.empty_batches >= MAX_EMPTY_BATCH_ATTEMPTS:
-            reason = (
-                f"no learning signal: all advantages were zero in {MAX_EMPTY_BATCH_ATTEMPTS} "
-                f"consecutive batches at step {step} (every completion of a prompt got the same "
-                "reward); raise sampling.temperature or change the environment's difficulty"
-            )
-            run_control.write_eviction(self.run, reason, by="orchestrator")
-            raise RunEvicted(reason)
+            self._evict_without_signal(step)
         return StepResult(step=step, written=written, reward_mean=reward_mean)
+
+    def _evict_without_signal(self, step: int) -> None:
+        reason = (
+            f"no learning signal: all advantages were zero in {MAX_EMPTY_BATCH_ATTEMPTS} "
+            f"consecutive batches at step {step} (every completion of a prompt got the same "
+            "reward); raise sampling.temperature or change the environment's difficulty"
+        )
+        run_control.write_eviction(self.run, reason, by="orchestrator")
+        raise RunEvicted(reason)
 
     def _generate(self, prompts: list[Prompt], model: str) -> list[list[Episode]]:
         return run_episodes(
@@ -280,6 +269,29 @@ def log_step(run_id: str, record: dict[str, Any], empty_batches: int) -> None:
         empty_batches,
         MAX_EMPTY_BATCH_ATTEMPTS,
     )
+
+
+def _samples_of(
+    groups: list[list[Episode]],
+) -> tuple[list[Sample], list[float], list[int], int]:
+    """The step's samples (advantages still 0), and its episodes' rewards, model-token
+    counts and how many were truncated."""
+    samples, rewards, lengths, truncated = [], [], [], 0
+    for episode in (episode for group in groups for episode in group):
+        rewards.append(episode.reward)
+        lengths.append(episode.model_tokens)
+        truncated += episode.truncated
+        samples.append(
+            Sample(
+                prompt_ids=episode.prompt_ids,
+                completion_ids=episode.token_ids,
+                completion_logprobs=episode.logprobs,
+                advantage=0.0,
+                reward=episode.reward,
+                completion_mask=episode.mask if episode.multi_turn else None,
+            )
+        )
+    return samples, rewards, lengths, truncated
 
 
 def _sample_groups(
