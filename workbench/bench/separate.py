@@ -541,13 +541,21 @@ def render(report: dict[str, Any]) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from workbench.curves import run_colours
-
     setups = {name: r for name, r in report["setups"].items() if "skipped" not in r}
     figure = Figure(figsize=(18, 5), dpi=100)
     FigureCanvasAgg(figure)
     walls, curves, breakdown = figure.subplots(1, 3)
 
+    _draw_wall_times(walls, report, setups)
+    _draw_curves(curves, setups)
+    _draw_time_breakdown(breakdown, setups)
+    figure.suptitle(f"{Path(report['recipe']).stem}: one experiment vs separate experiments")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def _draw_wall_times(walls: Any, report: dict[str, Any], setups: dict[str, Any]) -> None:
     names = list(setups)
     bars = walls.bar(names, [setups[n]["wall_s"] for n in names], color="tab:blue")
     for bar, name in zip(bars, names, strict=True):
@@ -557,6 +565,10 @@ def render(report: dict[str, Any]) -> bytes:
                        ha="center", va="bottom")  # fmt: skip
     walls.set_ylabel("wall seconds, launch to exit")
     walls.set_title(f"{report['runs']} runs x {report['max_steps']} steps")
+
+
+def _draw_curves(curves: Any, setups: dict[str, Any]) -> None:
+    from workbench.curves import run_colours
 
     run_ids = sorted({run_id for r in setups.values() for run_id in r["runs"]})
     colours = run_colours(run_ids)
@@ -576,6 +588,9 @@ def render(report: dict[str, Any]) -> bytes:
     if curves.lines:
         curves.legend(fontsize="small")
 
+
+def _draw_time_breakdown(breakdown: Any, setups: dict[str, Any]) -> None:
+    names = list(setups)
     parts = ("trainer", "orchestrators", busy.INFERENCE)
     labels, lefts = [], []
     kinds = ((busy.BUSY, "tab:green"), (busy.WAITING, "tab:orange"), (busy.STARTING, "tab:gray"))
@@ -595,7 +610,3 @@ def render(report: dict[str, Any]) -> bytes:
     breakdown.set_xlabel("share of each process's wall time")
     breakdown.set_title("where the time went")
     breakdown.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize="small")
-    figure.suptitle(f"{Path(report['recipe']).stem}: one experiment vs separate experiments")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", bbox_inches="tight")
-    return buffer.getvalue()
