@@ -135,7 +135,8 @@ def verifiers_recipe(tmp_path: Path) -> str:
 
     return recipe_text(tmp_path).replace(
         'env = "reverse_text"\nenv_args = { min_length = 9, max_length = 9 }',
-        f'env = "verifiers:vf_reverse"\nenv_args = {{ path = "{TASKS}", taskset = {{ num_tasks = 30 }} }}',
+        f'env = "verifiers:vf_reverse"\nenv_args = {{ path = "{TASKS}", taskset = {{ num_tasks = 30 }}, '
+        'eval_taskset = { split = "test", num_tasks = 6 } }\neval.num_prompts = 6',
     )
 
 
