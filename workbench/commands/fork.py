@@ -32,6 +32,8 @@ from workbench.supervisor.control_socket import ControlError, new_run_config, no
 
 TRAINER_PART = "trainer"
 ORCHESTRATOR_PART = "orchestrator"
+# Tries at the newest checkpoint of a run that prunes them while it trains.
+NEWEST_STEP_ATTEMPTS = 3
 
 
 class ForkError(Exception):
@@ -49,6 +51,10 @@ class Fork:
     source: str
     step: int
     with_orchestrator_state: bool  # the source's data position and seeds came along
+
+
+class CheckpointPruned(ForkError):
+    """The source's checkpoint was pruned by the trainer while the fork copied it."""
 
 
 def parse_source(spec: str) -> tuple[str, int | None]:
@@ -78,9 +84,32 @@ def fork_run(experiment: Path, source_spec: str, new_id: str, overrides: dict[st
         source_config = load_orchestrator_config(config_path)
     except ConfigError as err:
         raise ForkError(f"cannot fork {source_id}: its config does not load: {err}") from None
-    step = _kept_step(source, source_id, wanted_step, source_config)
     if "forked_from" in normalize_overrides(overrides):
         raise ForkError("forked_from is written by the fork itself; leave it out", EXIT_BAD_INPUT)
+    # A run still training prunes its older checkpoints as it goes: its newest one can go
+    # while it is copied. Asked for no particular step, the fork takes the newest again.
+    for attempt in range(1, NEWEST_STEP_ATTEMPTS + 1):
+        step = _kept_step(source, source_id, wanted_step, source_config)
+        run_id, config = _fork_config(experiment, source_id, source_config, step, new_id, overrides)
+        try:
+            with_state = _write_fork(experiment, source, step, run_id, config)
+        except CheckpointPruned:
+            if wanted_step is not None or attempt == NEWEST_STEP_ATTEMPTS:
+                raise
+            continue
+        return Fork(run_id, layout.run_dir(experiment, run_id), source_id, step, with_state)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _fork_config(
+    experiment: Path,
+    source_id: str,
+    source_config: OrchestratorConfig,
+    step: int,
+    new_id: str,
+    overrides: dict[str, Any],
+) -> tuple[str, OrchestratorConfig]:
+    """The new run's id and config: the source's, forked from `step`, with `overrides`."""
     # The fork starts from the checkpoint; an adapter its source started from
     # (`lora.init_from`) is no longer needed, nor checked (it may be gone by now).
     lora = source_config.lora.model_copy(update={"init_from": None})
@@ -94,8 +123,7 @@ def fork_run(experiment: Path, source_spec: str, new_id: str, overrides: dict[st
     problem = fork_settings_problem(source_id, source_config, config, step)
     if problem is not None:
         raise ForkError(f"{run_id} settings: {problem}", EXIT_BAD_INPUT)
-    with_state = _write_fork(experiment, source, step, run_id, config)
-    return Fork(run_id, layout.run_dir(experiment, run_id), source_id, step, with_state)
+    return run_id, config
 
 
 def _kept_step(source: Path, source_id: str, wanted: int | None, config: OrchestratorConfig) -> int:
@@ -159,7 +187,7 @@ def _write_fork(
         os.rename(staging, layout.run_dir(experiment, run_id))
     except FileNotFoundError as err:
         shutil.rmtree(staging, ignore_errors=True)
-        raise ForkError(
+        raise CheckpointPruned(
             f"{source.name}'s checkpoint of step {step} went while it was copied (the trainer "
             f"keeps only its last 3): {err}; fork a newer step"
         ) from None
