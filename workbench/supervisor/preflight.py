@@ -46,7 +46,7 @@ from workbench.config import (
     problem_at,
     served_rank_problem,
 )
-from workbench.envs import Environment, EnvironmentConfigError, MultiTurnEnvironment
+from workbench.envs import Environment, EnvironmentConfigError, MultiTurnEnvironment, Prompt
 from workbench.envs.checks import (
     BuiltEnvironment,
     Finding,
@@ -275,6 +275,7 @@ class RunChecker:
         self.recipe = recipe
         self.tokenizer = tokenizer
         self._longest: dict[tuple, int] = {}
+        self._prompts: dict[tuple, list[Prompt]] = {}
         self._environments: dict[tuple[str, str], BuiltEnvironment] = {}
 
     def close(self) -> None:
@@ -325,7 +326,7 @@ class RunChecker:
         """An eval whose prompts are mostly the same few: a task space too small to hold
         out 1 task in 16 for it (letter_count over two letters and words of 3)."""
         count = min(config.eval.num_prompts, MAX_PROMPTS_MEASURED)
-        prompts = env.sample_prompts(count, seed=config.seed, split="eval")
+        prompts = self._first_prompts(config, env, "eval", count)
         distinct = len({repr(prompt.messages) for prompt in prompts})
         if 2 * distinct >= count:
             return []
@@ -422,9 +423,19 @@ class RunChecker:
     ) -> int:
         key = (*environment_key(config), config.seed, split, count)
         if key not in self._longest:
-            prompts = env.sample_prompts(count, seed=config.seed, split=split)
+            prompts = self._first_prompts(config, env, split, count)
             self._longest[key] = max(self._prompt_tokens(p.messages) for p in prompts)
         return self._longest[key]
+
+    def _first_prompts(
+        self, config: OrchestratorConfig, env: Environment, split: str, count: int
+    ) -> list[Prompt]:
+        """The first `count` prompts of the run's `split` stream, drawn once for the eval-set
+        and the length checks alike."""
+        key = (*environment_key(config), config.seed, split, count)
+        if key not in self._prompts:
+            self._prompts[key] = env.sample_prompts(count, seed=config.seed, split=split)
+        return self._prompts[key]
 
     def _longest_episode(
         self, config: OrchestratorConfig, env: MultiTurnEnvironment, count: int
