@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from workbench.cli import app
@@ -19,7 +20,7 @@ from workbench.commands.fork import fork_run
 from workbench.experiment import create_experiment
 from workbench.files import layout, run_control
 from workbench.files.metrics import append_metrics
-from workbench.sweep.compare import compare_experiments
+from workbench.sweep.compare import compare_experiments, comparison_figure
 from workbench.up import read_recipe
 
 BASE = "builtin:tiny-reverse"
@@ -244,3 +245,63 @@ def test_a_mode_other_than_max_or_min_is_refused(last_week: Path):
     result = compare(last_week, "--mode", "up")
     assert result.exit_code == 2
     assert "choose max or min" in result.output
+
+
+# ---------------------------------------------------------------- plot EXPERIMENT...
+
+
+def lines_by_label(axes) -> dict[str, tuple[list, list]]:
+    return {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axes.lines
+    }
+
+
+def test_plot_draws_the_runs_of_several_experiments_on_one_chart_named_by_experiment(
+    last_week: Path, this_week: Path
+):
+    figure, apart = comparison_figure([last_week, this_week])
+    assert apart is None
+    rewards, evals = figure.axes
+    assert sorted(lines_by_label(evals)) == [
+        "last_week/run_lr3e-3",
+        "last_week/run_lr5e-3",
+        "this_week/run_lr3e-3",
+    ]
+    assert lines_by_label(evals)["this_week/run_lr3e-3"] == ([0, 10, 20], [0.4, 0.7, 0.8])
+    assert len(lines_by_label(rewards)) == 3
+    (legend,) = figure.legends
+    assert len(legend.get_texts()) == 3  # one entry per run, though drawn in both panels
+
+
+def test_plot_draws_runs_of_another_base_model_in_a_row_of_their_own(
+    tmp_path: Path, last_week: Path
+):
+    chat = make_experiment(
+        tmp_path, "chat", "lr = 3e-3", '[[runs]]\nid = "a"\n', base="builtin:tiny-reverse-chat"
+    )
+    record_evals(chat, "run_a", (0, 0.9))
+    figure, apart = comparison_figure([last_week, chat])
+    visible = [axes for axes in figure.axes if axes.get_visible()]
+    assert [axes.get_title() for axes in visible] == [
+        f"{BASE} · reverse_text",
+        f"{BASE} · reverse_text",
+        "builtin:tiny-reverse-chat · reverse_text",
+        "builtin:tiny-reverse-chat · reverse_text",
+    ]
+    assert sorted(lines_by_label(visible[3])) == ["chat/run_a"]
+    assert "chat/run_a" not in lines_by_label(visible[1])
+    assert apart is not None and "different base models" in apart
+
+    output = tmp_path / "compared.png"
+    result = CliRunner().invoke(app, ["plot", str(last_week), str(chat), "-o", str(output)])
+    assert result.exit_code == 0, result.output
+    assert "drawn in 2 separate groups" in result.output
+    assert imread(output).shape[0] > 500  # two rows of panels
+
+
+def test_plot_names_a_path_that_is_not_an_experiment(tmp_path: Path, last_week: Path):
+    output = tmp_path / "x.png"
+    result = CliRunner().invoke(app, ["plot", str(last_week), str(tmp_path), "-o", str(output)])
+    assert result.exit_code == 1
+    assert f"{tmp_path} is not an experiment directory" in result.output
+    assert not output.exists()

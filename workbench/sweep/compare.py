@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from workbench import curves
 from workbench.files import layout
 from workbench.sweep.files import read_asha
 from workbench.sweep.report import (
@@ -37,6 +38,9 @@ from workbench.sweep.report import (
     read_recipe,
     run_values,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LINEAGE_KEY = "forked_from"
 UNKNOWN = "unknown"  # a base model or environment no readable file names
@@ -206,6 +210,40 @@ def compare_experiments(
         ranked = rank_runs([run.outcome for run in runs], mode, by)
         groups.append(ComparisonGroup(base_model, env, [by_outcome[id(o)] for o in ranked]))
     return Comparison(list(experiments), metric, mode, by, groups, notes)
+
+
+def comparison_figure(experiments: Sequence[Path]) -> tuple[Figure, str | None]:
+    """`workbench plot EXPERIMENT...`: every run's reward and eval curves, each named
+    `experiment/run` (the run id alone for one experiment), and why the runs are drawn
+    apart, if they are: a row of panels per (base model, environment), titled by them.
+    Raises NothingToPlot when no run has a point, ImportError without matplotlib."""
+    if len(experiments) == 1:
+        return curves.experiment_figure(experiments[0]), None
+    labels = experiment_labels(experiments)
+    grouped = group_runs(experiments)
+    apart = len(grouped) > 1
+    names = {
+        (member.experiment, member.run_id): f"{labels[member.experiment]}/{member.run_id}"
+        for members in grouped.values()
+        for member in members
+    }
+    panels = []
+    for (base_model, env), members in grouped.items():
+        runs = [
+            (names[(m.experiment, m.run_id)], layout.run_dir(m.experiment, m.run_id))
+            for m in members
+        ]
+        title = f"{base_model} · {env}" if apart else None
+        panels += curves.run_panels(runs, title, eval_panel=apart)
+    if not any(panel.lines for panel in panels):
+        listing = ", ".join(str(path) for path in experiments)
+        raise curves.NothingToPlot(
+            f"no run of {listing} has a reward or eval record in its metrics.jsonl yet"
+        )
+    title = f"{len(experiments)} experiments: every run by step"
+    figure = curves.draw(panels, title, list(names.values()), columns=2 if apart else None)
+    reason = apart_reason(list(grouped), "the reward")
+    return figure, None if reason is None else f"drawn in {reason} (a row each)"
 
 
 def experiment_labels(experiments: Sequence[Path]) -> dict[Path, str]:
