@@ -15,36 +15,12 @@ import pytest
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
+from tests.helpers import BUILTIN_BASE as BASE
+from tests.helpers import make_experiment, record_evals
 from workbench.cli import app
 from workbench.commands.fork import fork_run
-from workbench.experiment import create_experiment
 from workbench.files import layout, run_control
-from workbench.files.metrics import append_metrics
 from workbench.sweep.compare import compare_experiments, comparison_figure
-from workbench.up import read_recipe
-
-BASE = "builtin:tiny-reverse"
-
-
-def make_experiment(
-    root: Path, name: str, defaults: str, runs: str, base: str = BASE, env: str = "reverse_text"
-) -> Path:
-    """An experiment directory as `workbench up` writes it, under root/outputs/NAME."""
-    recipe = root / f"{name}.toml"
-    recipe.write_text(
-        f'[experiment]\nname = "{name}"\noutput_dir = "{root / "outputs" / name}"\n\n'
-        f'[model]\nbase = "{base}"\n\n'
-        f'[defaults]\nenv = "{env}"\nmax_steps = 30\n{defaults}\n{runs}'
-    )
-    document, resolved = read_recipe(recipe)
-    return create_experiment(resolved, document)
-
-
-def record_evals(experiment: Path, run_id: str, *points: tuple[int, float]) -> None:
-    run = layout.run_dir(experiment, run_id)
-    for step, value in points:
-        append_metrics(run, "orchestrator", step, reward_mean=value - 0.05)
-        append_metrics(run, "eval", step, eval_reward_mean=value)
 
 
 def keep_checkpoint(experiment: Path, run_id: str, step: int) -> None:
