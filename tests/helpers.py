@@ -217,3 +217,14 @@ def record_evals(experiment: Path, run_id: str, *points: tuple[int, float]) -> N
     for step, value in points:
         append_metrics(run, "orchestrator", step, reward_mean=value - 0.05)
         append_metrics(run, "eval", step, eval_reward_mean=value)
+
+
+def keep_trainer_checkpoint(experiment: Path, run_id: str, step: int) -> None:
+    """The trainer's part of a checkpoint, as the trainer leaves it (STABLE)."""
+    import json
+
+    from workbench.files import layout
+
+    part = layout.checkpoint_part_dir(layout.run_dir(experiment, run_id), step, "trainer")
+    with layout.staged_directory(part) as staged:
+        (staged / "progress.json").write_text(json.dumps({"step": step}))

@@ -16,18 +16,11 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from tests.helpers import BUILTIN_BASE as BASE
-from tests.helpers import make_experiment, record_evals
+from tests.helpers import keep_trainer_checkpoint, make_experiment, record_evals
 from workbench.cli import app
 from workbench.commands.fork import fork_run
 from workbench.files import layout, run_control
 from workbench.sweep.compare import compare_experiments, comparison_figure
-
-
-def keep_checkpoint(experiment: Path, run_id: str, step: int) -> None:
-    """The trainer's part of a checkpoint, as the trainer leaves it (STABLE)."""
-    part = layout.checkpoint_part_dir(layout.run_dir(experiment, run_id), step, "trainer")
-    with layout.staged_directory(part) as staged:
-        (staged / "progress.json").write_text(json.dumps({"step": step}))
 
 
 @pytest.fixture
@@ -104,9 +97,9 @@ def test_the_table_names_each_runs_experiment_value_step_and_the_best_run(
 
 
 def test_a_forked_run_shows_its_whole_lineage(last_week: Path, this_week: Path):
-    keep_checkpoint(last_week, "run_lr5e-3", 20)
+    keep_trainer_checkpoint(last_week, "run_lr5e-3", 20)
     fork_run(last_week, "run_lr5e-3@20", "longer", {"max_steps": 40})
-    keep_checkpoint(last_week, "run_longer", 30)
+    keep_trainer_checkpoint(last_week, "run_longer", 30)
     fork_run(last_week, "run_longer@30", "longest", {"max_steps": 50, "lr": 1e-3})
     record_evals(last_week, "run_longest", (40, 0.85))
     comparison = compare_experiments([last_week, this_week])

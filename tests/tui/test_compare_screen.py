@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers import make_experiment, record_evals
+from tests.helpers import keep_trainer_checkpoint, make_experiment, record_evals
 from tests.tui.conftest import footer_shown, press_for, rows, wait_until
+from workbench.commands.fork import fork_run
 from workbench.tui.screens.compare import CompareScreen, CompareTable
 from workbench.tui.screens.leaderboard import LeaderboardScreen
 
@@ -27,6 +28,31 @@ def two_weeks(root: Path) -> tuple[Path, Path]:
     this_week = make_experiment(root, "this_week", "lr = 1e-3", '[[runs]]\nid = "lr1e-3"\n')
     record_evals(this_week, "run_lr1e-3", (0, 0.4), (10, 0.8))
     return last_week, this_week
+
+
+def build_compared_experiments(root: Path) -> None:
+    """Three experiments under root/outputs, for the screenshot: reverse_text (two runs and
+    a fork of one), reverse_text_v2 (one run, batch size 32) and chat (another base
+    model, so ranked apart)."""
+    first = make_experiment(
+        root,
+        "reverse_text",
+        "lr = 3e-3",
+        '[[runs]]\nid = "lr3e-3"\n\n[[runs]]\nid = "lr5e-3"\nlr = 5e-3\n',
+    )
+    record_evals(first, "run_lr3e-3", (0, 0.61), (10, 0.7), (20, 0.76))
+    record_evals(first, "run_lr5e-3", (0, 0.61), (10, 0.72), (20, 0.8))
+    keep_trainer_checkpoint(first, "run_lr5e-3", 20)
+    fork_run(first, "run_lr5e-3@20", "lr1e-3_more", {"lr": 1e-3, "max_steps": 40})
+    record_evals(first, "run_lr1e-3_more", (30, 0.85), (40, 0.87))
+    second = make_experiment(
+        root, "reverse_text_v2", "lr = 3e-3\nbatch_size = 32", '[[runs]]\nid = "lr3e-3"\n'
+    )
+    record_evals(second, "run_lr3e-3", (0, 0.61), (10, 0.78), (20, 0.84))
+    chat = make_experiment(
+        root, "chat", "lr = 3e-3", '[[runs]]\nid = "lr3e-3"\n', base="builtin:tiny-reverse-chat"
+    )
+    record_evals(chat, "run_lr3e-3", (0, 0.5), (10, 0.66))
 
 
 async def open_all_experiments(pilot) -> None:

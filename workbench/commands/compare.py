@@ -51,10 +51,14 @@ def compare(
     either are ranked in separate groups, each headed by its base model and environment,
     and the output says why. Within a group, one row per run, best first: rank, experiment,
     run id, the metric at its last record (and that record's step), the step it reached,
-    whether early stopping evicted it (`yes`) or it diverged (`diverged`: ranked last),
-    its lineage (`from`: the run and step it was forked from, `workbench runs fork`,
-    followed back), and the values of its control/orch.toml that are not the same in every
-    run of the group. The best run of each group follows its table.
+    whether early stopping evicted it (`yes`) or it diverged (`diverged`: ranked last; a
+    column shown only then), its lineage (`from`: the run and step it was forked from by
+    `workbench runs fork`, followed back), and the values of its control/orch.toml that are
+    not the same in every run of the group. The best run of each group follows its table.
+
+    --by asymptote ranks the runs whose sigmoid fit of the metric's curve is reliable by
+    its asymptote first, as `sweep report --by asymptote` does; an asymptote column is
+    added.
 
     --json prints {"experiments", "metric", "mode", "ranked_by", "apart": null or why
     the runs are in several groups, "notes", "groups": [{"base_model", "env", "runs":
@@ -97,12 +101,15 @@ def _print_group(group: ComparisonGroup, comparison: Comparison) -> None:
     title = f"base model {group.base_model} · env {group.env}"
     table = Table(title=escape(title), title_justify="left")
     by_fit = comparison.by == "asymptote"
+    # The evicted column only where a run was stopped early or diverged.
+    stopped = any(evicted_cell(run.outcome) for run in group.runs)
     columns = ["rank", "experiment", "run", comparison.metric]
     columns += ["asymptote"] if by_fit else []
-    columns += ["step", "evicted", "from", "differences"]
+    columns += ["step", *(["evicted"] if stopped else []), "from", "differences"]
     for column in columns:
-        # What names a run stays whole; the values wrap on a narrow terminal.
-        table.add_column(column, overflow="fold", no_wrap=column in ("rank", "experiment", "run"))
+        # What names a run and its value stays whole; the rest wraps on a narrow terminal.
+        wraps = column in ("asymptote", "from", "differences")
+        table.add_column(column, overflow="fold", no_wrap=not wraps)
     for run in group.runs:
         outcome = run.outcome
         table.add_row(
@@ -112,7 +119,7 @@ def _print_group(group: ComparisonGroup, comparison: Comparison) -> None:
             escape(metric_cell(outcome)),
             *([describe_fit(outcome.fit)] if by_fit else []),
             str(outcome.step),
-            evicted_cell(outcome),
+            *([evicted_cell(outcome)] if stopped else []),
             escape(run.describe_lineage() or "-"),
             escape(describe_values(outcome.differences) or "-"),
         )

@@ -133,7 +133,8 @@ class CompareScreen(Screen[None]):
 
     def __init__(self, experiment: Path) -> None:
         super().__init__()
-        self.parent_folder = experiment.resolve().parent
+        # As the user named it (`outputs`), unless the experiment was named as `.`.
+        self.parent_folder = experiment.parent if experiment.name else experiment.resolve().parent
         self.comparison: Comparison | None = None
         self._runs: dict[str, ComparedRun] = {}
 
