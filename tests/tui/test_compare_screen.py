@@ -16,20 +16,6 @@ from workbench.tui.screens.compare import CompareScreen, CompareTable
 from workbench.tui.screens.leaderboard import LeaderboardScreen
 
 
-def two_weeks(root: Path) -> tuple[Path, Path]:
-    last_week = make_experiment(
-        root,
-        "last_week",
-        "lr = 3e-3",
-        '[[runs]]\nid = "lr3e-3"\n\n[[runs]]\nid = "lr5e-3"\nlr = 5e-3\n',
-    )
-    record_evals(last_week, "run_lr3e-3", (0, 0.4), (10, 0.7))
-    record_evals(last_week, "run_lr5e-3", (0, 0.4), (10, 0.75))
-    this_week = make_experiment(root, "this_week", "lr = 1e-3", '[[runs]]\nid = "lr1e-3"\n')
-    record_evals(this_week, "run_lr1e-3", (0, 0.4), (10, 0.8))
-    return last_week, this_week
-
-
 def build_compared_experiments(root: Path) -> None:
     """Three experiments under root/outputs, for the screenshot: reverse_text (two runs and
     a fork of one), reverse_text_v2 (one run, batch size 32) and chat (another base
@@ -66,41 +52,37 @@ async def open_all_experiments(pilot) -> None:
 async def test_a_on_the_leaderboard_ranks_the_runs_of_every_experiment_beside_it(
     tmp_path: Path, make_app
 ):
-    last_week, _ = two_weeks(tmp_path)
-    app = make_app(last_week)
+    build_compared_experiments(tmp_path)
+    app = make_app(tmp_path / "outputs" / "reverse_text")
     async with app.run_test(size=(120, 30)) as pilot:
         await open_all_experiments(pilot)
         shown = rows(app, CompareTable)
-        assert list(shown) == [
-            "this_week/run_lr1e-3",
-            "last_week/run_lr5e-3",
-            "last_week/run_lr3e-3",
+        assert [(key, row["group"], row["rank"], row["value"]) for key, row in shown.items()] == [
+            ("chat/run_lr3e-3", "A", "1", "0.66"),
+            ("reverse_text/run_lr1e-3_more", "B", "1", "0.87"),
+            ("reverse_text_v2/run_lr3e-3", "B", "2", "0.84"),
+            ("reverse_text/run_lr5e-3", "B", "3", "0.8"),
+            ("reverse_text/run_lr3e-3", "B", "4", "0.76"),
         ]
-        assert [(row["rank"], row["value"], row["values"]) for row in shown.values()] == [
-            ("1", "0.8", "lr=0.001"),
-            ("2", "0.75", "lr=0.005"),
-            ("3", "0.7", "lr=0.003"),
-        ]
+        assert shown["reverse_text_v2/run_lr3e-3"]["values"].startswith("max_steps=30")
+        assert shown["reverse_text/run_lr1e-3_more"]["from"] == "run_lr5e-3@20"
+        await pilot.press("down")
         selected = str(app.screen.query_one("#compare-selected").content)
-        assert f"of {tmp_path / 'outputs' / 'this_week'}" in selected
+        assert f"of {tmp_path / 'outputs' / 'reverse_text'}" in selected
+        assert "from: run_lr5e-3@20" in selected
+        assert "differs: max_steps=40 batch_size=64 lr=0.001" in selected
         assert "a back" in await footer_shown(pilot, "a back")
         await press_for(pilot, "a", LeaderboardScreen)
 
 
 async def test_the_view_is_read_only_and_names_the_groups_kept_apart(tmp_path: Path, make_app):
-    last_week, _ = two_weeks(tmp_path)
-    chat = make_experiment(
-        tmp_path, "chat", "lr = 3e-3", '[[runs]]\nid = "a"\n', base="builtin:tiny-reverse-chat"
-    )
-    record_evals(chat, "run_a", (0, 0.9))
-    app = make_app(last_week)
+    build_compared_experiments(tmp_path)
+    app = make_app(tmp_path / "outputs" / "reverse_text")
     async with app.run_test(size=(120, 30)) as pilot:
         await open_all_experiments(pilot)
-        shown = rows(app, CompareTable)
-        assert (shown["chat/run_a"]["group"], shown["chat/run_a"]["rank"]) == ("A", "1")
-        assert shown["this_week/run_lr1e-3"]["group"] == "B"
         top = str(app.screen.query_one("#compare-top").content)
-        assert "A: builtin:tiny-reverse-chat · reverse_text" in top
+        assert "A: builtin:tiny-reverse-chat · reverse_text  (chat)" in top
+        assert "B: builtin:tiny-reverse · reverse_text  (reverse_text, reverse_text_v2)" in top
         assert "ranked in 2 separate groups" in top
         await pilot.press("e", "r")  # evict and restart do nothing here
         await pilot.pause()
