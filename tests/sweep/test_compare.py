@@ -274,3 +274,50 @@ def test_plot_names_a_path_that_is_not_an_experiment(tmp_path: Path, last_week: 
     assert result.exit_code == 1
     assert f"{tmp_path} is not an experiment directory" in result.output
     assert not output.exists()
+
+
+SWEEP_ON_REWARD = """\
+[sweep.grid]
+lr = [1e-3, 3e-3]
+
+[sweep.scheduler]
+kind = "asha"
+metric = "reward_mean"
+mode = "max"
+grace_steps = 10
+"""
+
+
+def test_experiments_ranked_by_their_own_metric_are_compared_on_it(tmp_path: Path):
+    sweep = make_experiment(tmp_path, "sweep", "lr = 3e-3", SWEEP_ON_REWARD)
+    for run_id, value in (("run_lr1e-3", 0.5), ("run_lr3e-3", 0.6)):
+        record_evals(sweep, run_id, (10, value))
+    comparison = compare_experiments([sweep])
+    assert (comparison.metric, comparison.notes) == ("reward_mean", [])
+    assert [run.outcome.value for run in comparison.groups[0].runs] == pytest.approx([0.55, 0.45])
+
+
+def test_experiments_ranked_by_different_metrics_are_compared_on_eval_reward_and_say_so(
+    tmp_path: Path, last_week: Path
+):
+    sweep = make_experiment(tmp_path, "sweep", "lr = 3e-3", SWEEP_ON_REWARD)
+    record_evals(sweep, "run_lr1e-3", (10, 0.9))
+    result = compare(last_week, sweep)
+    assert result.exit_code == 0, result.output
+    assert "by eval_reward_mean" in result.output
+    assert "note: the experiments rank by different metrics" in result.output
+    assert "sweep: reward_mean (max)" in result.output
+    assert "best: sweep/run_lr1e-3 (eval_reward_mean 0.9)" in result.output
+
+
+def test_ranked_by_asymptote_the_table_adds_the_fit(last_week: Path, this_week: Path):
+    result = compare(last_week, this_week, "--by", "asymptote")
+    assert result.exit_code == 0, result.output
+    assert "asymptote" in result.output
+    assert "unreliable" in result.output  # three evals are too few for a reliable fit
+    assert json.loads(compare(last_week, "--by", "asymptote", "--json").output)["ranked_by"] == (
+        "asymptote"
+    )
+    refused = compare(last_week, "--by", "best")
+    assert refused.exit_code == 2
+    assert "choose last or asymptote" in refused.output

@@ -151,11 +151,19 @@ class CompareScreen(Screen[None]):
         self.read_comparison()
         self.set_interval(REFRESH_SECONDS, self.read_comparison)
 
-    @work(thread=True, exclusive=True, group="compare")
+    @work(thread=True, exclusive=True, group="compare", exit_on_error=False)
     def read_comparison(self) -> None:
-        experiments = find_experiments(self.parent_folder)
-        comparison = compare_experiments(experiments)
+        try:
+            comparison = compare_experiments(find_experiments(self.parent_folder))
+        except (OSError, ValueError) as err:
+            # Another experiment's files are not this TUI's to fail on: say so, try again.
+            message = f" all experiments under {self.parent_folder}: cannot read them: {err}"
+            self.app.call_from_thread(self._show_top, Text(message, style="red"))
+            return
         self.app.call_from_thread(self.show_comparison, comparison)
+
+    def _show_top(self, text: Text) -> None:
+        self.query_one("#compare-top", Static).update(text)
 
     def show_comparison(self, comparison: Comparison) -> None:
         self.comparison = comparison
@@ -165,9 +173,7 @@ class CompareScreen(Screen[None]):
             for run in group.runs:
                 rows[row_key(run)] = compare_cells(group_letter(index), run)
                 self._runs[row_key(run)] = run
-        self.query_one("#compare-top", Static).update(
-            comparison_top_text(self.parent_folder, comparison)
-        )
+        self._show_top(comparison_top_text(self.parent_folder, comparison))
         table = self.query_one(CompareTable)
         table.border_title = f"runs by {comparison.metric}, ranked within each group"
         table.show_rows(rows)
