@@ -195,7 +195,10 @@ def compare_experiments(
         for member in members:
             values_by_experiment.setdefault(member.experiment, {})[member.run_id] = member.values
     groups = []
-    for (base_model, env), members in grouped.items():
+    for (base_model, env), all_members in grouped.items():
+        # A run added between the two readings (experiments may be running) waits for the
+        # next comparison.
+        members = [m for m in all_members if (m.experiment, m.run_id) in outcomes]
         runs = [
             ComparedRun(
                 member.experiment,
@@ -205,6 +208,8 @@ def compare_experiments(
             )
             for member in members
         ]
+        if not runs:
+            continue
         _set_differences(runs, [member.values for member in members])
         by_outcome = {id(run.outcome): run for run in runs}
         ranked = rank_runs([run.outcome for run in runs], mode, by)
