@@ -180,3 +180,51 @@ def served_models(endpoint) -> list[str]:
     )
     response.raise_for_status()
     return [model["id"] for model in response.json()["data"]]
+
+
+BUILTIN_BASE = "builtin:tiny-reverse"
+
+
+def make_experiment(
+    root: Path,
+    name: str,
+    defaults: str,
+    runs: str,
+    base: str = BUILTIN_BASE,
+    env: str = "reverse_text",
+) -> Path:
+    """An experiment directory as `workbench up` writes it, under root/outputs/NAME."""
+    from workbench.experiment import create_experiment
+    from workbench.up import read_recipe
+
+    recipe = root / f"{name}.toml"
+    recipe.write_text(
+        f'[experiment]\nname = "{name}"\noutput_dir = "{root / "outputs" / name}"\n\n'
+        f'[model]\nbase = "{base}"\n\n'
+        f'[defaults]\nenv = "{env}"\nmax_steps = 30\n{defaults}\n{runs}'
+    )
+    document, resolved = read_recipe(recipe)
+    return create_experiment(resolved, document)
+
+
+def record_evals(experiment: Path, run_id: str, *points: tuple[int, float]) -> None:
+    """Eval records of `points` (step, eval_reward_mean), and the reward 0.05 below each,
+    written by the orchestrator's own writer."""
+    from workbench.files import layout
+    from workbench.files.metrics import append_metrics
+
+    run = layout.run_dir(experiment, run_id)
+    for step, value in points:
+        append_metrics(run, "orchestrator", step, reward_mean=value - 0.05)
+        append_metrics(run, "eval", step, eval_reward_mean=value)
+
+
+def keep_trainer_checkpoint(experiment: Path, run_id: str, step: int) -> None:
+    """The trainer's part of a checkpoint, as the trainer leaves it (STABLE)."""
+    import json
+
+    from workbench.files import layout
+
+    part = layout.checkpoint_part_dir(layout.run_dir(experiment, run_id), step, "trainer")
+    with layout.staged_directory(part) as staged:
+        (staged / "progress.json").write_text(json.dumps({"step": step}))

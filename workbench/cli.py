@@ -1,7 +1,7 @@
 """The `workbench` command line: one thin function per command, that parses options and
 prints; the work lives elsewhere (`workbench.up` is all of `up`). Here: the app and the
 commands that run an experiment (up, evict, attach, down, join, restart, logs). In modules of
-their own: `status`, `plot`, `export`, `samples` and `runs`, `sft` and `model`, `env`, `sweep`
+their own: `status`, `plot`, `compare`, `export`, `samples` and `runs`, `sft` and `model`, `env`, `sweep`
 (`workbench/commands/`) and `bench` (`bench/cli.py`).
 
 Exit codes: 0 success, 1 the command failed (a run or experiment it names is unknown, ...),
@@ -31,6 +31,7 @@ from workbench.commands.common import (
     say,
     warn,
 )
+from workbench.commands.compare import compare
 from workbench.commands.envs import env_app
 from workbench.commands.models import model_app, sft
 from workbench.commands.plot import plot
@@ -150,6 +151,7 @@ def up(
 # Commands that live in modules of their own; registered in the order `--help` lists them.
 app.command()(status)
 app.command()(plot)
+app.command()(compare)
 
 
 @app.command()

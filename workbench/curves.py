@@ -4,12 +4,13 @@ The one owner of reading a metric's curve and of drawing runs on one chart.
 
 Reading: `MetricCurve` takes records one at a time (the TUI follows each metrics.jsonl as
 it grows, early stopping's ranking reads the same way), `metric_curve` a list of them;
-`experiment_panels` reads every run of an experiment. Any record may carry a metric: eval
+`experiment_panels` reads every run of an experiment, `run_panels` any runs (of several
+experiments: `workbench.sweep.compare`). Any record may carry a metric: eval
 records carry `eval_reward_mean`, the orchestrator's `reward_mean`. Reading needs no
 matplotlib.
 
 Drawing: `workbench plot` (every run's reward curve and, where it has evals, its eval
-curve), `workbench sweep report` (every run's eval curve), `bench e2e` (reward against
+curve; of one experiment or several), `workbench sweep report` (every run's eval curve), `bench e2e` (reward against
 wall-clock time) and `bench sweep` all draw through `draw` or `draw_panel`, on a `Figure`
 with its own Agg canvas, never pyplot, so no global backend and no display are involved
 (SSH, CI). Each run keeps one colour in every panel, and the legend names it once. The
@@ -116,41 +117,59 @@ def metric_curve(records: list[dict[str, Any]], metric: str) -> Points:
 
 def experiment_panels(experiment: Path) -> list[Panel]:
     """Every run's reward curve; a second panel of eval curves once any run has one."""
+    panels = run_panels([(run.name, run) for run in layout.list_run_dirs(experiment)])
+    if not any(panel.lines for panel in panels):
+        raise NothingToPlot(
+            f"no run of {experiment} has a reward or eval record in its metrics.jsonl yet"
+        )
+    return panels
+
+
+def run_panels(
+    runs: Sequence[tuple[str, Path]], title: str | None = None, *, eval_panel: bool = False
+) -> list[Panel]:
+    """The reward curve of each (name, run directory), and a second panel of eval curves
+    once any run has one (always, with `eval_panel`). Each line is named, and coloured,
+    by its run's name."""
     rewards, evals = [], []
-    for run in layout.list_run_dirs(experiment):
+    for name, run in runs:
         records = read_metrics(run)
         reward = metric_curve(records, REWARD_METRIC)
         scored = metric_curve(records, EVAL_METRIC)
         if reward:
-            rewards.append(Line(run.name, reward))
+            rewards.append(Line(name, reward))
         if scored:
-            evals.append(Line(run.name, scored))
-    if not rewards and not evals:
-        raise NothingToPlot(
-            f"no run of {experiment} has a reward or eval record in its metrics.jsonl yet"
-        )
-    panels = [Panel(COMPARED_METRICS[REWARD_METRIC], rewards)]
-    if evals:
-        panels.append(Panel(COMPARED_METRICS[EVAL_METRIC], evals, markers=True))
+            evals.append(Line(name, scored))
+    panels = [Panel(COMPARED_METRICS[REWARD_METRIC], rewards, title=title)]
+    if evals or eval_panel:
+        panels.append(Panel(COMPARED_METRICS[EVAL_METRIC], evals, markers=True, title=title))
     return panels
 
 
 # ---------------------------------------------------------------- drawing
 
 
-def draw(panels: list[Panel], title: str, run_ids: Sequence[str] = ()) -> Figure:
-    """The panels side by side, every run in its own colour, one legend on the right.
-    `run_ids`, every run in order, gives each its colour whether or not it has a line (as
-    the TUI does); by default the runs of the lines do.
+def draw(
+    panels: list[Panel], title: str, run_ids: Sequence[str] = (), columns: int | None = None
+) -> Figure:
+    """The panels side by side (in rows of `columns`, by default all in one), every run in
+    its own colour, one legend on the right. `run_ids`, every run in order, gives each its
+    colour whether or not it has a line (as the TUI does); by default the runs of the lines
+    do.
 
     Raises ImportError without matplotlib.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(6 * len(panels) + 2, 5), dpi=100, layout="constrained")
+    columns = columns or len(panels)
+    rows = -(-len(panels) // columns)
+    figure = Figure(figsize=(6 * columns + 2, 5 * rows), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
-    axes_list = figure.subplots(1, len(panels), squeeze=False)[0]
+    axes_list = list(figure.subplots(rows, columns, squeeze=False).flat)
+    for unused in axes_list[len(panels) :]:
+        unused.set_visible(False)
+    axes_list = axes_list[: len(panels)]
     colours = run_colours([*run_ids, *(line.run_id for panel in panels for line in panel.lines)])
     legend: dict[str, Any] = {}
     for axes, panel in zip(axes_list, panels, strict=True):

@@ -108,6 +108,8 @@ def find_experiments(root: Path = DEFAULT_OUTPUTS) -> list[Path]:
 def resolve_experiment(explicit: Path | None, root: Path = DEFAULT_OUTPUTS) -> Path:
     """The experiment a command acts on: the one given, or the only one under ./outputs."""
     if explicit is not None:
+        if not explicit.exists():
+            raise RunLookupError(f"{explicit} does not exist: pass an experiment directory")
         if not is_experiment(explicit):
             raise RunLookupError(
                 f"{explicit} is not an experiment directory (no recipe.toml and no run_* inside)"

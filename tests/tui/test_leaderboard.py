@@ -232,6 +232,7 @@ async def test_at_80x24_every_row_and_column_fits_and_ids_are_whole(sweep, make_
             "e evict",
             "r restart",
             "f fit/last",
+            "a all exps",
             "q quit",
             "? help",
         ]

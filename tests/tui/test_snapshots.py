@@ -8,8 +8,13 @@ the new pictures and accept them with `pytest tests/tui --snapshot-update`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.tui.conftest import next_polls, wait_until
 from tests.tui.synthetic import build_sweep_experiment
+from tests.tui.test_compare_screen import build_compared_experiments
+from workbench.tui.screens.compare import CompareScreen, CompareTable
+from workbench.tui.screens.leaderboard import LeaderboardScreen
 from workbench.tui.widgets.curves import RunsChart
 from workbench.tui.widgets.leaderboard_table import LeaderboardTable
 from workbench.tui.widgets.log_pane import LogPane
@@ -67,3 +72,28 @@ def test_curves_80x24(snap_compare, tmp_path, make_app):
     experiment = build_sweep_experiment(tmp_path)
     app = make_app(experiment)
     assert snap_compare(app, terminal_size=(80, 24), run_before=_curves)
+
+
+async def _all_experiments(pilot) -> None:
+    app = pilot.app
+    await next_polls(pilot, app)
+    await pilot.press("b")
+    await wait_until(pilot, lambda: isinstance(app.screen, LeaderboardScreen), what="leaderboard")
+    await pilot.press("a")
+    await wait_until(
+        pilot,
+        lambda: (
+            isinstance(app.screen, CompareScreen)
+            and app.screen.query_one(CompareTable).row_count == 5
+        ),
+        what="the runs of every experiment",
+    )
+    await pilot.press("down")  # the fork: its lineage below
+    await pilot.pause()
+
+
+def test_all_experiments_100x30(snap_compare, tmp_path, make_app, monkeypatch):
+    build_compared_experiments(tmp_path)
+    monkeypatch.chdir(tmp_path)  # paths shown as a user in that folder sees them
+    app = make_app(Path("outputs/reverse_text"))
+    assert snap_compare(app, terminal_size=(100, 30), run_before=_all_experiments)

@@ -15,7 +15,12 @@ from rich.console import Console
 from rich.markup import escape
 from tomlkit import TOMLDocument
 
-from workbench.experiment import RunLookupError, resolve_experiment
+from workbench.experiment import (
+    DEFAULT_OUTPUTS,
+    RunLookupError,
+    find_experiments,
+    resolve_experiment,
+)
 from workbench.recipe import Recipe
 from workbench.up import RecipeError, read_recipe
 
@@ -66,11 +71,45 @@ ExperimentOption = Annotated[
 ]
 
 
+ExperimentsArg = Annotated[
+    list[Path] | None,
+    typer.Argument(
+        help="Experiment directories (default: every experiment under ./outputs).",
+        metavar="EXPERIMENT",
+        show_default=False,
+    ),
+]
+
+
 def experiment_or_fail(experiment: Path | None) -> Path:
     try:
         return resolve_experiment(experiment)
     except RunLookupError as err:
         raise fail(str(err)) from None
+
+
+def experiments_or_fail(experiments: list[Path] | None) -> list[Path]:
+    """The experiments given (each checked, every bad one named at once, repeats dropped),
+    or every experiment under ./outputs."""
+    if not experiments:
+        found = find_experiments(DEFAULT_OUTPUTS)
+        if not found:
+            raise fail(
+                f"no experiment found under ./{DEFAULT_OUTPUTS}; pass experiment directories"
+            )
+        return found
+    problems = []
+    for path in experiments:
+        try:
+            resolve_experiment(path)
+        except RunLookupError as err:
+            problems.append(str(err))
+    if problems:
+        raise fail("\n".join(problems))
+    unique: dict[Path, Path] = {}
+    for path in experiments:
+        unique.setdefault(path.resolve(), path)
+    return list(unique.values())
 
 
 def recipe_or_fail(path: Path, max_steps: int | None) -> tuple[TOMLDocument, Recipe]:

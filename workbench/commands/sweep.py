@@ -22,7 +22,7 @@ from workbench.commands.common import (
 from workbench.recipe import Recipe
 from workbench.sweep import scheduler
 from workbench.sweep.fit import SigmoidFit
-from workbench.sweep.report import SweepReport, build_report, write_report
+from workbench.sweep.report import RunOutcome, SweepReport, build_report, write_report
 from workbench.sweep.values import describe_values
 
 sweep_app = command_group(
@@ -165,17 +165,16 @@ def _print_sweep_report(report: SweepReport) -> None:
     for column in [*columns, "evicted", "differences"]:
         table.add_column(column, overflow="fold")
     for run in report.runs:
-        value = (run.note or "") if run.value is None else f"{run.value:.4g} @ {run.eval_step}"
         rung = "" if run.rung is None else f"{run.rung} (step {run.rung_step})"
-        fit = [] if not by_fit else [_describe_fit(run.fit)]
+        fit = [] if not by_fit else [describe_fit(run.fit)]
         table.add_row(
             str(run.rank),
             run.id,
-            escape(value),
+            escape(metric_cell(run)),
             *fit,
             str(run.step),
             rung,
-            "diverged" if run.diverged else "yes" if run.evicted_by_scheduler else "",
+            evicted_cell(run),
             escape(describe_values(run.differences) or "-"),
         )
     console.print(table)
@@ -195,7 +194,17 @@ def _print_sweep_report(report: SweepReport) -> None:
     )
 
 
-def _describe_fit(fit: SigmoidFit | None) -> str:
+def metric_cell(run: RunOutcome) -> str:
+    """The metric at the run's last record of it and that record's step, or why none."""
+    return (run.note or "") if run.value is None else f"{run.value:.4g} @ {run.eval_step}"
+
+
+def evicted_cell(run: RunOutcome) -> str:
+    return "diverged" if run.diverged else "yes" if run.evicted_by_scheduler else ""
+
+
+def describe_fit(fit: SigmoidFit | None) -> str:
+    """A run's sigmoid fit in a table cell: its asymptote, or why it is not reliable."""
     if fit is None:
         return "-"
     if not fit.reliable:

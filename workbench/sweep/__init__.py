@@ -12,4 +12,6 @@ the runs; nothing in this package imports the recipe back.
 - `asha`: the pure early-stopping decision at each rung.
 - `scheduler`: the supervisor's component that follows each run's metrics and evicts.
 - `fit`, `report`: a sigmoid fit of each run's eval curve; the runs ranked once they ran.
+- `compare`: the runs of several experiments ranked (and drawn) together, by base model
+  and environment.
 """

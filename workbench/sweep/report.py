@@ -113,14 +113,18 @@ class SweepReport:
 # ---------------------------------------------------------------- reading
 
 
-def build_report(experiment: Path, by: str = "last") -> SweepReport:
+def build_report(
+    experiment: Path, by: str = "last", ranked_on: tuple[str, str] | None = None
+) -> SweepReport:
     """Rank every run of `experiment` by the sweep's metric at its last record of it
-    (`by="last"`), or by the asymptote of its reliable sigmoid fit first (`by="asymptote"`)."""
+    (`by="last"`), or by the asymptote of its reliable sigmoid fit first (`by="asymptote"`).
+    `ranked_on`, a (metric, mode), ranks by another metric than the sweep's
+    (`workbench compare` ranks several experiments by one)."""
     if by not in RANKINGS:
         raise ValueError(f"rank by {by!r}: choose {' or '.join(RANKINGS)}")
     recipe = read_recipe(experiment)
     asha = read_asha(experiment)
-    metric, mode = ranking_metric(recipe, asha)
+    metric, mode = ranked_on or ranking_metric(recipe, asha)
     defaults = recipe_defaults(recipe)
     outcomes = []
     for run in layout.list_run_dirs(experiment):
@@ -241,12 +245,20 @@ def recipe_defaults(recipe: dict[str, Any]) -> dict[str, Any]:
 
 def config_differences(run: Path, defaults: dict[str, Any]) -> dict[str, Any] | None:
     """The run's orch.toml values that differ from `defaults`; None if it has none readable."""
+    values = run_values(run)
+    if values is None:
+        return None
+    return {key: value for key, value in values.items() if defaults.get(key) != value}
+
+
+def run_values(run: Path) -> dict[str, Any] | None:
+    """Every value of the run's orch.toml, defaults filled in, by dotted key; None if it
+    has none readable."""
     try:
         config = load_orchestrator_config(layout.orch_config_path(run))
     except ConfigError:
         return None
-    values = flatten_values(config.model_dump(mode="json"))
-    return {key: value for key, value in values.items() if defaults.get(key) != value}
+    return flatten_values(config.model_dump(mode="json"))
 
 
 def _evicted_by_scheduler(

@@ -5,7 +5,8 @@ selected run's whole story: its value and where it was measured, every value it 
 over `[defaults]`, its rung, and why it stopped (early stopping's reason, or who evicted
 it and why). It follows the app's snapshots like the main screen; `b` or Escape goes
 back to it, enter opens the run's detail, `f` ranks by the asymptote of each run's fitted
-eval curve instead of its last value, and back.
+eval curve instead of its last value, and back; `a` opens the runs of every experiment
+under the same folder, ranked together (`screens.compare`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from workbench.tui.data import ExperimentSnapshot
 from workbench.tui.format import format_steps
 from workbench.tui.leaderboard import EARLY_STOPPED, Leaderboard, LeaderboardRow
 from workbench.tui.messages import EvictRun, RestartRun, ShowCurves, SwitchRanking
+from workbench.tui.screens.compare import CompareScreen
 from workbench.tui.widgets.footer import Footer
 from workbench.tui.widgets.leaderboard_table import (
     STATE_STYLES,
@@ -104,6 +106,7 @@ class LeaderboardScreen(Screen[None]):
         Binding("e", "evict", "evict"),
         Binding("r", "restart", "restart"),
         Binding("f", "switch_ranking", "fit/last"),
+        Binding("a", "all_experiments", "all exps"),
     ]
 
     def __init__(self) -> None:
@@ -162,6 +165,10 @@ class LeaderboardScreen(Screen[None]):
 
     def action_curves(self) -> None:
         self.post_message(ShowCurves())
+
+    def action_all_experiments(self) -> None:
+        if self.snapshot is not None:
+            self.app.push_screen(CompareScreen(self.snapshot.experiment))
 
     def action_evict(self) -> None:
         if self.selected_run:
