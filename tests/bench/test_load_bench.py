@@ -177,7 +177,11 @@ def test_a_collection_is_counted_as_the_collectors_time():
     finally:
         meter.close()
     assert parts.gc_s > 0
-    assert parts.gc_s <= parts.cpu_s <= parts.wall_s
+    assert parts.cpu_s <= parts.wall_s and parts.gc_s <= parts.wall_s
+    # This thread collected: the collection's wall time is this thread running or, on a
+    # busy machine, ready to run while another process ran (its run-queue delay). 5 ms
+    # covers the collector callbacks' own time around the clock reads.
+    assert parts.gc_s <= parts.cpu_s + (parts.cpu_wait_s or 0.0) + 0.005
     full = [c for c in parts.collections if c.generation == 2]
     assert full and full[-1].collected >= 200_000, "the collection that freed the cycles"
 

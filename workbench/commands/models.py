@@ -17,52 +17,66 @@ from workbench.trainer.sft_flow import SFTInputError, describe_result, run_sft
 model_app = command_group("model", "The models the project builds itself (builtin:tiny-reverse).")
 
 
-def sft(
-    output_dir: Annotated[
-        Path,
-        typer.Option("--output-dir", "-o", help="Where to save the model (or LoRA adapter)."),
-    ],
-    model: Annotated[
-        str, typer.Option(help="builtin:tiny-reverse, a local model directory or a hub id.")
-    ] = "builtin:tiny-reverse",
-    env: Annotated[
-        str | None,
-        typer.Option(help="Train on this environment's prompts and reference answers."),
-    ] = None,
-    env_arg: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--env-arg",
-            metavar="KEY=VALUE",
-            help="Environment argument, repeatable, e.g. --env-arg max_length=8.",
-        ),
-    ] = None,
-    data: Annotated[
-        Path | None,
-        typer.Option(help='JSONL file of {"prompt", "completion"} or {"messages"} lines.'),
-    ] = None,
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 200,
-    batch_size: Annotated[int, typer.Option(min=1, help="Examples per step.")] = 64,
-    lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate.")] = 1e-3,
-    warmup_steps: Annotated[int, typer.Option(min=0, help="Linear warm-up steps.")] = 0,
-    schedule: Annotated[str, typer.Option(help="constant or cosine (after warm-up).")] = (
-        "constant"
+# `sft`'s options, named once here so its signature reads as a list of settings.
+OutputDir = Annotated[
+    Path, typer.Option("--output-dir", "-o", help="Where to save the model (or LoRA adapter).")
+]
+ModelOption = Annotated[
+    str, typer.Option(help="builtin:tiny-reverse, a local model directory or a hub id.")
+]
+EnvOption = Annotated[
+    str | None, typer.Option(help="Train on this environment's prompts and reference answers.")
+]
+EnvArgs = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--env-arg",
+        metavar="KEY=VALUE",
+        help="Environment argument, repeatable, e.g. --env-arg max_length=8.",
     ),
-    seed: Annotated[int, typer.Option(help="Seeds the data order and initialisation.")] = 0,
-    lora: Annotated[
-        bool, typer.Option("--lora/--full", help="Train a LoRA adapter, or every weight.")
-    ] = False,
+]
+DataFile = Annotated[
+    Path | None,
+    typer.Option(help='JSONL file of {"prompt", "completion"} or {"messages"} lines.'),
+]
+Steps = Annotated[int, typer.Option(min=1, help="Optimizer steps.")]
+BatchSize = Annotated[int, typer.Option(min=1, help="Examples per step.")]
+LearningRate = Annotated[float, typer.Option(min=0.0, help="AdamW learning rate.")]
+WarmupSteps = Annotated[int, typer.Option(min=0, help="Linear warm-up steps.")]
+Schedule = Annotated[str, typer.Option(help="constant or cosine (after warm-up).")]
+Seed = Annotated[int, typer.Option(help="Seeds the data order and initialisation.")]
+LoraFlag = Annotated[
+    bool, typer.Option("--lora/--full", help="Train a LoRA adapter, or every weight.")
+]
+EvalPrompts = Annotated[
+    int, typer.Option(min=0, help="Greedy reward on this many held-out prompts (needs --env).")
+]
+EvalEvery = Annotated[int, typer.Option(min=0, help="Also evaluate every N steps.")]
+Threads = Annotated[
+    int | None, typer.Option(min=1, help="torch threads; 1 is fastest for builtin:tiny-reverse.")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+
+
+def sft(
+    output_dir: OutputDir,
+    model: ModelOption = "builtin:tiny-reverse",
+    env: EnvOption = None,
+    env_arg: EnvArgs = None,
+    data: DataFile = None,
+    steps: Steps = 200,
+    batch_size: BatchSize = 64,
+    lr: LearningRate = 1e-3,
+    warmup_steps: WarmupSteps = 0,
+    schedule: Schedule = "constant",
+    seed: Seed = 0,
+    lora: LoraFlag = False,
     lora_rank: Annotated[int, typer.Option(min=1)] = 8,
     lora_alpha: Annotated[float, typer.Option(min=0.0)] = 16.0,
-    eval_prompts: Annotated[
-        int, typer.Option(min=0, help="Greedy reward on this many held-out prompts (needs --env).")
-    ] = 0,
-    eval_every: Annotated[int, typer.Option(min=0, help="Also evaluate every N steps.")] = 0,
-    threads: Annotated[
-        int | None,
-        typer.Option(min=1, help="torch threads; 1 is fastest for builtin:tiny-reverse."),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    eval_prompts: EvalPrompts = 0,
+    eval_every: EvalEvery = 0,
+    threads: Threads = None,
+    as_json: AsJson = False,
 ) -> None:
     """Supervised fine-tuning of one model on chat (prompt, completion) pairs.
 

@@ -61,15 +61,7 @@ def chunked_token_logprobs(
     episodes, environment messages) are often most of a row: their vocabulary-wide
     products were half or more of the head's work.
     """
-    if hidden.ndim != 2 or input_ids.shape != hidden.shape[:1]:
-        raise ValueError(
-            f"hidden [T, H] and input_ids [T] must agree, got {tuple(hidden.shape)} and "
-            f"{tuple(input_ids.shape)}"
-        )
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
-    if bool((temperatures <= 0).any()):
-        raise ValueError("temperatures must be positive")
+    _check_inputs(hidden, input_ids, temperatures, chunk_tokens, needed)
     # Position t predicts token t + 1; the last position predicts nothing we have.
     inverse_temperature = 1.0 / to_device(temperatures[:-1].float(), hidden.device)
     if needed is None:
@@ -77,19 +69,7 @@ def chunked_token_logprobs(
             hidden[:-1], head.weight, head.bias, input_ids[1:], inverse_temperature, chunk_tokens
         )
         return torch.cat([predicted.new_zeros(1), predicted])
-    if needed.shape != input_ids.shape:
-        raise ValueError(f"needed must be [T] like input_ids, got {tuple(needed.shape)}")
-    # The positions that predict a needed token, found on the host (a nonzero on the GPU
-    # would wait for it) and copied once.
-    predicts_needed = needed[1:].cpu()
-    on_host = torch.nonzero(predicts_needed).flatten()
-    if on_host.numel() < MIN_HEAD_ROWS:
-        # Padded with other positions: torch's CPU products of a few rows round differently
-        # from the same rows among more (on one thread, widths 128 to 1024: up to 12 rows),
-        # and a token's log-prob must not depend on how many needed tokens share its row
-        # (runs packed together or alone train the same).
-        others = torch.nonzero(~predicts_needed).flatten()[: MIN_HEAD_ROWS - on_host.numel()]
-        on_host = torch.cat([on_host, others]).sort().values
+    on_host = _head_positions(needed)
     positions = to_device(on_host, hidden.device)
     predicted = _ChunkedLMHeadLogprobs.apply(
         hidden.index_select(0, positions),
@@ -100,6 +80,42 @@ def chunked_token_logprobs(
         chunk_tokens,
     )
     return predicted.new_zeros(input_ids.shape[0]).index_copy(0, positions + 1, predicted)
+
+
+def _check_inputs(
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperatures: torch.Tensor,
+    chunk_tokens: int,
+    needed: torch.Tensor | None,
+) -> None:
+    if hidden.ndim != 2 or input_ids.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"hidden [T, H] and input_ids [T] must agree, got {tuple(hidden.shape)} and "
+            f"{tuple(input_ids.shape)}"
+        )
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
+    if bool((temperatures <= 0).any()):
+        raise ValueError("temperatures must be positive")
+    if needed is not None and needed.shape != input_ids.shape:
+        raise ValueError(f"needed must be [T] like input_ids, got {tuple(needed.shape)}")
+
+
+def _head_positions(needed: torch.Tensor) -> torch.Tensor:
+    """On the host, sorted: the positions whose predictions go through the head, those
+    that predict a needed token and, where fewer than `MIN_HEAD_ROWS`, the first others."""
+    # Found on the host: a nonzero on the GPU would wait for it.
+    predicts_needed = needed[1:].cpu()
+    on_host = torch.nonzero(predicts_needed).flatten()
+    if on_host.numel() < MIN_HEAD_ROWS:
+        # Padded with other positions: torch's CPU products of a few rows round differently
+        # from the same rows among more (on one thread, widths 128 to 1024: up to 12 rows),
+        # and a token's log-prob must not depend on how many needed tokens share its row
+        # (runs packed together or alone train the same).
+        others = torch.nonzero(~predicts_needed).flatten()[: MIN_HEAD_ROWS - on_host.numel()]
+        on_host = torch.cat([on_host, others]).sort().values
+    return on_host
 
 
 class _ChunkedLMHeadLogprobs(torch.autograd.Function):

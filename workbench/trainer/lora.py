@@ -42,7 +42,7 @@ import math
 import threading
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -522,19 +522,39 @@ def apply_lora_to_model(
     """
     if getattr(model, _ROUTING_ATTRIBUTE, None) is not None:
         raise RuntimeError("apply_lora_to_model was already applied to this model")
-    targets = set(target_modules)
     routing = LoRARouting(manager.max_runs)
     model.requires_grad_(False)
+    layers = _wrap_target_linears(
+        model,
+        set(target_modules),
+        lambda name, linear: MultiLoRALinear(
+            linear, rank, manager.max_runs, alpha, path=path, routing=routing, name=name
+        ),
+    )
+    for module_name, layer in layers.items():
+        manager.register_lora_module(module_name, layer)
+        # Decided here, not in the forward: torch.compile then sees a plain attribute.
+        layer.select_compute(layer.weight.device, layer.weight.dtype)
+    setattr(model, _ROUTING_ATTRIBUTE, routing)
+    logger.info("LoRA compute: %s", lora_compute_summary(model))
+    _register_run_hooks(manager, layers, rank, alpha)
+    return list(layers)
+
+
+def _wrap_target_linears(
+    model: nn.Module,
+    targets: set[str],
+    wrap: Callable[[str, nn.Linear], MultiLoRALinear],
+) -> dict[str, MultiLoRALinear]:
+    """Replace each linear whose name ends in one of `targets` by `wrap(path, linear)`;
+    the wrapped layers by module path. No match is an error naming the linears there are."""
     layers: dict[str, MultiLoRALinear] = {}
     for module_name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear) or module_name.rsplit(".", 1)[-1] not in targets:
             continue
         parent_name, _, child_name = module_name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        layer = MultiLoRALinear(
-            module, rank, manager.max_runs, alpha, path=path, routing=routing, name=module_name
-        )
-        setattr(parent, child_name, layer)
+        layer = wrap(module_name, module)
+        setattr(model.get_submodule(parent_name), child_name, layer)
         layers[module_name] = layer
     if not layers:
         linears = sorted(
@@ -548,12 +568,14 @@ def apply_lora_to_model(
             f"no linear layer of the model matches target_modules {sorted(targets)}; "
             f"its linear layers are named {linears}"
         )
-    for module_name, layer in layers.items():
-        manager.register_lora_module(module_name, layer)
-        # Decided here, not in the forward: torch.compile then sees a plain attribute.
-        layer.select_compute(layer.weight.device, layer.weight.dtype)
-    setattr(model, _ROUTING_ATTRIBUTE, routing)
-    logger.info("LoRA compute: %s", lora_compute_summary(model))
+    return layers
+
+
+def _register_run_hooks(
+    manager: MultiRunManager, layers: dict[str, MultiLoRALinear], rank: int, alpha: float
+) -> None:
+    """The manager's hooks for the layers: refuse a run whose rank exceeds the trainer's;
+    give each new run its rank, alpha and seeded initial adapter; clear a deleted run's."""
 
     def validate_run_rank(config: OrchestratorConfig) -> tuple[bool, str]:
         problem = lora_rank_problem(config.lora.rank, rank)
@@ -576,4 +598,3 @@ def apply_lora_to_model(
     # Runs admitted before the layers existed were reset by nobody: configure them now.
     for idx in manager.used_idxs:
         configure_new_run(idx, manager.idx_2_id[idx])
-    return list(layers)

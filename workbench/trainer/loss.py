@@ -82,38 +82,121 @@ def compute_rl_loss(
     `constant_normalisers` (per slot) stand in for an unset `loss.normaliser`;
     `base_logprobs` are the base model's, for runs with `loss.base_kl_coef` > 0.
     """
-    logprobs = trainer_logprobs.reshape(-1).float()
-    device = logprobs.device
-    old_logprobs = to_device(inference_logprobs.reshape(-1).float(), device)
-    advantages = to_device(advantages.reshape(-1).float(), device)
-    loss_mask = to_device(loss_mask.reshape(-1).bool(), device)
-    # The counts are read on the host (as the packer made them): expanding counts that
-    # live on a GPU would wait for them, a sync per micro-batch.
-    counts = torch.as_tensor(lora_num_tokens, dtype=torch.long).cpu()
-    n_runs = counts.numel()
-    if not logprobs.numel() == old_logprobs.numel() == advantages.numel() == loss_mask.numel():
-        raise ValueError(
-            "trainer_logprobs, inference_logprobs, advantages and loss_mask need one value per "
-            f"token; got {logprobs.numel()}, {old_logprobs.numel()}, {advantages.numel()}, "
-            f"{loss_mask.numel()}"
-        )
-    total = int(counts.sum())
-    if total != logprobs.numel():
-        raise ValueError(f"lora_num_tokens sums to {total} but there are {logprobs.numel()} tokens")
-    run_of_token = torch.repeat_interleave(
-        torch.arange(n_runs, device=device), to_device(counts, device), output_size=total
+    row = _PackedRow.flatten(
+        trainer_logprobs,
+        inference_logprobs,
+        advantages,
+        loss_mask,
+        lora_num_tokens,
+        position_ids,
+        base_logprobs,
     )
-    configs = _per_run_configs(loss_config, n_runs)
-    # Completions are told apart on the host, where the packer's position ids are: reading
-    # a device tensor's values would be a host sync per run.
-    host_index = _sample_index(position_ids, counts)
-    sample_index = None if host_index is None else to_device(host_index, device)
-    if base_logprobs is not None:
-        base_logprobs = to_device(base_logprobs.reshape(-1).float(), device)
+    configs = _per_run_configs(loss_config, row.n_runs)
+    terms, clipped, base_kl = _per_run_token_terms(row, configs)
+    micro_loss_tokens = row.per_run_sum(row.loss_mask.float())
+    if samples_per_run is None:
+        samples_per_run = _micro_samples(
+            row.host_index, row.sample_index, row.run_of_token, row.loss_mask, row.n_runs
+        )
+    denominators = _denominators(
+        configs,
+        micro_loss_tokens if loss_tokens_per_run is None else loss_tokens_per_run,
+        samples_per_run,
+        constant_normalisers,
+        row.device,
+    )
+    run_loss = row.per_run_sum(terms) / denominators
+    return _loss_output(row, run_loss, micro_loss_tokens, clipped, base_kl)
 
+
+@dataclass
+class _PackedRow:
+    """One micro-batch's per-token inputs, flat and on the logits' device, with where each
+    run's tokens lie (`counts`, on the host) and, with position ids, which completion each
+    token belongs to (`host_index` on the host, `sample_index` on the device)."""
+
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    base_logprobs: torch.Tensor | None
+    counts: torch.Tensor
+    run_of_token: torch.Tensor
+    host_index: torch.Tensor | None
+    sample_index: torch.Tensor | None
+
+    @property
+    def device(self) -> torch.device:
+        return self.logprobs.device
+
+    @property
+    def n_runs(self) -> int:
+        return self.counts.numel()
+
+    def per_run_sum(self, values: torch.Tensor) -> torch.Tensor:
+        return values.new_zeros(self.n_runs).index_add(0, self.run_of_token, values)
+
+    @classmethod
+    def flatten(
+        cls,
+        trainer_logprobs: torch.Tensor,
+        inference_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        lora_num_tokens: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        base_logprobs: torch.Tensor | None,
+    ) -> _PackedRow:
+        logprobs = trainer_logprobs.reshape(-1).float()
+        device = logprobs.device
+        old_logprobs = to_device(inference_logprobs.reshape(-1).float(), device)
+        advantages = to_device(advantages.reshape(-1).float(), device)
+        loss_mask = to_device(loss_mask.reshape(-1).bool(), device)
+        # The counts are read on the host (as the packer made them): expanding counts that
+        # live on a GPU would wait for them, a sync per micro-batch.
+        counts = torch.as_tensor(lora_num_tokens, dtype=torch.long).cpu()
+        sizes = (logprobs.numel(), old_logprobs.numel(), advantages.numel(), loss_mask.numel())
+        if len(set(sizes)) != 1:
+            raise ValueError(
+                "trainer_logprobs, inference_logprobs, advantages and loss_mask need one value "
+                "per token; got {}, {}, {}, {}".format(*sizes)
+            )
+        total = int(counts.sum())
+        if total != logprobs.numel():
+            raise ValueError(
+                f"lora_num_tokens sums to {total} but there are {logprobs.numel()} tokens"
+            )
+        run_of_token = torch.repeat_interleave(
+            torch.arange(counts.numel(), device=device),
+            to_device(counts, device),
+            output_size=total,
+        )
+        # Completions are told apart on the host, where the packer's position ids are:
+        # reading a device tensor's values would be a host sync per run.
+        host_index = _sample_index(position_ids, counts)
+        return cls(
+            logprobs=logprobs,
+            old_logprobs=old_logprobs,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            base_logprobs=None
+            if base_logprobs is None
+            else to_device(base_logprobs.reshape(-1).float(), device),
+            counts=counts,
+            run_of_token=run_of_token,
+            host_index=host_index,
+            sample_index=None if host_index is None else to_device(host_index, device),
+        )
+
+
+def _per_run_token_terms(
+    row: _PackedRow, configs: list[LossConfig]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every token's loss term, trust-region flag and base-KL estimate, each run's tokens
+    by that run's own loss settings."""
     terms, clipped, base_kl = [], [], []
     start = 0
-    for idx, length in enumerate(counts.tolist()):
+    for idx, length in enumerate(row.counts.tolist()):
         run = slice(start, start + length)
         start += length
         if not length:
@@ -121,52 +204,48 @@ def compute_rl_loss(
         config = configs[idx]
         first, last = (
             (0, 0)
-            if host_index is None
-            else (int(host_index[run.start]), int(host_index[run.stop - 1]))
+            if row.host_index is None
+            else (int(row.host_index[run.start]), int(row.host_index[run.stop - 1]))
         )
         inputs = LossInputs(
-            logprobs=logprobs[run],
-            sampler_logprobs=old_logprobs[run],
-            advantages=advantages[run],
-            loss_mask=loss_mask[run],
-            sample_index=_local_index(sample_index, run, first, config, device),
+            logprobs=row.logprobs[run],
+            sampler_logprobs=row.old_logprobs[run],
+            advantages=row.advantages[run],
+            loss_mask=row.loss_mask[run],
+            sample_index=_local_index(row.sample_index, run, first, config, row.device),
             num_samples=last - first + 1,
             config=config,
             args=config.args,
         )
-        run_base = None if base_logprobs is None else base_logprobs[run]
+        run_base = None if row.base_logprobs is None else row.base_logprobs[run]
         term, run_clipped, kl = _run_terms(inputs, run_base, idx)
         terms.append(term)
         clipped.append(run_clipped)
         base_kl.append(kl)
-    per_token = torch.cat(terms)
+    return torch.cat(terms), torch.cat(clipped), torch.cat(base_kl)
 
-    def per_run_sum(values: torch.Tensor) -> torch.Tensor:
-        return values.new_zeros(n_runs).index_add(0, run_of_token, values)
 
-    micro_loss_tokens = per_run_sum(loss_mask.float())
-    if samples_per_run is None:
-        samples_per_run = _micro_samples(host_index, sample_index, run_of_token, loss_mask, n_runs)
-    denominators = _denominators(
-        configs,
-        micro_loss_tokens if loss_tokens_per_run is None else loss_tokens_per_run,
-        samples_per_run,
-        constant_normalisers,
-        device,
-    )
-    run_loss = per_run_sum(per_token) / denominators
+def _loss_output(
+    row: _PackedRow,
+    run_loss: torch.Tensor,
+    micro_loss_tokens: torch.Tensor,
+    clipped: torch.Tensor,
+    base_kl: torch.Tensor,
+) -> RLLossOutput:
+    """The loss to backward and, detached, each run's statistics of this micro-batch."""
+    loss_mask = row.loss_mask
     with torch.no_grad():
         seen = micro_loss_tokens.clamp_min(1.0)
-        masked_tokens = per_run_sum(torch.cat(clipped).float())
-        advantaged_tokens = per_run_sum((loss_mask & (advantages != 0)).float())
-        ratio = torch.exp(torch.where(loss_mask, logprobs - old_logprobs, 0.0))
-        ratio_sum = per_run_sum(torch.where(loss_mask, ratio, 0.0))
-        inf = torch.full((n_runs,), torch.inf, device=device)
+        masked_tokens = row.per_run_sum(clipped.float())
+        advantaged_tokens = row.per_run_sum((loss_mask & (row.advantages != 0)).float())
+        ratio = torch.exp(torch.where(loss_mask, row.logprobs - row.old_logprobs, 0.0))
+        ratio_sum = row.per_run_sum(torch.where(loss_mask, ratio, 0.0))
+        inf = torch.full((row.n_runs,), torch.inf, device=row.device)
         ratio_min = inf.scatter_reduce(
-            0, run_of_token, torch.where(loss_mask, ratio, torch.inf), "amin"
+            0, row.run_of_token, torch.where(loss_mask, ratio, torch.inf), "amin"
         )
         ratio_max = (-inf).scatter_reduce(
-            0, run_of_token, torch.where(loss_mask, ratio, -torch.inf), "amax"
+            0, row.run_of_token, torch.where(loss_mask, ratio, -torch.inf), "amax"
         )
     return RLLossOutput(
         loss=run_loss.sum(),
@@ -179,7 +258,7 @@ def compute_rl_loss(
         ratio_sum=ratio_sum,
         ratio_min=ratio_min,
         ratio_max=ratio_max,
-        base_kl_sum=per_run_sum(torch.cat(base_kl)),
+        base_kl_sum=row.per_run_sum(base_kl),
     )
 
 

@@ -50,12 +50,11 @@ from workbench.trainer.row_threads import (
 )
 from workbench.trainer.runs import MultiRunManager
 from workbench.trainer.sharding import shard_base
+from workbench.trainer.step_stats import StepStats, StepTally
 from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
 KEEP_BROADCASTS = 3
-# The rows of `train_step`'s per-run tally (sums over the update's rows and ranks).
-LOSS, MASKED, TOKENS, ADVANTAGED, RATIO_SUM, BASE_KL = range(6)
 
 
 @dataclass
@@ -76,24 +75,6 @@ class Trainer:
     stop_requested: bool = False
     # On the CPU, the rows of an update computed side by side (None: one after another).
     row_threads: RowThreads | None = None
-
-
-@dataclass
-class StepStats:
-    """Per-run results of one update, for metrics lines."""
-
-    loss: dict[int, float]
-    grad_norm: dict[int, float]
-    lr: dict[int, float]
-    masked: dict[int, float]  # the share of the run's loss tokens where its trust region acted
-    # Its gradient was exactly 0 although some of its tokens had an advantage (`divergence`).
-    stalled: dict[int, bool]
-    # Per run: the importance ratio's mean, least and largest over its loss tokens, and the
-    # mean KL estimate to the base model (runs with that term only).
-    ratio_mean: dict[int, float] = field(default_factory=dict)
-    ratio_min: dict[int, float] = field(default_factory=dict)
-    ratio_max: dict[int, float] = field(default_factory=dict)
-    base_kl: dict[int, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- setup
@@ -220,92 +201,13 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
     blocking copy would wait for the previous row's backward), as do the sample-boundary
     tensors of `PackedSequences` (attention.py). Per row there remains its one read of the
     position ids (already on the host when they come from the packer), and per update the
-    loss and gradient-norm reads.
+    loss and gradient-norm reads (`StepTally`).
     """
-    manager, model, device = trainer.manager, trainer.model, trainer.device
+    manager, device = trainer.manager, trainer.device
     ready = manager.ready_to_update_idxs
-    loss_configs = [
-        manager.config[i].loss if i in manager.config else None for i in range(manager.max_runs)
-    ]
-    temperatures = torch.ones(manager.max_runs)
-    for idx in manager.used_idxs:
-        temperatures[idx] = manager.config[idx].sampling.temperature  # > 0 (workbench.config)
-    # Dr. GRPO's constant for `aggregation = "constant"` without `loss.normaliser`: the
-    # run's batch_size * max_tokens, as TRL's dr_grpo divides by.
-    constants = [
-        manager.config[i].batch_size * manager.config[i].sampling.max_tokens
-        if i in manager.config
-        else None
-        for i in range(manager.max_runs)
-    ]
-    wants_base = torch.tensor([c is not None and c.base_kl_coef > 0 for c in loss_configs])
-    # Per run: loss, masked, loss and advantaged tokens, ratio and KL sums (the rows of the
-    # tally), and the ratio's extremes (-min, max), summed (maximised) on the device and
-    # read once per update: a read per row would wait for each row's backward before the
-    # next row could be queued.
-    tally = torch.zeros(6, manager.max_runs, dtype=torch.float64, device=device)
-    extremes = torch.full((2, manager.max_runs), -torch.inf, dtype=torch.float64, device=device)
-
-    def add_to_tally(out: RLLossOutput) -> None:
-        tally[LOSS] += out.run_loss.detach().double()
-        tally[MASKED] += out.masked_tokens.double()
-        tally[TOKENS] += out.loss_tokens.double()
-        tally[ADVANTAGED] += out.advantaged_tokens.double()
-        tally[RATIO_SUM] += out.ratio_sum.double()
-        tally[BASE_KL] += out.base_kl_sum.double()
-        torch.maximum(extremes[0], -out.ratio_min.double(), out=extremes[0])
-        torch.maximum(extremes[1], out.ratio_max.double(), out=extremes[1])
-
-    def row_loss(row: MicroBatch) -> RLLossOutput:
-        set_lora_num_tokens(model, row.lora_num_tokens)
-        input_ids = to_device(row.input_ids, device)
-        # vLLM reports log-probs after temperature scaling; the trainer's are scaled the same
-        # way, per run (runs may sample at different temperatures).
-        token_temperatures = torch.repeat_interleave(temperatures, row.lora_num_tokens)
-        host = HostRow(row.position_ids, token_temperatures, needed=row.loss_mask.bool())
-        base_logprobs = None
-        if bool(wants_base[row.lora_num_tokens > 0].any()):
-            # The base model's log-probs for the runs with a KL term to it: one forward
-            # without gradient, adapters off, for the whole row.
-            with torch.no_grad(), adapters_disabled(model):
-                base_logprobs = trainer.row_model(input_ids, host)
-        logprobs = trainer.row_model(input_ids, host)
-        return compute_rl_loss(
-            logprobs,
-            to_device(row.inference_logprobs, device),
-            to_device(row.advantages, device),
-            to_device(row.loss_mask, device),
-            row.lora_num_tokens,
-            loss_configs,
-            loss_tokens_per_run=row.run_loss_tokens,
-            position_ids=row.position_ids,
-            samples_per_run=row.run_samples,
-            constant_normalisers=constants,
-            base_logprobs=base_logprobs,
-        )
-
-    if trainer.row_threads is None:
-        for row in rows:
-            out = row_loss(row)
-            out.loss.backward()
-            add_to_tally(out)
-    else:
-        # On the CPU, rows side by side: each row's adapter gradients come back to this
-        # thread and are added in row order, the sums the loop above makes (row_threads.py).
-        def row_gradients(row: MicroBatch):
-            out = row_loss(row)
-            params = [
-                param
-                for idx, tokens in enumerate(row.lora_num_tokens.tolist())
-                if tokens
-                for _, param in manager.get_named_parameters_for_run(idx)
-            ]
-            return params, torch.autograd.grad(out.loss, params, allow_unused=True), out
-
-        with torch_threads(1):
-            for params, grads, out in trainer.row_threads.map_in_order(row_gradients, rows):
-                accumulate_in_order(params, grads)
-                add_to_tally(out)
+    settings = _RunLossSettings.of(manager)
+    tally = StepTally(manager.max_runs, device)
+    _backward_rows(trainer, settings, rows, tally)
     if trainer.base_sharded:
         for _ in range(rows_per_rank - len(rows)):
             run_filler_row(trainer)
@@ -313,26 +215,103 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
     distributed.all_reduce_grads(
         [param for idx in ready for _, param in manager.get_named_parameters_for_run(idx)], device
     )
-    tally = distributed.all_reduce_sum(tally.cpu(), device)
-    extremes = distributed.all_reduce_max(extremes.cpu(), device)
+    tally.reduce_over_ranks(device)
     norms = trainer.optimizer.step()
     trainer.scheduler.step()
     trainer.optimizer.zero_grad()
-    return StepStats(
-        loss={idx: float(tally[LOSS, idx]) for idx in ready},
-        grad_norm={idx: float(norms.get(idx, float("nan"))) for idx in ready},
-        lr={idx: trainer.optimizer.get_lr(idx) for idx in ready},
-        masked={idx: float(tally[MASKED, idx] / tally[TOKENS, idx].clamp_min(1)) for idx in ready},
-        stalled={idx: norms.get(idx) == 0.0 and bool(tally[ADVANTAGED, idx] > 0) for idx in ready},
-        ratio_mean={idx: float(tally[RATIO_SUM, idx] / tally[TOKENS, idx]) for idx in ready},
-        ratio_min={idx: float(-extremes[0, idx]) for idx in ready},
-        ratio_max={idx: float(extremes[1, idx]) for idx in ready},
-        base_kl={
-            idx: float(tally[BASE_KL, idx] / tally[TOKENS, idx])
-            for idx in ready
-            if loss_configs[idx].base_kl_coef > 0
-        },
+    lrs = {idx: trainer.optimizer.get_lr(idx) for idx in ready}
+    return tally.step_stats(ready, norms, lrs, settings.loss_configs)
+
+
+@dataclass
+class _RunLossSettings:
+    """Per slot, what its loss needs from its run's config (None / 1 for a free slot)."""
+
+    loss_configs: list[LossConfig | None]
+    # vLLM reports log-probs after temperature scaling; the trainer's are scaled the same
+    # way, per run (runs may sample at different temperatures).
+    temperatures: torch.Tensor
+    # Dr. GRPO's constant for `aggregation = "constant"` without `loss.normaliser`: the
+    # run's batch_size * max_tokens, as TRL's dr_grpo divides by.
+    constants: list[int | None]
+    wants_base: torch.Tensor  # runs with a KL term to the base model
+
+    @classmethod
+    def of(cls, manager: MultiRunManager) -> _RunLossSettings:
+        slots = range(manager.max_runs)
+        configs = [manager.config.get(idx) for idx in slots]
+        loss_configs = [config.loss if config else None for config in configs]
+        temperatures = torch.ones(manager.max_runs)
+        for idx in manager.used_idxs:
+            temperatures[idx] = manager.config[idx].sampling.temperature  # > 0 (config)
+        return cls(
+            loss_configs=loss_configs,
+            temperatures=temperatures,
+            constants=[
+                config.batch_size * config.sampling.max_tokens if config else None
+                for config in configs
+            ],
+            wants_base=torch.tensor([c is not None and c.base_kl_coef > 0 for c in loss_configs]),
+        )
+
+
+def _row_loss(trainer: Trainer, settings: _RunLossSettings, row: MicroBatch) -> RLLossOutput:
+    """One packed row's forward (and the base model's, for runs with a KL term to it) and
+    its loss."""
+    model, device = trainer.model, trainer.device
+    set_lora_num_tokens(model, row.lora_num_tokens)
+    input_ids = to_device(row.input_ids, device)
+    token_temperatures = torch.repeat_interleave(settings.temperatures, row.lora_num_tokens)
+    host = HostRow(row.position_ids, token_temperatures, needed=row.loss_mask.bool())
+    base_logprobs = None
+    if bool(settings.wants_base[row.lora_num_tokens > 0].any()):
+        # One forward without gradient, adapters off, for the whole row.
+        with torch.no_grad(), adapters_disabled(model):
+            base_logprobs = trainer.row_model(input_ids, host)
+    logprobs = trainer.row_model(input_ids, host)
+    return compute_rl_loss(
+        logprobs,
+        to_device(row.inference_logprobs, device),
+        to_device(row.advantages, device),
+        to_device(row.loss_mask, device),
+        row.lora_num_tokens,
+        settings.loss_configs,
+        loss_tokens_per_run=row.run_loss_tokens,
+        position_ids=row.position_ids,
+        samples_per_run=row.run_samples,
+        constant_normalisers=settings.constants,
+        base_logprobs=base_logprobs,
     )
+
+
+def _backward_rows(
+    trainer: Trainer, settings: _RunLossSettings, rows: list[MicroBatch], tally: StepTally
+) -> None:
+    """Every row's loss and its adapter gradients, accumulated in row order."""
+    if trainer.row_threads is None:
+        for row in rows:
+            out = _row_loss(trainer, settings, row)
+            out.loss.backward()
+            tally.add(out)
+        return
+    manager = trainer.manager
+
+    # On the CPU, rows side by side: each row's adapter gradients come back to this thread
+    # and are added in row order, the sums the loop above makes (row_threads.py).
+    def row_gradients(row: MicroBatch):
+        out = _row_loss(trainer, settings, row)
+        params = [
+            param
+            for idx, tokens in enumerate(row.lora_num_tokens.tolist())
+            if tokens
+            for _, param in manager.get_named_parameters_for_run(idx)
+        ]
+        return params, torch.autograd.grad(out.loss, params, allow_unused=True), out
+
+    with torch_threads(1):
+        for params, grads, out in trainer.row_threads.map_in_order(row_gradients, rows):
+            accumulate_in_order(params, grads)
+            tally.add(out)
 
 
 def run_filler_row(trainer: Trainer) -> None:

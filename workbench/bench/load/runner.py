@@ -89,6 +89,36 @@ async def measure(
     exp: FaultExperiment, duration_s: float, interval_s: float, seed: int
 ) -> dict[str, Any]:
     load_start = load_average()
+    startup_s = await _start_and_fill_slots(exp)
+    say_on_stderr(f"load: {SLOTS} slots held after {startup_s:.0f} s; churn for {duration_s:g} s")
+    tui, churn_log, transient = await _churn_under_the_tui(exp, duration_s, interval_s, seed)
+    say_on_stderr(f"load: {churn_log.ticks} ticks, {len(churn_log.added)} runs; checking")
+    final = await asyncio.to_thread(settle_and_check, exp, churn_log)
+    say_on_stderr("load: down")
+    after_down = await asyncio.to_thread(_down_and_check, exp)
+    payload = {
+        "duration_s": duration_s,
+        "interval_s": interval_s,
+        "runs_at_once": RUNS_AT_ONCE,
+        "slots": SLOTS,
+        "run_settings": RUN_SETTINGS,
+        "startup_s": round(startup_s, 1),
+        "churn": churn_report(churn_log),
+        "slot_problems_longest_s": transient,
+        **final,
+        "after_down": after_down,
+        "tui": tui,
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "notes": exp.cli_lines[-6:],
+    }
+    payload["ok"] = is_ok(payload)
+    payload["exit_code"] = 0 if payload["ok"] else 1  # what `bench all` reads as failed
+    return payload
+
+
+async def _start_and_fill_slots(exp: FaultExperiment) -> float:
+    """`up`, then wait until the trainer holds every slot; the seconds that took."""
     started = time.monotonic()
     say_on_stderr(f"load: up in {exp.scratch}")
     up = await asyncio.to_thread(exp.up)
@@ -99,9 +129,14 @@ async def measure(
     )
     if not full:
         raise LoadBenchError(f"the trainer did not fill its {SLOTS} slots in time")
-    startup_s = time.monotonic() - started
-    say_on_stderr(f"load: {SLOTS} slots held after {startup_s:.0f} s; churn for {duration_s:g} s")
+    return time.monotonic() - started
 
+
+async def _churn_under_the_tui(
+    exp: FaultExperiment, duration_s: float, interval_s: float, seed: int
+) -> tuple[dict[str, Any], ChurnLog, float]:
+    """Keys pressed in the TUI for `duration_s` while runs are added, stopped and evicted
+    around it; the TUI's report, the churn's log and its longest slot problems."""
     app = FrameTimedApp(exp.path)
     background = BackgroundLoad(exp.path, interval_s, seed)
     async with app.run_test(size=TUI_SIZE) as pilot:
@@ -118,50 +153,33 @@ async def measure(
         poll_s = list(app.reader.poll_s)
         poll_parts = list(app.reader.poll_parts)
         runs_shown = len(app.snapshot.runs) if app.snapshot else 0
+    tui = {
+        "size": list(TUI_SIZE),
+        "keys": latency_report(latencies.all_s),
+        "by_key": {key: latency_report(values) for key, values in latencies.by_key.items()},
+        "timed_out": latencies.timed_out,
+        "poll": latency_report(poll_s),
+        # Where the slowest 5 % of keys and of polls spent their time (`stalls`).
+        "key_tail": stalls.mean_of_tail([parts for _, parts in latencies.parts]),
+        "poll_tail": stalls.mean_of_tail(poll_parts),
+        "slowest_keys": stalls.slowest(latencies.parts),
+        "slowest_polls": stalls.slowest([("poll", parts) for parts in poll_parts]),
+        "runs_shown_at_end": runs_shown,
+        "process_cpu_percent": round(100 * cpu_s / wall_s, 1),
+    }
+    return tui, churn_log, transient
 
-    say_on_stderr(f"load: {churn_log.ticks} ticks, {len(churn_log.added)} runs; checking")
-    final = await asyncio.to_thread(settle_and_check, exp, churn_log)
-    say_on_stderr("load: down")
-    down = await asyncio.to_thread(exp.down)
+
+def _down_and_check(exp: FaultExperiment) -> dict[str, Any]:
+    """`down`, then what it left: its exit code, processes still alive, half-written files."""
+    down = exp.down()
     orphans = exp.alive()
     half = invariants.half_written(exp.path, set()) if exp.path.is_dir() else []
-    after_down = {
+    return {
         "down_exit": down.returncode,
         "orphans": [f"{seen.pid} {seen.command}" for seen in orphans],
         "half_written": [str(path.relative_to(exp.path)) for path in half],
     }
-    payload = {
-        "duration_s": duration_s,
-        "interval_s": interval_s,
-        "runs_at_once": RUNS_AT_ONCE,
-        "slots": SLOTS,
-        "run_settings": RUN_SETTINGS,
-        "startup_s": round(startup_s, 1),
-        "churn": churn_report(churn_log),
-        "slot_problems_longest_s": transient,
-        **final,
-        "after_down": after_down,
-        "tui": {
-            "size": list(TUI_SIZE),
-            "keys": latency_report(latencies.all_s),
-            "by_key": {key: latency_report(values) for key, values in latencies.by_key.items()},
-            "timed_out": latencies.timed_out,
-            "poll": latency_report(poll_s),
-            # Where the slowest 5 % of keys and of polls spent their time (`stalls`).
-            "key_tail": stalls.mean_of_tail([parts for _, parts in latencies.parts]),
-            "poll_tail": stalls.mean_of_tail(poll_parts),
-            "slowest_keys": stalls.slowest(latencies.parts),
-            "slowest_polls": stalls.slowest([("poll", parts) for parts in poll_parts]),
-            "runs_shown_at_end": runs_shown,
-            "process_cpu_percent": round(100 * cpu_s / wall_s, 1),
-        },
-        "load_average_start": load_start,
-        "load_average_end": load_average(),
-        "notes": exp.cli_lines[-6:],
-    }
-    payload["ok"] = is_ok(payload)
-    payload["exit_code"] = 0 if payload["ok"] else 1  # what `bench all` reads as failed
-    return payload
 
 
 def _slots_held(experiment: Path) -> int:

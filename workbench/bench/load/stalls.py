@@ -10,7 +10,8 @@ worker's for a poll), into:
   the disk) or, for a key, the event loop idle until the frame came;
 - `gc_ms`, which overlaps the others: Python's cyclic collector running, in any thread of
   the process (it holds the interpreter, so every thread waits for it): within `cpu_ms`
-  when this thread collected, within `other_ms` when another did.
+  (and `cpu_wait_ms`, if the kernel ran something else meanwhile) when this thread
+  collected, within `other_ms` when another did.
 
 So a slow key says whether the machine was out of CPU for the TUI, the collector stalled
 it, or the app's own work (or another of its threads) did.
