@@ -36,6 +36,8 @@ from workbench.system.ports import is_loopback
 
 SESSION_COOKIE = "workbench_session"
 SIGN_IN_PATH = "/sign-in"
+# A wrong token is answered this late: guessing a short one takes that long a try.
+WRONG_TOKEN_DELAY_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -59,7 +61,7 @@ input, button {{ font: inherit; padding: 8px; margin-top: 12px; }}
 .wrong {{ color: #ff6b6b; }}
 </style></head>
 <body><form method="post" action="{SIGN_IN_PATH}">
-<div>This workbench asks for its token (the one given to <code>workbench web --token</code>).</div>
+<div>This workbench asks for the token <code>workbench web</code> was started with.</div>
 {problem}
 <label>token <input type="password" name="token" id="token" autofocus></label>
 <button type="submit" id="sign-in">open</button>
@@ -132,8 +134,9 @@ class WorkbenchWebServer(Server):
         form = await request.post()
         given = str(form.get("token", ""))
         if self.token is None or not hmac.compare_digest(given.encode(), self.token.encode()):
+            await asyncio.sleep(WRONG_TOKEN_DELAY_S)
             return web.Response(text=sign_in_page(wrong=True), content_type="text/html", status=403)
-        response = web.HTTPSeeOther("/")
+        response = web.Response(status=303, headers={"Location": "/"})
         response.set_cookie(
             SESSION_COOKIE, self._session_key, httponly=True, samesite="Strict", path="/"
         )
