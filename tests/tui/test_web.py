@@ -9,6 +9,7 @@ pictures), else to the test's temporary directory.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import shutil
@@ -286,3 +287,22 @@ def test_other_sites_pages_cannot_reach_a_loopback_page(experiment: Path):
         assert not served.tuis()
     finally:
         served.stop()
+
+
+def test_a_server_killed_outright_leaves_no_tui_behind(experiment: Path, browser):
+    served = Served(experiment)
+    tuis: list[psutil.Process] = []
+    try:
+        page = open_page(browser, served.url)
+        wait_for_text(page, "run_lr1e-3")
+        tuis = served.tuis()
+        assert len(tuis) == 1
+        served.process.kill()  # no Ctrl-C: nothing tells the TUI to quit
+        _, left = psutil.wait_procs(tuis, timeout=10)
+        assert not left, "the TUI dies with its server"
+    finally:
+        served.process.kill()
+        served.process.wait()
+        for tui in tuis:  # none is left unless the test failed
+            with contextlib.suppress(psutil.NoSuchProcess):
+                tui.kill()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import secrets
 import shlex
 import sys
@@ -32,6 +33,7 @@ import aiohttp_jinja2
 from aiohttp import web
 from textual_serve.server import Server, to_int
 
+from workbench.system.lifeline import PARENT_PID_ENV
 from workbench.system.ports import is_loopback
 
 SESSION_COOKIE = "workbench_session"
@@ -44,8 +46,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def tui_command(experiment: Path) -> str:
     """The shell command textual-serve runs for each browser connection: this Python, so
-    the TUI is the same install's."""
-    return shlex.join([sys.executable, "-m", "workbench.tui", str(experiment)])
+    the TUI is the same install's. `exec` makes the TUI this server's own child, which
+    then dies with it (`die_with_parent`): a server killed outright leaves no TUI behind
+    (textual's web driver does not quit when its input ends)."""
+    command = shlex.join([sys.executable, "-m", "workbench.tui", str(experiment)])
+    return f"{PARENT_PID_ENV}={os.getpid()} exec {command}"
 
 
 def sign_in_page(wrong: bool) -> str:
