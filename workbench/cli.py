@@ -1,8 +1,8 @@
 """The `workbench` command line: one thin function per command, that parses options and
 prints; the work lives elsewhere (`workbench.up` is all of `up`). Here: the app and the
 commands that run an experiment (up, evict, attach, down, join, restart, logs). In modules of
-their own: `status`, `plot`, `compare`, `export`, `samples` and `runs`, `sft` and `model`, `env`, `sweep`
-(`workbench/commands/`) and `bench` (`bench/cli.py`).
+their own: `status`, `plot`, `compare`, `export`, `samples` and `runs`, `sft` and `model`, `env`,
+`sweep`, `web` (`workbench/commands/`) and `bench` (`bench/cli.py`).
 
 Exit codes: 0 success, 1 the command failed (a run or experiment it names is unknown, ...),
 2 bad input (an invalid recipe or option).
@@ -38,6 +38,7 @@ from workbench.commands.plot import plot
 from workbench.commands.runs import export, runs_app, samples
 from workbench.commands.status import status
 from workbench.commands.sweep import print_run_plan, sweep_app
+from workbench.commands.web import web
 from workbench.experiment import RunLookupError, resolve_run
 from workbench.files import layout
 from workbench.supervisor import launch
@@ -152,6 +153,7 @@ def up(
 app.command()(status)
 app.command()(plot)
 app.command()(compare)
+app.command()(web)
 
 
 @app.command()
@@ -194,7 +196,7 @@ def attach(experiment: ExperimentArg = None) -> None:
     """Open the TUI on a running experiment.
 
     Quitting the TUI (q) or losing the terminal leaves the experiment running; attach again
-    at any time. Without the TUI installed, progress is followed in the terminal instead,
+    at any time (`workbench web` opens the same TUI in a browser). Without the TUI installed, progress is followed in the terminal instead,
     one line per change (Ctrl-C detaches).
     """
     path = experiment_or_fail(experiment)

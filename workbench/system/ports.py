@@ -1,5 +1,5 @@
 """Picking TCP ports that stay free until their owner binds them, checking a chosen one, and
-the address of a network interface to bind them on.
+the address of a network interface to bind them on; whether an address is this machine's only.
 
 The one port picker of workbench: the supervisor's plan picks the inference port (or checks
 the recipe's), the inference process picks a new one when the planned port was taken
@@ -11,6 +11,7 @@ trainer's rendezvous store needs none on one node: it binds port 0 itself
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import random
 import socket
 import struct
@@ -51,7 +52,8 @@ def bind_error(host: str, port: int) -> OSError | None:
     Probed as vLLM's server binds (SO_REUSEADDR): a port whose last connections linger in
     TIME_WAIT, as after a restart, counts as free; one something listens on does not.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
@@ -62,6 +64,18 @@ def bind_error(host: str, port: int) -> OSError | None:
 
 def port_is_free(host: str, port: int) -> bool:
     return bind_error(host, port) is None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 with or without brackets) is this machine
+    only: localhost, 127.0.0.0/8 or ::1."""
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 # ioctl(SIOCGIFADDR): an interface's IPv4 address (linux/sockios.h).

@@ -7,7 +7,7 @@ does not change is not redrawn, so an idle screen costs nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from workbench.system.clock import format_duration
 
@@ -44,8 +44,8 @@ def sparkline(
 ) -> str:
     """The last `width` values as block characters, scaled between `low` and `high`.
 
-    Rewards live in [0, 1]: pass those bounds so the same height means the same reward in
-    every row. Without bounds the series' own range is used.
+    A table passes the bounds of every row's points (`spark_bounds`) so the same height
+    means the same value in every row. Without bounds the series' own range is used.
     """
     points = [v for v in values[-width:] if not math.isnan(v)] if width > 0 else []
     if not points:
@@ -57,3 +57,11 @@ def sparkline(
     if span <= 0:
         return SPARK_BLOCKS[top // 2] * len(points)
     return "".join(SPARK_BLOCKS[min(top, max(0, round((v - low) / span * top)))] for v in points)
+
+
+def spark_bounds(series: Iterable[Sequence[float]], width: int) -> tuple[float, float] | None:
+    """The range of every point that sparklines `width` wide show of `series`: one scale
+    for a table's rows, so that rewards between 0.80 and 0.87 fill the blocks rather than
+    all standing at the top of a fixed 0-to-1 scale. None when no series has a point."""
+    shown = [v for values in series for v in values[-width:] if not math.isnan(v)]
+    return (min(shown), max(shown)) if shown else None

@@ -165,7 +165,9 @@ def _append_step_axis(text: Text, first: int, last: int, width: int) -> None:
 
 
 class CurveChart(Widget):
-    """A titled line chart of one series, with its range on a left axis."""
+    """A titled line chart of one series, with its range on a left axis: the values' own
+    range, a little wider (`padded_range`), kept within [low, high] where those are given
+    unless a value lies outside them."""
 
     # No wrapping: a title longer than the chart is cut, not pushed onto the plot's rows.
     DEFAULT_CSS = """
@@ -208,7 +210,7 @@ class CurveChart(Widget):
         self, text: Text, values: Sequence[float], plotted: Sequence[float], width: int, rows: int
     ) -> None:
         """The chart of `plotted` (`width` x `rows` cells), its axis spanning `values`."""
-        low, high = _value_range(values, self.fixed_low, self.fixed_high)
+        low, high = padded_range(values, self.fixed_low, self.fixed_high)
         plot = braille_plot(plotted, width, rows, low, high)
         _append_axis_rows(text, [Text(line, style=self.line_style) for line in plot], low, high)
 
@@ -277,16 +279,6 @@ class RunsChart(CurveChart):
         _append_axis_rows(text, canvas.styled_rows([run.colour for run in shown]), low, high)
         _append_step_axis(text, first, last, width)
         return text
-
-
-def _value_range(
-    values: Sequence[float], low: float | None, high: float | None
-) -> tuple[float, float]:
-    """[low, high] widened to take in every value; the values' own range where unset."""
-    return (
-        min(values) if low is None else min(low, min(values)),
-        max(values) if high is None else max(high, max(values)),
-    )
 
 
 def padded_range(

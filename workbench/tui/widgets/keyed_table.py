@@ -171,6 +171,11 @@ class KeyedTable(DataTable[Cell]):
         self._made = made
         self.show_rows(rows)
 
+    def forget_made_cells(self) -> None:
+        """Make every row's cells again at the next `show_objects` (what they are drawn
+        from changed beyond the row objects: a scale shared by the rows)."""
+        self._made = {}
+
     def _keep_order(self, order: list[str]) -> None:
         # New rows are appended at the end, and rows keep their place when the caller's
         # order changes (a ranking); rebuild (rare: only when a row is out of place) so

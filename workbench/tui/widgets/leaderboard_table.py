@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from workbench.tui.format import sparkline
+from workbench.tui.format import spark_bounds, sparkline
 from workbench.tui.leaderboard import EARLY_STOPPED, LeaderboardRow
 from workbench.tui.messages import ShowRun
 from workbench.tui.widgets.keyed_table import Cell, ColumnSpec, KeyedTable
@@ -18,13 +18,6 @@ STATE_STYLES = {**STATUS_STYLES, EARLY_STOPPED: "bold magenta reverse"}
 def format_metric(value: float | None) -> str:
     """A metric as `workbench sweep report` prints it: four significant digits."""
     return "-" if value is None else f"{value:.4g}"
-
-
-def spark_bounds(rows: Sequence[LeaderboardRow]) -> tuple[float, float] | None:
-    """The range of every point the sparklines show: one scale for all rows, so the same
-    height is the same value in every row. None when no row has a point."""
-    shown = [value for row in rows for value in row.curve[-SPARK_WIDTH:]]
-    return (min(shown), max(shown)) if shown else None
 
 
 def leaderboard_cells(row: LeaderboardRow, bounds: tuple[float, float] | None) -> dict[str, Cell]:
@@ -62,7 +55,7 @@ class LeaderboardTable(KeyedTable):
     )
 
     def show_leaderboard(self, rows: Sequence[LeaderboardRow]) -> None:
-        bounds = spark_bounds(rows)
+        bounds = spark_bounds((row.curve for row in rows), SPARK_WIDTH)
         self.show_rows({row.id: leaderboard_cells(row, bounds) for row in rows})
 
     def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:

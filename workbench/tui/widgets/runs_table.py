@@ -13,6 +13,7 @@ from workbench.tui.format import (
     format_count,
     format_reward,
     format_steps,
+    spark_bounds,
     sparkline,
 )
 from workbench.tui.widgets.keyed_table import Cell, ColumnSpec, KeyedTable
@@ -28,25 +29,22 @@ STATUS_STYLES = {
 }
 
 
-def run_cells(run: RunView, now: float) -> dict[str, Cell]:
-    return {**_still_cells(run), "updated": format_age(run.last_update, now)}
-
-
-def _still_cells(run: RunView) -> dict[str, Cell]:
-    """The cells that change only when the run does (not with the clock)."""
-    # Rewards are in [0, 1]: fixed bounds make every row's sparkline comparable.
+def _still_cells(run: RunView, spark_scale: tuple[float, float] | None) -> dict[str, Cell]:
+    """The cells that change only when the run (or the table's sparkline scale) does."""
+    low, high = spark_scale if spark_scale is not None else (None, None)
     return {
         "id": run.id,
         "status": Text(run.status, style=STATUS_STYLES.get(run.status, "")),
         "step": format_steps(run.step, run.max_steps),
         "reward": format_reward(run.reward),
-        "trend": Text(sparkline(run.rewards, SPARK_WIDTH, low=0.0, high=1.0), style="cyan"),
+        "trend": Text(sparkline(run.rewards, SPARK_WIDTH, low=low, high=high), style="cyan"),
         "tokens": format_count(run.tokens),
     }
 
 
 class RunsTable(KeyedTable):
-    """Runs: id, status, step / max steps, reward and its sparkline, tokens, last update.
+    """Runs: id, status, step / max steps, reward and its sparkline (one scale for all
+    rows: the range of the rewards they show), tokens, last update.
 
     Eviction and rejection reasons are on the run's detail screen (enter).
     """
@@ -68,10 +66,18 @@ class RunsTable(KeyedTable):
             super().__init__()
             self.run_id = run_id
 
+    _spark_scale: tuple[float, float] | None = None
+
     def show_runs(self, runs: Sequence[RunView], now: float) -> None:
+        # One scale for every row's trend, the range of the rewards they show (rewards may
+        # lie outside [0, 1]); when it moves, every row's trend is drawn again.
+        scale = spark_bounds((run.rewards for run in runs), SPARK_WIDTH)
+        if scale != self._spark_scale:
+            self._spark_scale = scale
+            self.forget_made_cells()
         self.show_objects(
             {run.id: run for run in runs},
-            _still_cells,
+            lambda run: _still_cells(run, scale),
             lambda run: {"updated": format_age(run.last_update, now)},
         )
 
