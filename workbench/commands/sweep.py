@@ -22,7 +22,9 @@ from workbench.commands.common import (
 from workbench.recipe import Recipe
 from workbench.sweep import scheduler
 from workbench.sweep.fit import SigmoidFit
-from workbench.sweep.report import SweepReport, build_report, write_report
+from workbench.sweep.pbt_scheduler import exploit_lines
+from workbench.sweep.report import RunOutcome, SweepReport, build_report, write_report
+from workbench.sweep.spec import PbtSpec
 from workbench.sweep.values import describe_values
 
 sweep_app = command_group(
@@ -115,10 +117,13 @@ def print_run_plan(path: Path, recipe: Recipe, *, as_json: bool) -> None:
     if as_json:
         stopping = None
         if spec is not None:
-            stopping = {
-                **spec.model_dump(mode="json"),
-                "rung_steps": spec.rung_steps(recipe.defaults.max_steps),
-            }
+            max_steps = recipe.defaults.max_steps
+            steps = (
+                {"judged_steps": spec.judged_steps(max_steps)}
+                if isinstance(spec, PbtSpec)
+                else {"rung_steps": spec.rung_steps(max_steps)}
+            )
+            stopping = {**spec.model_dump(mode="json"), **steps}
         payload = {
             "recipe": str(path),
             "slots": slots,
@@ -150,9 +155,9 @@ def print_run_plan(path: Path, recipe: Recipe, *, as_json: bool) -> None:
             str(position + 1), run.run_id, starts, escape(describe_values(run.values) or "-")
         )
     console.print(table)
-    if spec is not None:
+    if spec is not None and recipe.sweep is not None:
         console.print(
-            escape(f"early stopping: {scheduler.describe(spec, recipe.defaults.max_steps)}"),
+            escape(scheduler.describe_scheduler(spec, recipe.sweep, recipe.defaults.max_steps)),
             highlight=False,
             soft_wrap=True,
         )
@@ -193,6 +198,19 @@ def _print_sweep_report(report: SweepReport) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    _print_population(report, best)
+
+
+def _print_population(report: SweepReport, best: RunOutcome) -> None:
+    """Population-based training's exploits, and the line the best run descends from."""
+    exploits = exploit_lines(report.experiment)
+    if len(best.lineage) > 1:
+        line = " <- ".join(best.lineage)
+        console.print(escape(f"lineage of {best.id}: {line}"), highlight=False, soft_wrap=True)
+    if exploits:
+        console.print("pbt exploits:", highlight=False)
+        for text in exploits:
+            console.print(escape(f"  {text}"), highlight=False, soft_wrap=True)
 
 
 def _describe_fit(fit: SigmoidFit | None) -> str:
