@@ -54,7 +54,8 @@ def sweep_plan(
 
     --json prints {"recipe", "slots", "runs": [{"id", "source", "position", "values"}],
     "early_stopping": null or {"kind", "metric", "mode", "grace_steps", "reduction_factor",
-    "min_runs", "rung_steps"}}.
+    "min_runs", "rung_steps"} (ASHA) or {"kind", "interval", "metric", "mode", "quantile",
+    "perturb", "factors", "resample_probability", "min_runs", "judged_steps"} (PBT)}.
     """
     _, resolved = recipe_or_fail(recipe, max_steps)
     print_run_plan(recipe, resolved, as_json=as_json)
@@ -81,8 +82,9 @@ def sweep_report(
     diverged (`diverged`), and the values its control/orch.toml sets over the recipe's
     [defaults]. A run without a record of the metric ranks after the others and says so; a
     run that diverged ranks last, whatever it recorded, and is never the best. The best
-    configuration follows the table. The TUI's leaderboard (`b`) is the
-    same ranking, live.
+    configuration follows the table, with its lineage when it was forked (the runs it
+    descends from, each at its step) and, for population-based training, every exploit and
+    its reason. The TUI's leaderboard (`b`) is the same ranking, live.
 
     --by asymptote ranks the runs whose sigmoid fit of eval reward against steps is
     reliable (4 evals after version 0 or more, and past the fitted midpoint) by its
@@ -94,8 +96,8 @@ def sweep_report(
     --json prints {"experiment", "metric", "mode", "runs": [{"id", "rank", "value",
     "eval_step", "step", "rung", "rung_step", "evicted_by_scheduler", "diverged", "differences",
     "evals": [[step, value]], "fit": null or {"asymptote", "midpoint", "slope", "start",
-    "rmse", "points", "reliable", "note"}, "note"}], "ranked_by", "best": null or {"id",
-    "value", "differences"}}.
+    "rmse", "points", "reliable", "note"}, "note", "lineage"}], "ranked_by", "best": null or
+    {"id", "value", "differences", "lineage"}}.
     """
     path = experiment_or_fail(experiment)
     try:

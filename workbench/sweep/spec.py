@@ -137,7 +137,7 @@ class AshaSpec(_Strict):
     """
 
     kind: Literal["asha"] = Field(
-        "asha", description="asynchronous successive halving (Ray Tune's ASHA)"
+        "asha", description="asynchronous successive halving (Ray Tune's ASHA); the default"
     )
     grace_steps: int = Field(
         5,
