@@ -419,12 +419,17 @@ class Supervisor:
         if self.early_stopping is None:
             return
         try:
-            for eviction in self.early_stopping.poll(now):
+            evictions = self.early_stopping.poll(now)
+            for eviction in evictions:
                 if run_control.read_eviction(layout.run_dir(self.experiment, eviction.run_id)):
                     continue
                 by = self.early_stopping.evicted_by
                 self.evict_run(eviction.run_id, eviction.reason, by=by, now=now)
                 self.early_stopping.evicted(eviction)
+            if evictions:
+                # PBT wrote a fork in the evicted run's place: know it before this tick asks
+                # whether every run is done.
+                self._discover(now)
         except Exception as err:
             self._log_fault(err)
 
