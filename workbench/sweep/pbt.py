@@ -55,7 +55,6 @@ class Member:
     max_steps: int
     start_step: int = 0  # the step of the checkpoint it was forked from
     in_race: bool = True  # not evicted (by anyone)
-    finished: bool = False
     kept_steps: tuple[int, ...] = ()  # the trainer's checkpoints it keeps now
     settings: Mapping[str, Any] = field(default_factory=dict)  # its value of each swept key
 

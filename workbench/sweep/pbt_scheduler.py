@@ -194,7 +194,6 @@ class PopulationBasedTraining:
             max_steps=max_steps,
             start_step=start,
             in_race=run_control.read_eviction(run) is None,
-            finished=run_control.is_finished(run),
             kept_steps=tuple(layout.checkpoint_steps(run, "trainer")),
             settings=settings,
         )
