@@ -5,8 +5,9 @@ Two learning rates through one trainer slot, 6 steps each, an eval and a checkpo
 3 versions, PBT judging at step 3 (min_runs 2, so one run in each quantile). 5e-3 runs
 first; 1e-6 waits for the slot. Why the exploit is certain rather than likely:
 
-- The first run is judged at step 3 alone (too few to rank) and trains on to step 6,
-  keeping checkpoints of steps 3 and 6; it finishes before the second starts.
+- The first run is judged at step 3 against the second's eval of the base model (which
+  needs no slot), goes on as the better of two, and trains on to step 6, keeping
+  checkpoints of steps 3 and 6; it finishes before the second gets the slot.
 - 1e-6 cannot learn: after 3 updates its adapter is about 1e-5 from zero and its greedy
   held-out reward is the base model's. At step 3 it is ranked against the first run's
   latest value (its final eval, above the base model's: the shipped recipe's runs are

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -134,3 +135,35 @@ def test_a_fork_that_cannot_be_made_is_written_down_with_why_and_the_loser_goes_
     action = saved.actions[("run_d", 5)]
     assert action.startswith("fork failed: ") and "max_steps = 5 leaves nothing" in action
     assert not (experiment / "run_d-pbt1").exists()
+
+
+# ---------------------------------------------------------------- a real run, replayed
+
+REAL = Path(__file__).with_name("data") / "pbt_e2e"
+
+
+def test_the_records_of_a_real_pbt_run_replayed_give_the_decisions_it_made(experiment: Path):
+    """`tests/sweep/data/pbt_e2e`: the files tests/e2e/test_pbt_e2e.py's experiment left (the
+    recipe, both runs' metrics.jsonl and orch.toml, sweep/pbt.json as the supervisor wrote
+    it; the fork it made is left out, as it was not there when PBT decided). Read again
+    from the files, with the winner's checkpoint of step 3 kept, PBT decides the same."""
+    recorded = json.loads((REAL / "pbt.json").read_text())
+    shutil.copy(REAL / "recipe.toml", experiment / "recipe.toml")
+    for run_id in ("run_lr5e-3", "run_lr1e-6"):
+        shutil.copytree(REAL / run_id, experiment / run_id)
+    keep_checkpoint(experiment / "run_lr5e-3", 3)
+    spec = PbtSpec.model_validate(recorded["spec"])
+
+    scheduler = PopulationBasedTraining.for_experiment(experiment, spec)
+    [eviction] = scheduler.poll(TICK)
+
+    replayed = [decision.to_json() for decision in scheduler.record.decisions]
+    assert replayed == [
+        {key: value for key, value in decision.items() if key != "action"}
+        for decision in recorded["decisions"]
+    ]
+    assert eviction.run_id == "run_lr1e-6"
+    assert eviction.reason == (
+        "pbt step 3: eval_reward_mean 0.6073, rank 2/2, in the bottom quantile: "
+        "run_lr5e-3@3 (eval_reward_mean 0.8118) goes on as run_lr1e-6-pbt1 with lr 0.005 -> 0.004"
+    )
