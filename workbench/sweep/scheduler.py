@@ -51,7 +51,7 @@ class Scheduler(Protocol):
 @dataclass(frozen=True)
 class EarlyEviction:
     run_id: str
-    rung: int
+    rung: int  # ASHA: the rung it was stopped at; PBT: the step it was judged at
     reason: str
 
 
