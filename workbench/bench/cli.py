@@ -636,8 +636,8 @@ def sweep(
     lineage); for ASHA and for PBT, whether the exhaustive sweep picks the same
     configuration, how far apart the winners' final eval rewards are, and the target: within
     0.02 of the exhaustive winner in at most 0.5x the wall time. Results as JSON and a PNG
-    (benchmarks/results/sweep-latest.png) of each mode's eval curves. The shipped sweep
-    takes 20-25 minutes for all three on a 2-core machine; --quick about 8.
+    (benchmarks/results/sweep-latest.png) of each mode's eval curves. With --quick the
+    shipped sweep took 12 minutes for all three on a busy 2-core machine (2026-11-27).
     """
     from workbench.bench.sweep import SweepBenchError, run_sweep_benchmark
 
