@@ -79,7 +79,7 @@ def type_text(annotation: Any) -> str:
         return ", ".join(f"`{tomlkit.item(item.value).as_string()}`" for item in annotation)
     if origin in (typing.Union, types.UnionType):
         members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
-        return ", ".join(type_text(member) for member in members)
+        return ", ".join(dict.fromkeys(type_text(member) for member in members))
     if origin is list:
         (item,) = typing.get_args(annotation) or (Any,)
         return "list" if item is Any else f"list of {type_text(item)}s"
@@ -117,11 +117,19 @@ def row(key: str, field: FieldInfo) -> str:
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
     """The model of a table field: `X`, `X | None` or `list[X]`."""
-    candidates = [annotation, *typing.get_args(annotation)]
-    for candidate in candidates:
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None
+    models = _models_of(annotation)
+    return models[0] if models else None
+
+
+def _models_of(annotation: Any) -> list[type[BaseModel]]:
+    """Every model a table field may hold: one, or each kind of a tagged union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    models: list[type[BaseModel]] = []
+    for candidate in typing.get_args(annotation):
+        if typing.get_origin(candidate) is not None or isinstance(candidate, type):
+            models += [m for m in _models_of(candidate) if m not in models]
+    return models
 
 
 def rows(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -132,10 +140,20 @@ def rows(model: type[BaseModel], prefix: str = "") -> list[str]:
             lines.append(f"| any `[defaults]` key | | | {field.description} |")
             continue
         lines.append(row(prefix + name, field))
-        nested = _model_of(field.annotation)
-        if nested is not None:
-            lines += rows(nested, f"{prefix}{name}.")
+        nested = _models_of(field.annotation)
+        if len(nested) == 1:
+            lines += rows(nested[0], f"{prefix}{name}.")
+        for kind in nested if len(nested) > 1 else []:
+            # One table, several kinds (`kind = "asha"` or `"pbt"`): each kind's keys.
+            tag = kind.model_fields["kind"].annotation.__args__[0]
+            lines += [_tagged(line, tag) for line in rows(kind, f"{prefix}{name}.")]
     return lines
+
+
+def _tagged(line: str, tag: str) -> str:
+    """A row of one kind of a table: its meaning starts with the kind."""
+    head, _, meaning = line.rstrip(" |").rpartition(" | ")
+    return f"{head} | kind `{tag}`: {meaning} |"
 
 
 def table(title: str, intro: str, lines: list[str]) -> str:

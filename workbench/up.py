@@ -48,6 +48,7 @@ from workbench.supervisor.launch import (
 from workbench.supervisor.lifecycle import UP_STATES, ProcessState
 from workbench.supervisor.preflight import check_recipe
 from workbench.supervisor.startup import StartupPhase
+from workbench.sweep.pbt_scheduler import EVICTED_BY as PBT_EVICTED_BY
 from workbench.sweep.scheduler import EVICTED_BY
 
 POLL_S = 0.5
@@ -195,14 +196,15 @@ def follow_experiment(
 
 def _report_outcome(experiment: Path, report: Report) -> int:
     runs = run_statuses(experiment)
-    # A run early stopping gave up on is an outcome of the sweep, not a failure.
-    stopped_early = [
-        r for r in runs if r.status == Condition.EVICTED and r.evicted_by == EVICTED_BY
-    ]
+    # A run early stopping gave up on, or one PBT replaced by a fork, is an outcome of the
+    # sweep, not a failure.
+    by_sweep = (EVICTED_BY, PBT_EVICTED_BY)
+    stopped_early = [r for r in runs if r.status == Condition.EVICTED and r.evicted_by in by_sweep]
     unfinished = [r for r in runs if r.status != Condition.FINISHED and r not in stopped_early]
     if not unfinished:
         finished = len(runs) - len(stopped_early)
-        early = f", {len(stopped_early)} stopped early by {EVICTED_BY}" if stopped_early else ""
+        by = "/".join(sorted({r.evicted_by for r in stopped_early if r.evicted_by}))
+        early = f", {len(stopped_early)} stopped early by {by}" if stopped_early else ""
         report.say(f"every run finished ({finished}{early})")
         return 0
     for run in unfinished:

@@ -18,6 +18,8 @@ from workbench.bench.sweep import (
     anytime_best,
     compare,
     exhaustive_recipe,
+    pbt_interval,
+    pbt_recipe,
     render_comparison,
     trained_steps,
 )
@@ -40,6 +42,29 @@ def test_the_exhaustive_recipe_is_the_same_sweep_without_early_stopping(tmp_path
     assert exhaustive.trainer == original.trainer
     assert exhaustive.experiment.name == "reverse_text_sweep_exhaustive"
     assert "# A learning-rate x LoRA-rank sweep" in path.read_text(), "comments are kept"
+
+
+def test_the_pbt_recipe_is_the_same_sweep_with_pbt_and_a_checkpoint_at_each_judged_step(
+    tmp_path: Path,
+):
+    path = pbt_recipe(SHIPPED, tmp_path)
+
+    original, pbt = load_recipe(SHIPPED), load_recipe(path)
+    assert pbt.sweep is not None and pbt.sweep.scheduler is not None
+    spec = pbt.sweep.scheduler
+    assert (spec.kind, spec.metric, spec.interval, spec.quantile) == (
+        "pbt", "eval_reward_mean", 10, 0.25,
+    )  # fmt: skip
+    assert spec.judged_steps(40) == [10, 20, 30]
+    assert [run.run_id for run in pbt.planned_runs] == [r.run_id for r in original.planned_runs]
+    assert {config.checkpoint_interval for config in pbt.run_configs().values()} == {10}
+    assert pbt.experiment.name == "reverse_text_sweep_pbt"
+    # Capped at 10 steps (`--quick`), it is judged at step 5.
+    (tmp_path / "quick").mkdir()
+    quick = load_recipe(pbt_recipe(SHIPPED, tmp_path / "quick", max_steps=10))
+    assert quick.sweep is not None and quick.sweep.scheduler is not None
+    assert quick.sweep.scheduler.interval == 5
+    assert (pbt_interval(40, 5), pbt_interval(20, 5), pbt_interval(10, 5)) == (10, 5, 5)
 
 
 def test_a_recipe_without_early_stopping_has_nothing_to_compare(tmp_path: Path):
@@ -128,7 +153,7 @@ def test_comparison_gives_the_winners_gap_the_regret_of_the_pick_and_the_target(
     assert comparison["same_configuration"] is False
     assert comparison["exhaustive_tied_winners"] == ["run_b"]
     assert comparison["winner_gap"] == pytest.approx(0.01)
-    assert comparison["regret_of_asha_pick"] == pytest.approx(0.02)
+    assert comparison["regret_of_pick"] == pytest.approx(0.02)
     assert (comparison["wall_ratio"], comparison["cpu_ratio"]) == (0.4, 0.357)
     assert comparison["target"]["met"] is True
 

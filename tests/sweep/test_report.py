@@ -158,7 +158,12 @@ def test_the_report_files_are_written_into_the_experiment(experiment: Path):
     written = write_report(build_report(experiment))
     assert written == [experiment / "sweep_report.json", experiment / "sweep_report.png"]
     saved = json.loads((experiment / "sweep_report.json").read_text())
-    assert saved["best"] == {"id": "run_lr1e-2", "value": 0.8, "differences": {"lr": 0.01}}
+    assert saved["best"] == {
+        "id": "run_lr1e-2",
+        "value": 0.8,
+        "differences": {"lr": 0.01},
+        "lineage": ["run_lr1e-2"],
+    }
     assert (experiment / "sweep_report.png").read_bytes().startswith(b"\x89PNG")
 
 

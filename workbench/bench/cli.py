@@ -619,22 +619,25 @@ def sweep(
     ] = False,
     max_steps: Annotated[
         int | None,
-        typer.Option(min=1, help="Override \\[defaults] max_steps for every run of both."),
+        typer.Option(min=1, help="Override \\[defaults] max_steps for every run of each."),
     ] = None,
     keep_outputs: Annotated[
-        bool, typer.Option(help="Keep both scratch experiment directories after.")
+        bool, typer.Option(help="Keep the scratch experiment directories after.")
     ] = False,
 ) -> None:
-    """A sweep with its early stopping (ASHA) vs every configuration run to max_steps.
+    """A sweep with its early stopping (ASHA), with PBT, and with every run to max_steps.
 
-    Runs RECIPE headless as written, then again without its \\[sweep.scheduler], one after
-    the other with the same slots, each in a scratch directory. Reports each one's wall time
-    (vLLM start included), CPU-seconds (user + system of its whole process tree), trainer
-    steps and winner (as `sweep report` names it); whether both pick the same configuration
-    and how far apart the winners' final eval rewards are; and the target: ASHA within 0.02
-    of the exhaustive winner in at most 0.5x the wall time. Results as JSON and a PNG
-    (benchmarks/results/sweep-latest.png) of both modes' eval curves. The shipped sweep
-    takes 12-15 minutes for both on a 2-core machine; --quick about 5.
+    Runs RECIPE headless as written (ASHA), then with population-based training as its
+    \\[sweep.scheduler] (the same metric; judged every quarter of max_steps, rounded to the
+    eval interval; the bottom quarter takes a checkpoint of the top quarter), then without
+    a scheduler: one after the other with the same slots, each in a scratch directory.
+    Reports each one's wall time (vLLM start included), CPU-seconds (user + system of its
+    whole process tree), trainer steps and winner (as `sweep report` names it, with its
+    lineage); for ASHA and for PBT, whether the exhaustive sweep picks the same
+    configuration, how far apart the winners' final eval rewards are, and the target: within
+    0.02 of the exhaustive winner in at most 0.5x the wall time. Results as JSON and a PNG
+    (benchmarks/results/sweep-latest.png) of each mode's eval curves. With --quick the
+    shipped sweep took 12 minutes for all three on a busy 2-core machine (2026-11-27).
     """
     from workbench.bench.sweep import SweepBenchError, run_sweep_benchmark
 

@@ -11,6 +11,7 @@ complete run or nothing. From there it is a run made from a copied checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -70,9 +71,20 @@ def parse_source(spec: str) -> tuple[str, int | None]:
     return name, int(step)
 
 
-def fork_run(experiment: Path, source_spec: str, new_id: str, overrides: dict[str, Any]) -> Fork:
+def fork_run(
+    experiment: Path,
+    source_spec: str,
+    new_id: str,
+    overrides: dict[str, Any],
+    *,
+    admit_as: Path | None = None,
+) -> Fork:
     """Create the new run (see the module docstring); raises ForkError before anything is
-    written when the source, its step, the new id or the settings will not do."""
+    written when the source, its step, the new id or the settings will not do.
+
+    `admit_as`: an orch.toml whose modification time the fork's takes, so that the trainer,
+    which admits waiting runs oldest config first, queues the fork where that run was
+    (population-based training puts a fork in the place of the run it replaces)."""
     raw_source, wanted_step = parse_source(source_spec)
     source_id = normalize_run_id(raw_source)
     source = layout.run_dir(experiment, source_id)
@@ -92,7 +104,7 @@ def fork_run(experiment: Path, source_spec: str, new_id: str, overrides: dict[st
         step = _kept_step(source, source_id, wanted_step, source_config)
         run_id, config = _fork_config(experiment, source_id, source_config, step, new_id, overrides)
         try:
-            with_state = _write_fork(experiment, source, step, run_id, config)
+            with_state = _write_fork(experiment, source, step, run_id, config, admit_as)
         except CheckpointPruned:
             if wanted_step is not None or attempt == NEWEST_STEP_ATTEMPTS:
                 raise
@@ -166,7 +178,12 @@ def fork_settings_problem(
 
 
 def _write_fork(
-    experiment: Path, source: Path, step: int, run_id: str, config: OrchestratorConfig
+    experiment: Path,
+    source: Path,
+    step: int,
+    run_id: str,
+    config: OrchestratorConfig,
+    admit_as: Path | None = None,
 ) -> bool:
     """Stage the new run directory and rename it into place; True when the orchestrator's
     state of `step` came along."""
@@ -181,9 +198,12 @@ def _write_fork(
                 layout.checkpoint_part_dir(staging, step, part),
             )
         note = f"Forked from {source.name} at step {step} (checkpoints/step_{step} copied)."
-        layout.atomic_write_text(
-            layout.orch_config_path(staging), orch_toml_text(run_id, config, note)
-        )
+        config_path = layout.orch_config_path(staging)
+        layout.atomic_write_text(config_path, orch_toml_text(run_id, config, note))
+        if admit_as is not None:
+            with contextlib.suppress(FileNotFoundError):  # gone: the fork queues as new
+                stamp = admit_as.stat().st_mtime_ns
+                os.utime(config_path, ns=(stamp, stamp))
         os.rename(staging, layout.run_dir(experiment, run_id))
     except FileNotFoundError as err:
         shutil.rmtree(staging, ignore_errors=True)

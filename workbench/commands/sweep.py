@@ -22,7 +22,9 @@ from workbench.commands.common import (
 from workbench.recipe import Recipe
 from workbench.sweep import scheduler
 from workbench.sweep.fit import SigmoidFit
+from workbench.sweep.pbt_scheduler import exploit_lines
 from workbench.sweep.report import RunOutcome, SweepReport, build_report, write_report
+from workbench.sweep.spec import PbtSpec
 from workbench.sweep.values import describe_values
 
 sweep_app = command_group(
@@ -52,7 +54,8 @@ def sweep_plan(
 
     --json prints {"recipe", "slots", "runs": [{"id", "source", "position", "values"}],
     "early_stopping": null or {"kind", "metric", "mode", "grace_steps", "reduction_factor",
-    "min_runs", "rung_steps"}}.
+    "min_runs", "rung_steps"} (ASHA) or {"kind", "interval", "metric", "mode", "quantile",
+    "perturb", "factors", "resample_probability", "min_runs", "judged_steps"} (PBT)}.
     """
     _, resolved = recipe_or_fail(recipe, max_steps)
     print_run_plan(recipe, resolved, as_json=as_json)
@@ -79,8 +82,9 @@ def sweep_report(
     diverged (`diverged`), and the values its control/orch.toml sets over the recipe's
     [defaults]. A run without a record of the metric ranks after the others and says so; a
     run that diverged ranks last, whatever it recorded, and is never the best. The best
-    configuration follows the table. The TUI's leaderboard (`b`) is the
-    same ranking, live.
+    configuration follows the table, with its lineage when it was forked (the runs it
+    descends from, each at its step) and, for population-based training, every exploit and
+    its reason. The TUI's leaderboard (`b`) is the same ranking, live.
 
     --by asymptote ranks the runs whose sigmoid fit of eval reward against steps is
     reliable (4 evals after version 0 or more, and past the fitted midpoint) by its
@@ -92,8 +96,8 @@ def sweep_report(
     --json prints {"experiment", "metric", "mode", "runs": [{"id", "rank", "value",
     "eval_step", "step", "rung", "rung_step", "evicted_by_scheduler", "diverged", "differences",
     "evals": [[step, value]], "fit": null or {"asymptote", "midpoint", "slope", "start",
-    "rmse", "points", "reliable", "note"}, "note"}], "ranked_by", "best": null or {"id",
-    "value", "differences"}}.
+    "rmse", "points", "reliable", "note"}, "note", "lineage"}], "ranked_by", "best": null or
+    {"id", "value", "differences", "lineage"}}.
     """
     path = experiment_or_fail(experiment)
     try:
@@ -115,10 +119,13 @@ def print_run_plan(path: Path, recipe: Recipe, *, as_json: bool) -> None:
     if as_json:
         stopping = None
         if spec is not None:
-            stopping = {
-                **spec.model_dump(mode="json"),
-                "rung_steps": spec.rung_steps(recipe.defaults.max_steps),
-            }
+            max_steps = recipe.defaults.max_steps
+            steps = (
+                {"judged_steps": spec.judged_steps(max_steps)}
+                if isinstance(spec, PbtSpec)
+                else {"rung_steps": spec.rung_steps(max_steps)}
+            )
+            stopping = {**spec.model_dump(mode="json"), **steps}
         payload = {
             "recipe": str(path),
             "slots": slots,
@@ -150,9 +157,9 @@ def print_run_plan(path: Path, recipe: Recipe, *, as_json: bool) -> None:
             str(position + 1), run.run_id, starts, escape(describe_values(run.values) or "-")
         )
     console.print(table)
-    if spec is not None:
+    if spec is not None and recipe.sweep is not None:
         console.print(
-            escape(f"early stopping: {scheduler.describe(spec, recipe.defaults.max_steps)}"),
+            escape(scheduler.describe_scheduler(spec, recipe.sweep, recipe.defaults.max_steps)),
             highlight=False,
             soft_wrap=True,
         )
@@ -192,6 +199,19 @@ def _print_sweep_report(report: SweepReport) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    _print_population(report, best)
+
+
+def _print_population(report: SweepReport, best: RunOutcome) -> None:
+    """Population-based training's exploits, and the line the best run descends from."""
+    exploits = exploit_lines(report.experiment)
+    if len(best.lineage) > 1:
+        line = " <- ".join(best.lineage)
+        console.print(escape(f"lineage of {best.id}: {line}"), highlight=False, soft_wrap=True)
+    if exploits:
+        console.print("pbt exploits:", highlight=False)
+        for text in exploits:
+            console.print(escape(f"  {text}"), highlight=False, soft_wrap=True)
 
 
 def metric_cell(run: RunOutcome) -> str:

@@ -10,7 +10,7 @@ these paths by hand: they come from here, so a rename is a one-line change.
       supervisor/               state.json, control socket, pid file
       logs/                     inference.log, trainer.log, supervisor.log
       trainer/runs.json         the trainer's view: which run holds which slot, progress
-      sweep/                    plan.json (runs and their swept values), asha.json (rungs)
+      sweep/                    plan.json (runs and their swept values), asha.json (rungs), pbt.json
       tracking/                 <run_id>.json: how far each run's metrics were forwarded
       busy/                     trainer.json, <run_id>.json: what each process did lately (busy.py)
       run_<id>/
@@ -97,6 +97,11 @@ def sweep_plan_path(experiment: Path) -> Path:
 def asha_state_path(experiment: Path) -> Path:
     """Written by the supervisor's early stopping: every rung decision so far."""
     return sweep_dir(experiment) / "asha.json"
+
+
+def pbt_state_path(experiment: Path) -> Path:
+    """Written by the supervisor's population-based training: every decision so far."""
+    return sweep_dir(experiment) / "pbt.json"
 
 
 def tracking_dir(experiment: Path) -> Path:

@@ -79,7 +79,7 @@ from workbench.supervisor.process import (
     SupervisedProcess,
 )
 from workbench.supervisor.startup import ProcessFacts, StartupTracker
-from workbench.sweep.scheduler import EVICTED_BY, EarlyStopping
+from workbench.sweep.scheduler import start_scheduler
 from workbench.system.clock import now_iso, unix_time
 from workbench.tracking import MetricsForwarder, start_forwarding
 
@@ -179,7 +179,7 @@ class Supervisor:
         self.tracking: MetricsForwarder | None = None
         self._faults: dict[str, float] = {}
         self.early_stopping = (
-            EarlyStopping(self.experiment, plan.early_stopping)
+            start_scheduler(self.experiment, plan.early_stopping)
             if plan.early_stopping is not None
             else None
         )
@@ -419,11 +419,17 @@ class Supervisor:
         if self.early_stopping is None:
             return
         try:
-            for eviction in self.early_stopping.poll(now):
+            evictions = self.early_stopping.poll(now)
+            for eviction in evictions:
                 if run_control.read_eviction(layout.run_dir(self.experiment, eviction.run_id)):
                     continue
-                self.evict_run(eviction.run_id, eviction.reason, by=EVICTED_BY, now=now)
+                by = self.early_stopping.evicted_by
+                self.evict_run(eviction.run_id, eviction.reason, by=by, now=now)
                 self.early_stopping.evicted(eviction)
+            if evictions:
+                # PBT wrote a fork in the evicted run's place: know it before this tick asks
+                # whether every run is done.
+                self._discover(now)
         except Exception as err:
             self._log_fault(err)
 

@@ -39,7 +39,7 @@ from workbench.supervisor import paths
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec
 from workbench.sweep import scheduler
-from workbench.sweep.spec import AshaSpec
+from workbench.sweep.spec import AshaSpec, PbtSpec
 from workbench.system.gpus import detect_gpu_count  # preflight and tests reach it here
 from workbench.system.lifeline import PARENT_PID_ENV
 from workbench.system.ports import bind_error, free_port, interface_ipv4, interface_names
@@ -90,7 +90,8 @@ class Plan:
 
     orchestrator(run_id, run_dir) builds the spec of a run's orchestrator when discovery
     finds the run. notes are logged by the supervisor at start (choices it made).
-    early_stopping, when set, has the supervisor evict runs that fall behind at a rung.
+    early_stopping, when set, is the sweep's scheduler: ASHA evicts runs that fall behind at a
+    rung; PBT has runs that fall behind take the checkpoint of runs ahead.
     tracking, when set, has it forward every run's metrics to a tracker (workbench.tracking).
     """
 
@@ -98,7 +99,7 @@ class Plan:
     orchestrator: Callable[[str, Path], ProcessSpec]
     notes: list[str] = field(default_factory=list)
     placement: str = ""  # which GPUs run what, and how the trainer's ranks hold the base
-    early_stopping: AshaSpec | None = None
+    early_stopping: AshaSpec | PbtSpec | None = None
     tracking: TrackingTarget | None = None
 
 
@@ -505,7 +506,7 @@ def _plan_notes(
     gpu_count: int,
     placement: str,
     rendezvous: Rendezvous,
-    early_stopping: AshaSpec | None,
+    early_stopping: AshaSpec | PbtSpec | None,
 ) -> list[str]:
     """What the supervisor says about the plan as it starts: GPUs, placement, rendezvous,
     early stopping."""
@@ -514,10 +515,9 @@ def _plan_notes(
         notes.append("no GPU on this machine: the recipe's gpus lists are ignored")
     notes.append(placement)
     notes.append(rendezvous.describe())
-    if early_stopping is not None:
-        notes.append(
-            f"early stopping: {scheduler.describe(early_stopping, recipe.defaults.max_steps)}"
-        )
+    if early_stopping is not None and recipe.sweep is not None:
+        max_steps = recipe.defaults.max_steps
+        notes.append(scheduler.describe_scheduler(early_stopping, recipe.sweep, max_steps))
     return notes
 
 

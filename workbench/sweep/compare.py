@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, Any
 from workbench import curves
 from workbench.files import layout
 from workbench.sweep.files import read_asha
+from workbench.sweep.pbt import lineage_sources
 from workbench.sweep.report import (
     DEFAULT_METRIC,
     DEFAULT_MODE,
     RunOutcome,
     build_report,
+    forked_from,
     rank_runs,
     ranking_metric,
     read_recipe,
@@ -261,20 +263,8 @@ def lineage_of(run_id: str, values: dict[str, dict[str, Any] | None]) -> list[So
     """The runs `run_id` was forked from, nearest first, followed back through `values`
     (every run's config values in its experiment) until a run that was not forked, one that
     is gone, or a loop."""
-    lineage: list[Source] = []
-    seen = {run_id}
-    current = values.get(run_id)
-    while current is not None:
-        source_run = current.get(f"{LINEAGE_KEY}.run")
-        source_step = current.get(f"{LINEAGE_KEY}.step")
-        if not isinstance(source_run, str) or not isinstance(source_step, int):
-            break
-        lineage.append(Source(source_run, source_step))
-        if source_run in seen:
-            break
-        seen.add(source_run)
-        current = values.get(source_run)
-    return lineage
+    sources = {run: forked_from(run_values or {}) for run, run_values in values.items()}
+    return [Source(run, step) for run, step in lineage_sources(run_id, sources)]
 
 
 # ---------------------------------------------------------------- helpers

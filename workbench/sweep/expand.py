@@ -44,7 +44,15 @@ from workbench.sweep.checks import (
     rule_problems,
 )
 from workbench.sweep.ids import SIGNIFICANT_DIGITS, index_ids, value_ids
-from workbench.sweep.spec import IntRange, LogUniform, SweepSection, Uniform
+from workbench.sweep.pbt_checks import pbt_problems
+from workbench.sweep.spec import (
+    SCHEDULER_MODELS,
+    IntRange,
+    LogUniform,
+    PbtSpec,
+    SweepSection,
+    Uniform,
+)
 from workbench.sweep.values import nested
 
 
@@ -91,12 +99,9 @@ def plan_sweep(
     try:
         section = SweepSection.model_validate(raw)
     except ValidationError as err:
-        problems += [
-            problem_at(
-                ("sweep", *item["loc"]), explain_error(item, SweepSection, item["loc"]), text
-            )
-            for item in err.errors()
-        ]
+        for item in err.errors():
+            loc, message = _explained(item)
+            problems.append(problem_at(("sweep", *loc), message, text))
     # The swept keys are checked even when another key of [sweep] is wrong: every
     # problem is reported at once.
     grid, sampled, param_problems = read_params(raw, defaults, text)
@@ -104,6 +109,9 @@ def plan_sweep(
     if section is None or problems:  # the rules below count and compare values
         return section, [], problems
     problems += rule_problems(section, grid, sampled, text)
+    if isinstance(section.scheduler, PbtSpec):
+        runs = len(taken_ids) + count_runs(section, grid, sampled)
+        problems += pbt_problems(section.scheduler, grid + sampled, defaults, runs, text)
     if problems:
         return section, [], problems
     runs = _expand(section, grid, sampled, _seed_of(defaults))
@@ -122,6 +130,18 @@ def expand_sweep(section: SweepSection, defaults: dict[str, Any]) -> list[Planne
     return runs
 
 
+def _explained(item: Any) -> tuple[tuple, str]:
+    """An error's key in [sweep] and its message. pydantic puts the scheduler's kind in the
+    location of its errors (`scheduler.pbt.interval`), which the recipe has no key for;
+    they are explained against that kind's model."""
+    loc = tuple(item["loc"])
+    if len(loc) > 1 and loc[0] == "scheduler" and loc[1] in SCHEDULER_MODELS:
+        inner = loc[2:]
+        model = SCHEDULER_MODELS[loc[1]]
+        return (loc[0], *inner), explain_error({**item, "loc": inner}, model, inner)
+    return loc, explain_error(item, SweepSection, loc)
+
+
 # ---------------------------------------------------------------- expansion
 
 
@@ -134,7 +154,7 @@ def _expand(
     runs = []
     for repeat in range(section.repeats):
         for sample in range(samples):
-            drawn = {param.key: _draw(param, section.seed, sample) for param in sampled}
+            drawn = {param.key: draw_value(param, section.seed, sample) for param in sampled}
             for combination in itertools.product(*(param.values for param in grid)):
                 values = {
                     param.key: copy.deepcopy(v) for param, v in zip(grid, combination, strict=True)
@@ -146,7 +166,8 @@ def _expand(
     return runs
 
 
-def _draw(param: Param, seed: int, sample: int) -> Any:
+def draw_value(param: Param, seed: int | float | str, sample: int) -> Any:
+    """One draw of a [sweep.random] key; the same (seed, sample, key) draws the same."""
     # A string seed is hashed with SHA-512: the same draw on every machine and Python.
     rng = random.Random(f"{seed}/{sample}/{param.key}")
     distribution = param.distribution

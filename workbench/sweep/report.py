@@ -12,7 +12,9 @@ Each run's eval curve also gets a sigmoid fit against its steps (`workbench.swee
 asymptote, midpoint, slope). Ranked `by="asymptote"`, the runs whose fit is reliable come
 first, by predicted asymptote; the others follow, ranked by their last record as above.
 
-For each run the report also gives the step it reached, the highest early-stopping rung
+For each run the report also gives its lineage (the runs it was forked from, back to one
+that started afresh: a fork's `forked_from`, as population-based training writes them),
+the step it reached, the highest early-stopping rung
 it was judged at (from `sweep/asha.json`), whether early stopping evicted it or it
 diverged, and how its `control/orch.toml` differs from the recipe's `[defaults]`.
 
@@ -38,6 +40,7 @@ from workbench.files.metrics import read_metrics
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import AshaRecord, read_asha
 from workbench.sweep.fit import SigmoidFit, fit_sigmoid
+from workbench.sweep.pbt import lineage
 from workbench.sweep.scheduler import EVICTED_BY
 from workbench.sweep.spec import AshaSpec
 from workbench.sweep.values import flatten_values
@@ -67,6 +70,8 @@ class RunOutcome:
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, value), by step
     note: str | None = None
     fit: SigmoidFit | None = None  # of `evals`, when there is a version 0 and a later one
+    # The run, then each run it was forked from at its step: `["b-pbt1", "a@10"]`.
+    lineage: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -106,7 +111,12 @@ class SweepReport:
             "runs": [run.to_json() for run in self.runs],
             "best": None
             if best is None
-            else {"id": best.id, "value": best.value, "differences": best.differences},
+            else {
+                "id": best.id,
+                "value": best.value,
+                "differences": best.differences,
+                "lineage": best.lineage,
+            },
         }
 
 
@@ -164,6 +174,9 @@ def rank_report(
         if standing is not None:
             outcome.rung, outcome.rung_step = standing.rung, standing.step
             outcome.evicted_by_scheduler = _evicted_by_scheduler(eviction, standing, asha)
+    sources = {outcome.id: forked_from(outcome.differences) for outcome in outcomes}
+    for outcome in outcomes:
+        outcome.lineage = lineage(outcome.id, sources)
     ranked = rank_runs(outcomes, mode, by)
     return SweepReport(experiment=experiment, metric=metric, mode=mode, runs=ranked, by=by)
 
@@ -259,6 +272,12 @@ def run_values(run: Path) -> dict[str, Any] | None:
     except ConfigError:
         return None
     return flatten_values(config.model_dump(mode="json"))
+
+
+def forked_from(values: dict[str, Any]) -> tuple[str, int] | None:
+    """A run's (source, step) from its config values (`forked_from.run`, `.step`), or None."""
+    source, step = values.get("forked_from.run"), values.get("forked_from.step")
+    return (source, step) if isinstance(source, str) and isinstance(step, int) else None
 
 
 def _evicted_by_scheduler(

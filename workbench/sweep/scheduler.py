@@ -1,5 +1,8 @@
 """The supervisor's early stopping: follow each run's metrics, ask ASHA, hand back evictions.
 
+(`start_scheduler` picks this or population-based training, `workbench.sweep.pbt_scheduler`,
+by the recipe's `[sweep.scheduler]` kind; both answer the supervisor's `Scheduler` calls.)
+
 `EarlyStopping.poll` runs on the supervisor's loop (at most once a second). It reads what
 each `run_*/metrics.jsonl` gained since the last poll (complete lines only), builds each
 run's curve of the metric, lets `workbench.sweep.asha.advance` decide, and writes every
@@ -18,13 +21,14 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.files import layout, run_control
 from workbench.files.metrics import parse_record
 from workbench.sweep.asha import MetricPoint, RunCurve, RungResult, advance
 from workbench.sweep.files import AshaRecord, read_asha, write_asha
-from workbench.sweep.spec import AshaSpec
+from workbench.sweep.spec import AshaSpec, PbtSpec, SweepSection
 from workbench.system.clock import unix_time
 from workbench.system.file_tail import AppendedLines
 
@@ -34,10 +38,20 @@ POLL_INTERVAL_S = 1.0
 EVICTED_BY = "asha"
 
 
+class Scheduler(Protocol):
+    """What the supervisor asks of a scheduler, ASHA's or PBT's, on its loop."""
+
+    evicted_by: str
+
+    def poll(self, now: float) -> list[EarlyEviction]: ...
+
+    def evicted(self, eviction: EarlyEviction) -> None: ...
+
+
 @dataclass(frozen=True)
 class EarlyEviction:
     run_id: str
-    rung: int
+    rung: int  # ASHA: the rung it was stopped at; PBT: the step it was judged at
     reason: str
 
 
@@ -58,6 +72,7 @@ class EarlyStopping:
     def __init__(self, experiment: Path, spec: AshaSpec, *, interval_s: float = POLL_INTERVAL_S):
         self.experiment = Path(experiment)
         self.spec = spec
+        self.evicted_by = EVICTED_BY
         self.interval_s = interval_s
         self._runs: dict[str, _FollowedRun] = {}
         self._next_poll = 0.0
@@ -218,6 +233,24 @@ class EarlyStopping:
             rank,
             result.decision.replace("_", " "),
         )
+
+
+def start_scheduler(experiment: Path, spec: AshaSpec | PbtSpec) -> Scheduler:
+    """The supervisor's scheduler for the recipe's `[sweep.scheduler]`."""
+    if isinstance(spec, PbtSpec):
+        from workbench.sweep.pbt_scheduler import PopulationBasedTraining
+
+        return PopulationBasedTraining.for_experiment(experiment, spec)
+    return EarlyStopping(experiment, spec)
+
+
+def describe_scheduler(spec: AshaSpec | PbtSpec, sweep: SweepSection, max_steps: int) -> str:
+    """One line for logs and `workbench sweep plan`, for either kind."""
+    if isinstance(spec, PbtSpec):
+        from workbench.sweep.pbt_scheduler import describe as describe_pbt
+
+        return describe_pbt(spec, sweep, max_steps)
+    return f"early stopping: {describe(spec, max_steps)}"
 
 
 def describe(spec: AshaSpec, max_steps: int) -> str:

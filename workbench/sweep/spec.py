@@ -19,14 +19,22 @@ runs. This module imports nothing of workbench.
     "sampling.temperature" = { distribution = "uniform", low = 0.7, high = 1.2 }
 
     [sweep.scheduler]
-    kind = "asha"
+    kind = "asha"          # or "pbt": population-based training (PbtSpec)
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    model_validator,
+)
 
 # Above this, a typo in a grid (a list of 1000 values) is likelier than a real plan.
 MAX_RUNS_LIMIT = 1000
@@ -104,7 +112,20 @@ def bounds_of(distribution: Distribution) -> list[Any]:
     return [distribution.low, distribution.high]
 
 
-# ---------------------------------------------------------------- early stopping
+# ---------------------------------------------------------------- schedulers
+
+
+def _metric_field() -> Any:
+    """What a scheduler ranks runs by (both kinds spell it alike)."""
+    return Field(
+        "eval_reward_mean",
+        min_length=1,
+        description="any key of the runs' `metrics.jsonl` records, e.g. `reward_mean`",
+    )
+
+
+def _mode_field() -> Any:
+    return Field("max", description="`max`: higher values are better; `min`: lower ones")
 
 
 class AshaSpec(_Strict):
@@ -116,7 +137,7 @@ class AshaSpec(_Strict):
     """
 
     kind: Literal["asha"] = Field(
-        "asha", description="asynchronous successive halving (Ray Tune's ASHA), the only kind"
+        "asha", description="asynchronous successive halving (Ray Tune's ASHA); the default"
     )
     grace_steps: int = Field(
         5,
@@ -130,14 +151,8 @@ class AshaSpec(_Strict):
         description="rungs at `grace_steps * reduction_factor^k` below `max_steps`; at each, a "
         "run below the `1 - 1/reduction_factor` quantile is evicted",
     )
-    metric: str = Field(
-        "eval_reward_mean",
-        min_length=1,
-        description="any key of the runs' `metrics.jsonl` records, e.g. `reward_mean`",
-    )
-    mode: Literal["max", "min"] = Field(
-        "max", description="`max`: higher values are better; `min`: lower ones"
-    )
+    metric: str = _metric_field()
+    mode: Literal["max", "min"] = _mode_field()
     min_runs: int = Field(
         3, ge=1, description="a run's judgement at a rung waits until this many reached it"
     )
@@ -150,6 +165,80 @@ class AshaSpec(_Strict):
             steps.append(step)
             step *= self.reduction_factor
         return steps
+
+
+class PbtSpec(_Strict):
+    """`[sweep.scheduler]` with `kind = "pbt"`: population-based training (Ray Tune's PBT).
+
+    Every `interval` steps a run is ranked by its metric against the latest values of the
+    runs still training; one in the bottom `quantile` takes the newest checkpoint of a run
+    in the top `quantile` (a fork) with that run's settings, the `perturb` keys perturbed.
+    """
+
+    kind: Literal["pbt"] = Field(description='"pbt": population-based training')
+    interval: int = Field(
+        ge=1,
+        description="a run is judged at steps interval, 2*interval, ... below its max_steps; a "
+        "multiple of `eval.interval` (for eval metrics) and of `checkpoint_interval`",
+    )
+    metric: str = _metric_field()
+    mode: Literal["max", "min"] = _mode_field()
+    quantile: float = Field(
+        0.25,
+        gt=0,
+        le=0.5,
+        description="the bottom quantile takes a checkpoint of the top quantile (at least one "
+        "run each once `min_runs` are ranked)",
+    )
+    perturb: list[str] | None = Field(
+        None,
+        description="the `[sweep]` keys a fork perturbs; by default every grid and random key a "
+        "fork may change (not `lora.rank` or `lora.alpha`: they come with the checkpoint)",
+    )
+    factors: list[float] = Field(
+        default_factory=lambda: [0.8, 1.2],
+        min_length=1,
+        description="a float key is multiplied by one of these, chosen at random",
+    )
+    resample_probability: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="the chance a key is drawn afresh from its `[sweep]` values or distribution "
+        "instead; keys that are not floats are always drawn afresh",
+    )
+    min_runs: int = Field(
+        3, ge=2, description="judge a run only once this many runs have a value to rank"
+    )
+
+    @model_validator(mode="after")
+    def _factors_change_something(self) -> PbtSpec:
+        bad = [factor for factor in self.factors if not factor > 0]
+        if bad:
+            raise ValueError(f"factors must be above 0 (found {bad[0]:g}), e.g. [0.8, 1.2]")
+        if all(factor == 1 for factor in self.factors):
+            raise ValueError("factors are all 1: nothing would change; e.g. [0.8, 1.2]")
+        return self
+
+    def judged_steps(self, max_steps: int, start: int = 0) -> list[int]:
+        """The steps after `start` and below `max_steps` where a run is judged."""
+        first = (start // self.interval + 1) * self.interval
+        return list(range(first, max_steps, self.interval))
+
+
+def _scheduler_kind(value: Any) -> str:
+    # `kind` may be left out for ASHA, which came first.
+    if isinstance(value, dict):
+        return str(value.get("kind", "asha"))
+    return str(getattr(value, "kind", "asha"))
+
+
+SchedulerSpec = Annotated[
+    Annotated[AshaSpec, Tag("asha")] | Annotated[PbtSpec, Tag("pbt")],
+    Discriminator(_scheduler_kind),
+]
+SCHEDULER_SPEC: TypeAdapter[AshaSpec | PbtSpec] = TypeAdapter(SchedulerSpec)
+SCHEDULER_MODELS: dict[str, type[BaseModel]] = {"asha": AshaSpec, "pbt": PbtSpec}
 
 
 # ---------------------------------------------------------------- the table
@@ -188,6 +277,8 @@ class SweepSection(_Strict):
         description="run ids: `values` (`run_lr3e-3_rank8`), `index` (`run_sweep07`), or `auto`: "
         "values when every id is readable, unique and at most 64 characters, else an index",
     )
-    scheduler: AshaSpec | None = Field(
-        None, description="early stopping of runs that fall behind; none by default"
+    scheduler: SchedulerSpec | None = Field(
+        None,
+        description="`asha`: early stopping of runs that fall behind; `pbt`: population-based "
+        "training; none by default",
     )
