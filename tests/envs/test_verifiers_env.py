@@ -277,6 +277,8 @@ class OpenAIStandin:
 
 @pytest.mark.slow
 def test_episodes_run_against_the_server_and_take_the_rubrics_rewards(verifiers_python):
+    import psutil
+
     server = OpenAIStandin()
     env = reverse_env(taskset={"num_tasks": 12}, eval_fraction=0.2)
     try:
@@ -289,6 +291,10 @@ def test_episodes_run_against_the_server_and_take_the_rubrics_rewards(verifiers_
             n=3,
             sampling=SamplingParams(max_tokens=5, temperature=0.8, top_p=0.9),
         )
+        # The episodes ran in the environment's process: it started no program for them
+        # (a finished child's CPU time would be counted here).
+        times = psutil.Process(env.server.process.pid).cpu_times()
+        assert times.children_user + times.children_system == 0
     finally:
         env.close()
         server.close()

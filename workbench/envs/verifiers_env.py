@@ -80,7 +80,8 @@ class VerifiersArgs(EnvArgs):
     harness: str | None = Field(
         None,
         description="the harness that plays each episode (verifiers' harness id); default "
-        "the taskset's own, else `null`, verifiers' tool-less chat loop",
+        "the taskset's own, else `workbench-chat`, verifiers' tool-less chat loop run in the "
+        "environment's process (`null` runs it as a program per episode)",
     )
     agent: dict[str, Any] = Field(
         default_factory=dict,

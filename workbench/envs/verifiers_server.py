@@ -188,6 +188,15 @@ def _take_token_fields(raw: dict[str, Any]) -> tuple[Any, list[int] | None, list
 # ---------------------------------------------------------------- the environment
 
 
+def _register_chat_harness() -> str:
+    """Make `workbench-chat` (`verifiers_chat.py`, beside this script) a harness id that
+    verifiers can load: it imports a harness id as a module of that name."""
+    import verifiers_chat
+
+    sys.modules.setdefault(verifiers_chat.MODULE_NAME, verifiers_chat)
+    return verifiers_chat.HARNESS_ID
+
+
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in over.items():
@@ -221,11 +230,12 @@ class Served:
         self.vf = vf
         self.config = config
         taskset_id = config["taskset_id"]
+        chat = _register_chat_harness()
         self.harness = config.get("harness") or vf.default_harness_id(taskset_id)
         if self.harness == "bash" and not config.get("harness"):
             # A taskset without a harness of its own gets the tool-less chat loop, not a
-            # shell on this machine.
-            self.harness = "null"
+            # shell on this machine; run in this process, not as a program per episode.
+            self.harness = chat
         train_env = self._environment(config.get("taskset") or {})
         tasks = self._tasks(train_env, "env_args.taskset")
         eval_args = config.get("eval_taskset")
