@@ -31,7 +31,7 @@ from workbench.envs import (
     verifiers_venv,
 )
 from workbench.envs.episode import Episode
-from workbench.envs.external import ExternalEpisodes
+from workbench.envs.external import ExternalEpisodeError, ExternalEpisodes
 from workbench.envs.verifiers_env import VerifiersEnvironment
 from workbench.files.endpoint import Endpoint
 from workbench.orchestrator.episodes import run_episodes
@@ -215,8 +215,9 @@ class OpenAIStandin:
     message. It answers the reversal, but only the first `seed % 4 + 2` characters of it,
     so episodes of one prompt score differently."""
 
-    def __init__(self) -> None:
+    def __init__(self, refused: str | None = None) -> None:
         self.requests: list[dict] = []
+        self.refused = refused  # a text whose turns get an error, not a reply
         standin = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -226,6 +227,9 @@ class OpenAIStandin:
                     {**body, "authorization": self.headers.get("Authorization"), "path": self.path}
                 )
                 text = body["messages"][-1]["content"]
+                if text == standin.refused:
+                    self.send_error(500, "the model is down")
+                    return
                 reply = text[::-1][: body["seed"] % 4 + 2]
                 ids = [ord(c) for c in reply]
                 answer = {
@@ -328,6 +332,26 @@ def test_episodes_run_against_the_server_and_take_the_rubrics_rewards(verifiers_
             assert episode.truncated == (len(reply) < len(text))
             assert episode.transcript() == reply
     assert len(set(rewards)) > 1, "episodes of one prompt score differently"
+
+
+@pytest.mark.slow
+def test_an_episode_that_fails_is_left_out_and_a_call_whose_every_episode_fails_raises(
+    verifiers_python,
+):
+    env = reverse_env(taskset={"num_tasks": 12}, eval_fraction=0.2)
+    prompts = env.sample_prompts(2, seed=1)
+    server = OpenAIStandin(refused=prompts[0].question)
+    sampling = SamplingParams(max_tokens=5)
+    try:
+        groups = env.run_episodes(
+            server.endpoint, prompts, [11, 12], model="m", n=3, sampling=sampling
+        )
+        assert [len(group) for group in groups] == [0, 3], "the failed prompt's are left out"
+        with pytest.raises(ExternalEpisodeError, match="500"):
+            env.run_episodes(server.endpoint, prompts[:1], [11], model="m", n=2, sampling=sampling)
+    finally:
+        env.close()
+        server.close()
 
 
 @pytest.mark.slow
