@@ -374,6 +374,16 @@ def test_up_measures_a_verifiers_runs_prompts_and_leaves_no_process(verifiers_py
 
 
 @pytest.mark.slow
+def test_the_shipped_verifiers_recipe_passes_every_check(verifiers_python):
+    from workbench.up import read_recipe
+
+    recipe = Path(__file__).parents[2] / "recipes" / "verifiers_reverse_text.toml"
+    _, loaded = read_recipe(recipe)
+    configs = loaded.run_configs().values()
+    assert {c.env for c in configs} == {"verifiers:vf_reverse_text"}
+
+
+@pytest.mark.slow
 def test_the_environments_process_ends_with_it(verifiers_python):
     import gc
 

@@ -27,7 +27,7 @@ class TwiceTask(vf.Task[TwiceData]):
         wanted = [self.data.answer, self.data.second[::-1]]
         scores = [
             difflib.SequenceMatcher(None, reply, answer).ratio()
-            for reply, answer in zip(replies, wanted)
+            for reply, answer in zip(replies, wanted, strict=False)
         ]
         return sum(scores) / len(wanted)
 
@@ -60,4 +60,4 @@ class ReverseTwiceEnv(vf.Env[TwiceEnvConfig]):
                 await chat.turn(task.data.second)
 
 
-__all__ = ["TwiceTaskset", "ReverseTwiceEnv"]
+__all__ = ["ReverseTwiceEnv", "TwiceTaskset"]
