@@ -86,3 +86,17 @@ def test_the_runs_axis_spans_the_curves_shown_not_the_whole_reward_range():
     assert padded_range([-0.5, 0.5], 0.0, 1.0)[0] == -0.5
     # a flat curve still gets an axis of its own
     assert padded_range([0.7, 0.7], 0.0, 1.0) == (pytest.approx(0.69), pytest.approx(0.71))
+
+
+def test_a_runs_sparkline_takes_in_rewards_outside_0_1():
+    from workbench.tui.data import RunView
+    from workbench.tui.widgets.runs_table import run_cells
+
+    def trend(rewards):
+        run = RunView(id="r", status="running", step=3, rewards=tuple(rewards))
+        return run_cells(run, now=0.0)["trend"].plain
+
+    assert trend([0.0, 0.5, 1.0]) == "▁▅█", "rewards in [0, 1] keep the fixed scale"
+    # A verifiers rubric's weighted sum: 1.0 is not drawn as the top, 1.5 is.
+    assert trend([0.0, 1.0, 1.5]) == "▁▆█"
+    assert trend([-1.0, 0.0, 1.0]) == "▁▅█"

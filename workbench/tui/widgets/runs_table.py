@@ -34,13 +34,16 @@ def run_cells(run: RunView, now: float) -> dict[str, Cell]:
 
 def _still_cells(run: RunView) -> dict[str, Cell]:
     """The cells that change only when the run does (not with the clock)."""
-    # Rewards are in [0, 1]: fixed bounds make every row's sparkline comparable.
+    # Most environments' rewards are in [0, 1]: fixed bounds make every row's sparkline
+    # comparable. A verifiers environment's may not be: its row's scale widens to take them in.
+    shown = run.rewards[-SPARK_WIDTH:]
+    low, high = min([0.0, *shown]), max([1.0, *shown])
     return {
         "id": run.id,
         "status": Text(run.status, style=STATUS_STYLES.get(run.status, "")),
         "step": format_steps(run.step, run.max_steps),
         "reward": format_reward(run.reward),
-        "trend": Text(sparkline(run.rewards, SPARK_WIDTH, low=0.0, high=1.0), style="cyan"),
+        "trend": Text(sparkline(run.rewards, SPARK_WIDTH, low=low, high=high), style="cyan"),
         "tokens": format_count(run.tokens),
     }
 
