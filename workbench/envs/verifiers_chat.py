@@ -17,6 +17,7 @@ words: "the interception is the contract, not the process" (`Harness.launch`).
 from __future__ import annotations
 
 import asyncio
+import json
 import traceback
 import types
 from contextlib import AsyncExitStack
@@ -43,11 +44,30 @@ def chat_program() -> types.ModuleType:
 
 @cache
 def shared_http() -> Any:
-    """One HTTP client for every episode's calls to the interception server: the server is
-    local, and a client per episode would rebuild its TLS context each time."""
+    """One httpx client for the chat program's SDK calls (episodes with tools): the
+    interception server is local, and a client per episode would rebuild its TLS context
+    each time."""
     import httpx
 
     return httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+
+
+_session: Any = None
+
+
+def interception_session() -> Any:
+    """One aiohttp session for the tool-less episodes' turns (made in the server's one
+    event loop). aiohttp, not httpx: with a step's episodes all in flight, httpx's pool
+    scans every connection for each request, a good share of an episode's CPU."""
+    global _session
+    if _session is None:
+        import aiohttp
+
+        _session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=5.0),
+            connector=aiohttp.TCPConnector(limit=0),
+        )
+    return _session
 
 
 class WorkbenchChatHarness(NullHarness):
@@ -76,13 +96,42 @@ class WorkbenchChatHarness(NullHarness):
         elif prompt is not None:
             messages.extend(message_to_wire(message) for message in prompt)
         try:
-            await self._chat(ctx.model, endpoint, secret, mcp_urls, messages, tool_interception_url)
+            if mcp_urls or tool_interception_url:
+                await self._chat(
+                    ctx.model, endpoint, secret, mcp_urls, messages, tool_interception_url
+                )
+            else:
+                await self._chat_without_tools(ctx.model, endpoint, secret, messages)
         except SystemExit as exit:  # the loop's way to say its model connection failed
             code = exit.code if isinstance(exit.code, int) else 1
             return ProgramResult(exit_code=code, stdout="", stderr=traceback.format_exc())
         except Exception:  # the program would have died with this traceback
             return ProgramResult(exit_code=1, stdout="", stderr=traceback.format_exc())
         return ProgramResult(exit_code=0, stdout="", stderr="")
+
+    async def _chat_without_tools(
+        self, model: str, endpoint: str, secret: str, messages: list[dict]
+    ) -> None:
+        """The chat program's loop where the model has no tools: one reply, as the program
+        asks for it (its turn through the interception endpoint), unstreamed and without
+        the OpenAI SDK's models around it (most of an episode's CPU here otherwise). As
+        the program does, a context overflow ends the episode with what it has."""
+        program = chat_program()
+        url = endpoint.rstrip("/") + "/chat/completions"
+        async with interception_session().post(
+            url,
+            headers={"Authorization": f"Bearer {secret}"},
+            json={"model": model, "messages": messages},
+        ) as answer:
+            status, text = answer.status, await answer.text()
+        if status != 200:
+            import httpx
+
+            response = httpx.Response(status, text=text, request=httpx.Request("POST", url))
+            error = program.APIStatusError(text[:2000], response=response, body=_json_or_none(text))
+            if program.is_context_overflow(error):
+                return
+            raise error
 
     async def _chat(
         self,
@@ -127,6 +176,13 @@ class WorkbenchChatHarness(NullHarness):
                 servers,
                 http if tool_interception_url else None,
             )
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 __all__ = ["WorkbenchChatHarness"]

@@ -2,7 +2,7 @@
 
 Run by `workbench.envs.verifiers_env` with the python of the verifiers venv
 (`workbench env install verifiers`), never imported by workbench: it imports only the
-standard library, verifiers and what verifiers brings (httpx). verifiers pins an openai
+standard library, verifiers and what verifiers brings (aiohttp). verifiers pins an openai
 release that vLLM's cannot share a venv with, hence a process and a venv of its own.
 
     python verifiers_server.py --config JSON     serve one environment (below)
@@ -91,7 +91,7 @@ def _install_token_client() -> None:
 def _token_client_class() -> type:
     """`TokenClient`, a verifiers model client; made here because verifiers is imported
     only once the process serves an environment."""
-    import httpx
+    import aiohttp
     from verifiers.v1.clients.client import Client
     from verifiers.v1.dialects import ChatDialect
     from verifiers.v1.errors import model_error
@@ -102,12 +102,22 @@ def _token_client_class() -> type:
 
         def __init__(self, config: Any) -> None:
             self.url = config.base_url.rstrip("/") + "/chat/completions"
-            self.http = httpx.AsyncClient(
-                headers=dict(config.headers),
-                timeout=httpx.Timeout(None, connect=30.0),
-                # vLLM drops a connection idle for 5 s: do not reuse one that old.
-                limits=httpx.Limits(keepalive_expiry=2.0),
-            )
+            self.headers = dict(config.headers)
+            self._http: aiohttp.ClientSession | None = None
+
+        @property
+        def http(self) -> aiohttp.ClientSession:
+            # Made on first use, in the server's event loop. aiohttp, not httpx: with a
+            # step's episodes all in flight, httpx's pool scans every connection for each
+            # request, a good share of an episode's CPU.
+            if self._http is None:
+                self._http = aiohttp.ClientSession(
+                    headers=self.headers,
+                    timeout=aiohttp.ClientTimeout(total=None, connect=30.0),
+                    # vLLM drops a connection idle for 5 s: do not reuse one that old.
+                    connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0),
+                )
+            return self._http
 
         async def get_response(
             self, dialect, body, sampling, session_id=None, turn=None, headers=None
@@ -137,7 +147,8 @@ def _token_client_class() -> type:
             return response
 
         async def close(self) -> None:
-            await self.http.aclose()
+            if self._http is not None:
+                await self._http.close()
 
     return TokenClient
 
@@ -153,19 +164,17 @@ def _turn_request(body: dict[str, Any]) -> dict[str, Any]:
 
 async def _post_turn(http: Any, url: str, request: dict[str, Any]) -> dict[str, Any]:
     """vLLM's chat completion of one turn; a failed request is verifiers' model error."""
-    import httpx
+    import aiohttp
     from verifiers.v1.errors import model_error
 
     try:
-        answer = await http.post(url, json=request)
-    except httpx.HTTPError as err:
+        async with http.post(url, json=request) as answer:
+            status, text = answer.status, await answer.text()
+    except (aiohttp.ClientError, OSError) as err:
         raise model_error(f"{type(err).__name__}: {err}", status_code=503) from err
-    if answer.status_code != 200:
-        raise model_error(
-            f"upstream {answer.status_code}: {answer.text[:500]}",
-            status_code=answer.status_code,
-        )
-    return answer.json()
+    if status != 200:
+        raise model_error(f"upstream {status}: {text[:500]}", status_code=status)
+    return json.loads(text)
 
 
 def _take_token_fields(raw: dict[str, Any]) -> tuple[Any, list[int] | None, list[float]]:
