@@ -99,7 +99,11 @@ class VerifiersArgs(EnvArgs):
         "package installed in the verifiers venv; relative to the recipe's folder",
     )
     max_concurrent: int = Field(
-        32, ge=1, description="episodes in flight at once in the environment's process"
+        256,
+        ge=1,
+        description="episodes in flight at once in the environment's process (a step's "
+        "episodes all at once by default; lower it for a harness that starts a program per "
+        "episode)",
     )
 
 
