@@ -64,7 +64,8 @@ def test_the_verifiers_case_is_the_built_in_runs_batch_and_lengths_on_the_taskse
     assert (TASKS / "vf_reverse_text.py").is_file(), "the shipped taskset"
     assert case.env_args["taskset"]["min_length"] == case.env_args["taskset"]["max_length"] == 9
     assert "harness" not in case.env_args, "verifiers' default: the in-process chat loop"
-    assert verifiers_config(config, "null").env_args["harness"] == "null"
+    before = verifiers_config(config, "null").env_args
+    assert before["harness"] == "null" and before["max_concurrent"] == 32, "as verifiers ran"
     for key in ("prompts_per_step", "rollouts_per_prompt", "sampling", "eval", "seed"):
         assert getattr(case, key) == getattr(config, key), key
 

@@ -24,6 +24,7 @@ TASKSET = "verifiers:vf_reverse_text"
 # Each `null` episode starts a python that imports openai and mcp: seconds of CPU each, so
 # it is measured fewer times.
 SLOW_HARNESS_REPETITIONS = 1
+PROGRAMS_AT_ONCE = 32
 
 
 def verifiers_config(config: OrchestratorConfig, harness: str | None) -> OrchestratorConfig:
@@ -40,6 +41,9 @@ def verifiers_config(config: OrchestratorConfig, harness: str | None) -> Orchest
     }
     if harness is not None:
         env_args["harness"] = harness
+    if harness == "null":
+        # A program per episode: at most as many at once as before (not a step's 128).
+        env_args["max_concurrent"] = PROGRAMS_AT_ONCE
     return config.model_copy(update={"env": TASKSET, "env_args": env_args})
 
 
