@@ -56,22 +56,26 @@ def measure_environments(
 ) -> dict[str, dict[str, Any]]:
     """For the built-in environment and the verifiers taskset (both harnesses): the step's
     and the eval's seconds (each repetition), their medians and episodes per second."""
+    slow = min(repetitions, SLOW_HARNESS_REPETITIONS)
     cases = {
-        config.env: (config, repetitions),
-        f"{TASKSET} (workbench-chat)": (verifiers_config(config, None), repetitions),
-        f"{TASKSET} (null: a program per episode)": (
-            verifiers_config(config, "null"),
-            min(repetitions, SLOW_HARNESS_REPETITIONS),
-        ),
+        config.env: (config, repetitions, True),
+        f"{TASKSET} (workbench-chat)": (verifiers_config(config, None), repetitions, True),
+        # Minutes a step: its first step is timed too (seconds of warming up are noise).
+        f"{TASKSET} (null: a program per episode)": (verifiers_config(config, "null"), slow, False),
     }
     return {
-        name: _measure_one(endpoint, adapter, run / f"case{number}", case_config, times)
-        for number, (name, (case_config, times)) in enumerate(cases.items())
+        name: _measure_one(endpoint, adapter, run / f"case{number}", case_config, times, warm)
+        for number, (name, (case_config, times, warm)) in enumerate(cases.items())
     }
 
 
 def _measure_one(
-    endpoint: Any, adapter: Path, run: Path, config: OrchestratorConfig, repetitions: int
+    endpoint: Any,
+    adapter: Path,
+    run: Path,
+    config: OrchestratorConfig,
+    repetitions: int,
+    warm_up: bool = True,
 ) -> dict[str, Any]:
     from workbench.envs import get_environment
     from workbench.inference.client import AdapterVersions, InferenceClient
@@ -104,7 +108,8 @@ def _measure_one(
                 )
                 return time.monotonic() - started
 
-            step()  # warm-up: the first requests of a shape are slower
+            if warm_up:
+                step()  # the first requests of a shape are slower
             for _ in range(repetitions):
                 seconds["step"].append(step())
                 seconds["eval"].append(evaluator.score(model).seconds)
