@@ -48,3 +48,39 @@ def test_eval_cost_is_the_extra_time_of_a_step_with_an_eval_beside_it_spread_ove
     rows = summary_rows(medians, OrchestratorConfig(eval={"interval": 10}))
     assert rows[0]["value"] == "0.300 s"
     assert rows[1]["value"] == "0.600 s / 0.900 s (+0.300 s, 0.030 s per step at eval.interval 10)"
+
+
+def test_the_verifiers_case_is_the_built_in_runs_batch_and_lengths_on_the_taskset():
+    from workbench.bench.env_speed import TASKS, verifiers_config
+
+    config = OrchestratorConfig(
+        env_args={"min_length": 9, "max_length": 9},
+        batch_size=128,
+        rollouts_per_prompt=8,
+        sampling={"max_tokens": 20},
+    )
+    case = verifiers_config(config, None)
+    assert case.env == "verifiers:vf_reverse_text"
+    assert (TASKS / "vf_reverse_text.py").is_file(), "the shipped taskset"
+    assert case.env_args["taskset"]["min_length"] == case.env_args["taskset"]["max_length"] == 9
+    assert "harness" not in case.env_args, "verifiers' default: the in-process chat loop"
+    before = verifiers_config(config, "null").env_args
+    assert before["harness"] == "null" and before["max_concurrent"] == 32, "as verifiers ran"
+    for key in ("prompts_per_step", "rollouts_per_prompt", "sampling", "eval", "seed"):
+        assert getattr(case, key) == getattr(config, key), key
+
+
+def test_episodes_per_second_are_reported_with_each_case_over_the_built_in():
+    from workbench.bench.env_speed import summary_rows as environment_rows
+
+    def case(step_s: float, eval_s: float) -> dict:
+        return {
+            "step_episodes": 128,
+            "eval_episodes": 32,
+            "medians_s": {"step": step_s, "eval": eval_s},
+            "episodes_per_s": {"step": round(128 / step_s, 1), "eval": round(32 / eval_s, 1)},
+        }
+
+    rows = environment_rows({"reverse_text": case(0.5, 0.4), "verifiers:x": case(1.0, 0.5)})
+    assert rows[0]["value"] == "256.0 / 80.0"
+    assert rows[1]["value"] == "128.0 / 64.0; 2.00x the built-in step's time, 1.25x its eval's"

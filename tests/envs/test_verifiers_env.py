@@ -31,7 +31,7 @@ from workbench.envs import (
     verifiers_venv,
 )
 from workbench.envs.episode import Episode
-from workbench.envs.external import ExternalEpisodes
+from workbench.envs.external import ExternalEpisodeError, ExternalEpisodes
 from workbench.envs.verifiers_env import VerifiersEnvironment
 from workbench.files.endpoint import Endpoint
 from workbench.orchestrator.episodes import run_episodes
@@ -212,11 +212,12 @@ def test_a_taskset_verifiers_cannot_load_is_refused_with_its_reason(verifiers_py
 class OpenAIStandin:
     """An OpenAI-compatible chat server that answers like vLLM with `return_token_ids`:
     the reply's token ids are its characters' codes, the prompt's those of the last user
-    message. It answers the reversal, but only the first `seed % 4 + 2` characters of it,
-    so episodes of one prompt score differently."""
+    message. Choice `i` of a request (`n` of them) answers the reversal, but only its first
+    `(seed + i) % 4 + 2` characters, so episodes of one prompt score differently."""
 
-    def __init__(self) -> None:
+    def __init__(self, refused: str | None = None) -> None:
         self.requests: list[dict] = []
+        self.refused = refused  # a text whose turns get an error, not a reply
         standin = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -226,8 +227,10 @@ class OpenAIStandin:
                     {**body, "authorization": self.headers.get("Authorization"), "path": self.path}
                 )
                 text = body["messages"][-1]["content"]
-                reply = text[::-1][: body["seed"] % 4 + 2]
-                ids = [ord(c) for c in reply]
+                if text == standin.refused:
+                    self.send_error(500, "the model is down")
+                    return
+                replies = [text[::-1][: (body["seed"] + i) % 4 + 2] for i in range(body["n"])]
                 answer = {
                     "id": "chatcmpl-1",
                     "object": "chat.completion",
@@ -236,10 +239,10 @@ class OpenAIStandin:
                     "prompt_token_ids": [1, *[ord(c) for c in text], 2],
                     "choices": [
                         {
-                            "index": 0,
+                            "index": number,
                             "message": {"role": "assistant", "content": reply},
                             "finish_reason": "length" if len(reply) < len(text) else "stop",
-                            "token_ids": ids,
+                            "token_ids": [ord(c) for c in reply],
                             "logprobs": {
                                 "content": [
                                     {"token": c, "logprob": -0.25 * (i + 1), "top_logprobs": []}
@@ -247,11 +250,12 @@ class OpenAIStandin:
                                 ]
                             },
                         }
+                        for number, reply in enumerate(replies)
                     ],
                     "usage": {
                         "prompt_tokens": len(text) + 2,
-                        "completion_tokens": len(ids),
-                        "total_tokens": len(text) + 2 + len(ids),
+                        "completion_tokens": sum(len(reply) for reply in replies),
+                        "total_tokens": len(text) + 2 + sum(len(reply) for reply in replies),
                     },
                 }
                 data = json.dumps(answer).encode()
@@ -277,6 +281,8 @@ class OpenAIStandin:
 
 @pytest.mark.slow
 def test_episodes_run_against_the_server_and_take_the_rubrics_rewards(verifiers_python):
+    import psutil
+
     server = OpenAIStandin()
     env = reverse_env(taskset={"num_tasks": 12}, eval_fraction=0.2)
     try:
@@ -289,19 +295,24 @@ def test_episodes_run_against_the_server_and_take_the_rubrics_rewards(verifiers_
             n=3,
             sampling=SamplingParams(max_tokens=5, temperature=0.8, top_p=0.9),
         )
+        # The episodes ran in the environment's process: it started no program for them
+        # (a finished child's CPU time would be counted here).
+        times = psutil.Process(env.server.process.pid).cpu_times()
+        assert times.children_user + times.children_system == 0
     finally:
         env.close()
         server.close()
 
     assert [len(group) for group in groups] == [3, 3]
     requests = server.requests
-    assert len(requests) == 6
+    # The first turns of one prompt's episodes go out together, as one request for 3
+    # choices (they may come apart when the machine is slow: never more than one each).
+    assert sum(r["n"] for r in requests) == 6 and len(requests) < 6
     assert {r["model"] for r in requests} == {"run_x@step3"}, "the run's adapter name"
     assert {r["authorization"] for r in requests} == {"Bearer the-key"}, "the experiment's key"
     assert {r["path"] for r in requests} == {"/v1/chat/completions"}
     assert all(r["return_token_ids"] is True and r["logprobs"] is True for r in requests)
     assert {(r["temperature"], r["top_p"], r["max_tokens"]) for r in requests} == {(0.8, 0.9, 5)}
-    assert len({r["seed"] for r in requests}) == 6, "each episode samples with its own seed"
 
     rewards = []
     for prompt, group in zip(prompts, groups, strict=True):
@@ -325,6 +336,26 @@ def test_episodes_run_against_the_server_and_take_the_rubrics_rewards(verifiers_
 
 
 @pytest.mark.slow
+def test_an_episode_that_fails_is_left_out_and_a_call_whose_every_episode_fails_raises(
+    verifiers_python,
+):
+    env = reverse_env(taskset={"num_tasks": 12}, eval_fraction=0.2)
+    prompts = env.sample_prompts(2, seed=1)
+    server = OpenAIStandin(refused=prompts[0].question)
+    sampling = SamplingParams(max_tokens=5)
+    try:
+        groups = env.run_episodes(
+            server.endpoint, prompts, [11, 12], model="m", n=3, sampling=sampling
+        )
+        assert [len(group) for group in groups] == [0, 3], "the failed prompt's are left out"
+        with pytest.raises(ExternalEpisodeError, match="500"):
+            env.run_episodes(server.endpoint, prompts[:1], [11], model="m", n=2, sampling=sampling)
+    finally:
+        env.close()
+        server.close()
+
+
+@pytest.mark.slow
 def test_up_measures_a_verifiers_runs_prompts_and_leaves_no_process(verifiers_python, tmp_path):
     import psutil
 
@@ -341,6 +372,16 @@ def test_up_measures_a_verifiers_runs_prompts_and_leaves_no_process(verifiers_py
         if "verifiers_server.py" in " ".join(child.cmdline())
     ]
     assert not servers
+
+
+@pytest.mark.slow
+def test_the_shipped_verifiers_recipe_passes_every_check(verifiers_python):
+    from workbench.up import read_recipe
+
+    recipe = Path(__file__).parents[2] / "recipes" / "verifiers_reverse_text.toml"
+    _, loaded = read_recipe(recipe)
+    configs = loaded.run_configs().values()
+    assert {c.env for c in configs} == {"verifiers:vf_reverse_text"}
 
 
 @pytest.mark.slow

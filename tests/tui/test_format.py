@@ -86,3 +86,20 @@ def test_the_runs_axis_spans_the_curves_shown_not_the_whole_reward_range():
     assert padded_range([-0.5, 0.5], 0.0, 1.0)[0] == -0.5
     # a flat curve still gets an axis of its own
     assert padded_range([0.7, 0.7], 0.0, 1.0) == (pytest.approx(0.69), pytest.approx(0.71))
+
+
+def test_a_runs_sparkline_takes_in_rewards_outside_0_1():
+    # A verifiers rubric's weighted sum may leave [0, 1]: the table's scale takes it in.
+    from workbench.tui.data import RunView
+    from workbench.tui.format import spark_bounds
+    from workbench.tui.widgets.runs_table import SPARK_WIDTH, _still_cells
+
+    runs = [
+        RunView(id="a", status="running", step=3, rewards=(0.0, 1.0, 1.5)),
+        RunView(id="b", status="running", step=3, rewards=(-1.0, 0.0, 0.5)),
+    ]
+    scale = spark_bounds([run.rewards for run in runs], SPARK_WIDTH)
+    assert scale == (-1.0, 1.5)
+    trends = [_still_cells(run, scale)["trend"].plain for run in runs]
+    assert trends[0][-1] == "█" and trends[1][0] == "▁", "1.5 tops the scale, -1 is its floor"
+    assert trends[0][1] != "█", "1.0 is not drawn as the top"

@@ -596,16 +596,25 @@ def evaluation(
         "recipes/reverse_text.toml"
     ),
     quick: Annotated[bool, typer.Option(help="Fewer repetitions.")] = False,
+    verifiers: Annotated[
+        bool,
+        typer.Option(
+            help="Also episodes per second of the verifiers reverse-text taskset "
+            "(recipes/verifiers_tasks) beside RECIPE's environment, same batch and lengths "
+            "(needs `workbench env install verifiers`)."
+        ),
+    ] = False,
 ) -> None:
     """What an eval of held-out prompts costs training, against a real vLLM server.
 
     With RECIPE's first run config: an eval alone, a training step's generation alone,
     and that generation with an eval beside it (as the orchestrator runs them); medians
-    of alternating repetitions.
+    of alternating repetitions. With --verifiers, the same step and eval on a verifiers
+    environment too, in episodes per second.
     """
     from workbench.bench.evaluation import run_eval_benchmark
 
-    report = run_eval_benchmark(recipe, quick=quick)
+    report = run_eval_benchmark(recipe, quick=quick, verifiers=verifiers)
     typer.echo(f"results: {report['path']}")
 
 

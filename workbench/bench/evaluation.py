@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench.bench.env_speed import measure_environments
+from workbench.bench.env_speed import summary_rows as environment_rows
 from workbench.config import LORA_TARGET_MODULES, OrchestratorConfig
 from workbench.recipe import load_recipe
 
@@ -50,9 +52,12 @@ def zero_adapter(model_dir: Path, directory: Path, rank: int) -> Path:
     )
 
 
-def run_eval_benchmark(recipe: Path = DEFAULT_RECIPE, quick: bool = False) -> dict[str, Any]:
+def run_eval_benchmark(
+    recipe: Path = DEFAULT_RECIPE, quick: bool = False, verifiers: bool = False
+) -> dict[str, Any]:
     """Measure, write `benchmarks/results/eval-*.json`, print a table; return the report
-    (with `summary` rows for `bench all`)."""
+    (with `summary` rows for `bench all`). `verifiers`: also episodes per second of the
+    verifiers taskset beside the recipe's environment (`workbench.bench.env_speed`)."""
     from workbench.bench.results import write_result
     from workbench.models.resolve import resolve_model
     from workbench.testing.local_server import start_local_server, stop_local_server
@@ -71,6 +76,13 @@ def run_eval_benchmark(recipe: Path = DEFAULT_RECIPE, quick: bool = False) -> di
         )
         try:
             timings = _measure(server.endpoint, adapter, scratch / "run_bench", config, repetitions)
+            environments = (
+                measure_environments(
+                    server.endpoint, adapter, scratch / "envs", config, repetitions
+                )
+                if verifiers
+                else None
+            )
         finally:
             stop_local_server(server.process)
 
@@ -90,6 +102,9 @@ def run_eval_benchmark(recipe: Path = DEFAULT_RECIPE, quick: bool = False) -> di
         "medians_s": medians,
     }
     report["summary"] = summary_rows(medians, config)
+    if environments is not None:
+        report["environments"] = environments
+        report["summary"] += environment_rows(environments)
     report["path"] = str(write_result("eval", report))
     print_table(report)
     return report

@@ -80,7 +80,8 @@ class VerifiersArgs(EnvArgs):
     harness: str | None = Field(
         None,
         description="the harness that plays each episode (verifiers' harness id); default "
-        "the taskset's own, else `null`, verifiers' tool-less chat loop",
+        "the taskset's own, else `workbench-chat`, verifiers' tool-less chat loop run in the "
+        "environment's process (`null` runs it as a program per episode)",
     )
     agent: dict[str, Any] = Field(
         default_factory=dict,
@@ -98,7 +99,11 @@ class VerifiersArgs(EnvArgs):
         "package installed in the verifiers venv; relative to the recipe's folder",
     )
     max_concurrent: int = Field(
-        32, ge=1, description="episodes in flight at once in the environment's process"
+        256,
+        ge=1,
+        description="episodes in flight at once in the environment's process (a step's "
+        "episodes all at once by default; lower it for a harness that starts a program per "
+        "episode)",
     )
 
 
@@ -195,6 +200,8 @@ class VerifiersEnvironment(ExternalEpisodes, Environment):
         n: int,
         sampling: SamplingParams,
     ) -> list[list[Episode]]:
+        """Each prompt's episodes, less those that ended before the model answered (its
+        harness failed, say); `ExternalEpisodeError` when none is left."""
         pending = [
             self.server.submit(
                 "run",
@@ -210,21 +217,38 @@ class VerifiersEnvironment(ExternalEpisodes, Environment):
             )
             for prompt, seed in zip(prompts, seeds, strict=True)
         ]
-        return [
-            [self._episode_of(prompt, record) for record in self.server.answer(future)["episodes"]]
-            for prompt, future in zip(prompts, pending, strict=True)
-        ]
+        groups: list[list[Episode]] = []
+        failures: list[str] = []
+        for prompt, future in zip(prompts, pending, strict=True):
+            try:
+                records = self.server.answer(future)["episodes"]
+            except EnvironmentServerError as err:  # the whole request: no episode of it
+                records = [{"error": str(err)}] * n
+            group = []
+            for record in records:
+                if "error" in record:
+                    failures.append(f"{prompt.question[:60]!r}: {record['error']}")
+                else:
+                    group.append(self._episode_of(record))
+            groups.append(group)
+        if failures:
+            # Dropped from their groups (the orchestrator counts them in the step's
+            # metrics); the first reasons here.
+            logger.warning(
+                "%s: %d of %d episodes ended before the model answered, dropped: %s",
+                self.name,
+                len(failures),
+                len(prompts) * n,
+                "; ".join(failures[:3]),
+            )
+        if len(failures) == len(prompts) * n:
+            raise ExternalEpisodeError(f"{self.name}: {failures[0]}")
+        return groups
 
-    def _episode_of(self, prompt: Prompt, record: dict[str, Any]) -> Episode:
-        """One episode the process sent back; `ExternalEpisodeError` for one that ended
-        before the model answered."""
+    def _episode_of(self, record: dict[str, Any]) -> Episode:
+        """One episode the process sent back, that the model answered in."""
         from workbench.envs.episode import Episode
 
-        if "error" in record:
-            raise ExternalEpisodeError(
-                f"{self.name}: an episode of {prompt.question[:60]!r} ended before "
-                f"the model answered: {record['error']}"
-            )
         if record["branches"] > 1 and not self._warned_branches:
             self._warned_branches = True
             logger.warning(

@@ -2,7 +2,7 @@
 
 Run by `workbench.envs.verifiers_env` with the python of the verifiers venv
 (`workbench env install verifiers`), never imported by workbench: it imports only the
-standard library, verifiers and what verifiers brings (httpx). verifiers pins an openai
+standard library, verifiers and what verifiers brings (aiohttp). verifiers pins an openai
 release that vLLM's cannot share a venv with, hence a process and a venv of its own.
 
     python verifiers_server.py --config JSON     serve one environment (below)
@@ -91,7 +91,7 @@ def _install_token_client() -> None:
 def _token_client_class() -> type:
     """`TokenClient`, a verifiers model client; made here because verifiers is imported
     only once the process serves an environment."""
-    import httpx
+    import aiohttp
     from verifiers.v1.clients.client import Client
     from verifiers.v1.dialects import ChatDialect
     from verifiers.v1.errors import model_error
@@ -102,12 +102,22 @@ def _token_client_class() -> type:
 
         def __init__(self, config: Any) -> None:
             self.url = config.base_url.rstrip("/") + "/chat/completions"
-            self.http = httpx.AsyncClient(
-                headers=dict(config.headers),
-                timeout=httpx.Timeout(None, connect=30.0),
-                # vLLM drops a connection idle for 5 s: do not reuse one that old.
-                limits=httpx.Limits(keepalive_expiry=2.0),
-            )
+            self.headers = dict(config.headers)
+            self._http: aiohttp.ClientSession | None = None
+
+        @property
+        def http(self) -> aiohttp.ClientSession:
+            # Made on first use, in the server's event loop. aiohttp, not httpx: with a
+            # step's episodes all in flight, httpx's pool scans every connection for each
+            # request, a good share of an episode's CPU.
+            if self._http is None:
+                self._http = aiohttp.ClientSession(
+                    headers=self.headers,
+                    timeout=aiohttp.ClientTimeout(total=None, connect=30.0),
+                    # vLLM drops a connection idle for 5 s: do not reuse one that old.
+                    connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0),
+                )
+            return self._http
 
         async def get_response(
             self, dialect, body, sampling, session_id=None, turn=None, headers=None
@@ -117,7 +127,11 @@ def _token_client_class() -> type:
                     f"workbench trains on chat-completions turns only; this harness spoke "
                     f"{type(dialect).__name__}"
                 )
-            raw = await _post_turn(self.http, self.url, _turn_request(body))
+            raw = await FIRST_TURNS.complete(
+                session_id,
+                _turn_request(body),
+                lambda request: _post_turn(self.http, self.url, request),
+            )
             prompt_ids, ids, logprobs = _take_token_fields(raw)
             if prompt_ids is None or ids is None:
                 raise model_error(
@@ -137,7 +151,8 @@ def _token_client_class() -> type:
             return response
 
         async def close(self) -> None:
-            await self.http.aclose()
+            if self._http is not None:
+                await self._http.close()
 
     return TokenClient
 
@@ -153,19 +168,126 @@ def _turn_request(body: dict[str, Any]) -> dict[str, Any]:
 
 async def _post_turn(http: Any, url: str, request: dict[str, Any]) -> dict[str, Any]:
     """vLLM's chat completion of one turn; a failed request is verifiers' model error."""
-    import httpx
+    import aiohttp
     from verifiers.v1.errors import model_error
 
     try:
-        answer = await http.post(url, json=request)
-    except httpx.HTTPError as err:
+        async with http.post(url, json=request) as answer:
+            status, text = answer.status, await answer.text()
+    except (aiohttp.ClientError, OSError) as err:
         raise model_error(f"{type(err).__name__}: {err}", status_code=503) from err
-    if answer.status_code != 200:
-        raise model_error(
-            f"upstream {answer.status_code}: {answer.text[:500]}",
-            status_code=answer.status_code,
-        )
-    return answer.json()
+    if status != 200:
+        raise model_error(f"upstream {status}: {text[:500]}", status_code=status)
+    return json.loads(text)
+
+
+class FirstTurns:
+    """The first turns of one task's episodes (a `run` request's `n`), sent as one request
+    for `n` choices: vLLM then reads the prompt once and answers one request, not one per
+    episode (on a CPU, most of a step's time went to those requests). Each episode gets
+    one choice, with its own token ids and log-probs; the request samples with the first
+    episode's seed (vLLM draws each choice independently). Only turns alike but for their
+    seed go together; later turns, and an episode that joins its group after it went out (a
+    retry, one the `max_concurrent` bound held back), are sent alone. A group waits for the
+    first turn of each episode that has started, at most `WAIT_S` after its first (an
+    episode may fail before it asks anything)."""
+
+    WAIT_S = 1.0
+
+    def __init__(self) -> None:
+        self.members: dict[str, TurnGroup] = {}  # trace id -> its episode's group
+
+    def join(self, trace_id: str, group: TurnGroup) -> None:
+        if not group.sent:
+            group.started += 1
+            self.members[trace_id] = group
+
+    def leave(self, trace_ids: list[str]) -> None:
+        for trace_id in trace_ids:
+            self.members.pop(trace_id, None)
+
+    async def complete(
+        self, trace_id: str | None, request: dict[str, Any], post: Any
+    ) -> dict[str, Any]:
+        """The chat completion of `request` (one choice), sent by `post`."""
+        group = self.members.pop(trace_id, None) if trace_id is not None else None
+        if group is None or group.sent:
+            return await post(request)
+        return await group.add(request, post)
+
+
+class TurnGroup:
+    """The first turns of one `run` request's episodes, until they go out."""
+
+    def __init__(self) -> None:
+        self.started = 0  # episodes that joined it
+        self.arrived = 0
+        self.sent = False
+        self.waiting: dict[str, list[tuple[dict[str, Any], asyncio.Future]]] = {}
+        self.post: Any = None
+
+    async def add(self, request: dict[str, Any], post: Any) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        key = json.dumps({k: v for k, v in request.items() if k != "seed"}, sort_keys=True)
+        answer: asyncio.Future = loop.create_future()
+        self.waiting.setdefault(key, []).append((request, answer))
+        self.post = self.post or post
+        self.arrived += 1
+        if self.arrived >= self.started:
+            self.send()
+        elif self.arrived == 1:
+            loop.call_later(FirstTurns.WAIT_S, self.send)
+        return await answer
+
+    def send(self) -> None:
+        if self.sent:
+            return
+        self.sent = True
+        for batch in self.waiting.values():
+            task = asyncio.ensure_future(_send_batch(batch, self.post))
+            _SENDING.add(task)  # kept until done: the loop holds tasks only weakly
+            task.add_done_callback(_SENDING.discard)
+        self.waiting = {}
+
+
+FIRST_TURNS = FirstTurns()
+_SENDING: set[asyncio.Future] = set()
+
+
+async def _send_batch(batch: list[tuple[dict[str, Any], asyncio.Future]], post: Any) -> None:
+    """One request for the batch's turns, a choice each."""
+    batch = [item for item in batch if not item[1].done()]
+    if not batch:
+        return
+    try:
+        raw = await post({**batch[0][0], "n": len(batch)})
+        sent = len(raw.get("choices") or [])
+        if sent != len(batch):
+            raise RuntimeError(f"asked for {len(batch)} choices, the server sent {sent}")
+    except Exception as err:  # each turn of the batch fails with it
+        for _, answer in batch:
+            if not answer.done():
+                answer.set_exception(err)
+        return
+    for number, (_, answer) in enumerate(batch):
+        if not answer.done():
+            answer.set_result(_one_choice(raw, number))
+
+
+def _one_choice(raw: dict[str, Any], number: int) -> dict[str, Any]:
+    """Choice `number` of a completion as a completion of its own (usage counted for it)."""
+    choice = {**raw["choices"][number], "index": 0}
+    one = {**raw, "choices": [choice]}
+    usage = raw.get("usage")
+    if usage and choice.get("token_ids") is not None:
+        prompt = usage.get("prompt_tokens", 0)
+        completion = len(choice["token_ids"])
+        one["usage"] = {
+            **usage,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+    return one
 
 
 def _take_token_fields(raw: dict[str, Any]) -> tuple[Any, list[int] | None, list[float]]:
@@ -186,6 +308,15 @@ def _take_token_fields(raw: dict[str, Any]) -> tuple[Any, list[int] | None, list
 
 
 # ---------------------------------------------------------------- the environment
+
+
+def _register_chat_harness() -> str:
+    """Make `workbench-chat` (`verifiers_chat.py`, beside this script) a harness id that
+    verifiers can load: it imports a harness id as a module of that name."""
+    import verifiers_chat
+
+    sys.modules.setdefault(verifiers_chat.MODULE_NAME, verifiers_chat)
+    return verifiers_chat.HARNESS_ID
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -221,11 +352,12 @@ class Served:
         self.vf = vf
         self.config = config
         taskset_id = config["taskset_id"]
+        chat = _register_chat_harness()
         self.harness = config.get("harness") or vf.default_harness_id(taskset_id)
         if self.harness == "bash" and not config.get("harness"):
             # A taskset without a harness of its own gets the tool-less chat loop, not a
-            # shell on this machine.
-            self.harness = "null"
+            # shell on this machine; run in this process, not as a program per episode.
+            self.harness = chat
         train_env = self._environment(config.get("taskset") or {})
         tasks = self._tasks(train_env, "env_args.taskset")
         eval_args = config.get("eval_taskset")
@@ -242,7 +374,7 @@ class Served:
                 "train": (train_env, [t for t, h in zip(tasks, held, strict=True) if not h]),
                 "eval": (train_env, [t for t, h in zip(tasks, held, strict=True) if h]),
             }
-        self.gate = asyncio.Semaphore(config.get("max_concurrent") or 32)
+        self.gate = asyncio.Semaphore(config.get("max_concurrent") or 256)
 
     def _environment(self, taskset_args: dict[str, Any]) -> Any:
         vf, config = self.vf, self.config
@@ -312,15 +444,23 @@ class Served:
             headers={"Authorization": f"Bearer {request['api_key']}"},
         )
         slots = env.slots(task, request["n"])
+        group, traces = TurnGroup(), []
+
+        def minted(trace: Any) -> None:
+            traces.append(trace.id)
+            FIRST_TURNS.join(trace.id, group)
 
         async def one(slot: Any, seed: int) -> Any:
             sampling = vf.Sampling(**request["sampling"], seed=seed)
             context = vf.ModelContext(model=request["model"], client=client, sampling=sampling)
-            return await env.run_slot(slot, context, self.gate)
+            return await env.run_slot(slot, context, self.gate, on_trace=minted)
 
-        episodes = await asyncio.gather(
-            *(one(slot, seed) for slot, seed in zip(slots, request["seeds"], strict=True))
-        )
+        try:
+            episodes = await asyncio.gather(
+                *(one(slot, seed) for slot, seed in zip(slots, request["seeds"], strict=True))
+            )
+        finally:
+            FIRST_TURNS.leave(traces)
         return [episode_record(episode) for episode in episodes]
 
 

@@ -5,10 +5,11 @@ cannot share workbench's venv, so verifiers gets one of its own under the workbe
 (`$WORKBENCH_CACHE_DIR/envs/verifiers`, or `$WORKBENCH_VERIFIERS_VENV`), and each
 `verifiers:` environment runs in a process started from it (`verifiers_server.py`).
 
-The venv holds verifiers (the release the server is written against), uv (verifiers runs
-each episode's harness program as a uv script) and the environments' own packages
-(`--with`). Installing ends by preparing that harness program once, so its packages are in
-uv's cache before the first episode. `workbench.json` in the venv is written last: a venv
+The venv holds verifiers (the release the server is written against), uv (verifiers' own
+harnesses, `null` among them, run each episode's program as a uv script; workbench's
+default, `workbench-chat`, runs the same loop in the server's process) and the
+environments' own packages (`--with`). Installing ends by preparing the `null` harness's
+program once, so its packages are in uv's cache before an episode asks for it. `workbench.json` in the venv is written last: a venv
 without it is an install that did not finish.
 """
 

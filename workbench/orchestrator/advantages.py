@@ -14,38 +14,62 @@ group's mean. `compute_advantages` adds the other estimators a run may choose
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 
 from workbench.config import AdvantageConfig
 
+GroupSizes = int | Sequence[int]
 
-def group_advantages(rewards: list[float], group_size: int) -> list[float]:
-    """`rewards` holds consecutive groups of `group_size` completions of one prompt each."""
-    if group_size < 1 or len(rewards) % group_size:
-        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+
+def group_advantages(rewards: list[float], group_size: GroupSizes) -> list[float]:
+    """`rewards` holds consecutive groups of one prompt's completions each: `group_size`
+    each, or the size of each group in order (an environment may drop a failed episode)."""
     advantages = []
-    for start in range(0, len(rewards), group_size):
-        group = rewards[start : start + group_size]
-        mean = sum(group) / group_size
+    for group in split_groups(rewards, group_size, minimum=1):
+        mean = sum(group) / len(group)
         advantages.extend(r - mean for r in group)
     return advantages
 
 
+def split_groups(
+    rewards: list[float], group_size: GroupSizes, *, minimum: int
+) -> list[list[float]]:
+    """`rewards` cut into its groups; ValueError when the sizes do not fit them, or a group
+    is smaller than `minimum`."""
+    if isinstance(group_size, int):
+        if group_size < minimum or len(rewards) % group_size:
+            raise ValueError(
+                f"{len(rewards)} rewards do not split into groups of {group_size} >= {minimum}"
+            )
+        sizes = [group_size] * (len(rewards) // group_size)
+    else:
+        sizes = list(group_size)
+        if sum(sizes) != len(rewards) or any(size < minimum for size in sizes):
+            raise ValueError(
+                f"{len(rewards)} rewards do not split into groups of {sizes} (each >= {minimum})"
+            )
+    groups, start = [], 0
+    for size in sizes:
+        groups.append(rewards[start : start + size])
+        start += size
+    return groups
+
+
 def compute_advantages(
-    rewards: list[float], group_size: int, config: AdvantageConfig | None = None
+    rewards: list[float], group_size: GroupSizes, config: AdvantageConfig | None = None
 ) -> list[float]:
     """The run's advantages for one step as its `advantage` settings say; `rewards` holds
-    consecutive groups of `group_size` completions of one prompt each."""
+    consecutive groups of one prompt's completions each (`group_size` each, or each group's
+    size in order)."""
     config = config or AdvantageConfig()
     if config.baseline == "group_mean" and config.scale == "none":
         return group_advantages(rewards, group_size)  # today's, bit for bit
-    if group_size < 2 or len(rewards) % group_size:
-        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size} >= 2")
     advantages: list[float] = []
-    for start in range(0, len(rewards), group_size):
-        group = rewards[start : start + group_size]
-        mean = sum(group) / group_size
+    for group in split_groups(rewards, group_size, minimum=2):
+        size = len(group)
+        mean = sum(group) / size
         if config.baseline == "leave_one_out":
-            centred = [(r - mean) * group_size / (group_size - 1) for r in group]
+            centred = [(r - mean) * size / (size - 1) for r in group]
         else:
             centred = [r - mean for r in group]
         if config.scale == "group_std":

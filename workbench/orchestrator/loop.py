@@ -23,12 +23,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from workbench.config import OrchestratorConfig
 from workbench.envs import get_environment
 from workbench.envs.base import Environment, Prompt
 from workbench.envs.episode import Episode
+from workbench.envs.external import ExternalEpisodeError
 from workbench.files import busy, layout, run_control
 from workbench.files.metrics import append_metrics
 from workbench.files.rollouts import RolloutBatch, Sample, write_rollouts
@@ -139,10 +140,11 @@ class Orchestrator:
         with busy.doing(busy.GENERATION):
             groups = self._generate(prompts, model)
         generation_s = time.monotonic() - started
+        prompts, groups, dropped = self._kept_groups(step, prompts, groups)
 
         samples, rewards, lengths, truncated = _samples_of(groups)
         advantages = compute_advantages(
-            rewards, self.config.rollouts_per_prompt, self.config.advantage
+            rewards, [len(group) for group in groups], self.config.advantage
         )
         for sample, advantage in zip(samples, advantages, strict=True):
             sample.advantage = advantage
@@ -180,6 +182,7 @@ class Orchestrator:
             eval_wait_s=round(eval_wait_s, 3),
             policy_version=self._policy_version(),
             written=written,
+            dropped_episodes=dropped,
         )
         log_step(self.run_id, record, self.state.empty_batches)
         self.state.remember_rng(self.rng)
@@ -194,20 +197,48 @@ class Orchestrator:
             f"consecutive batches at step {step} (every completion of a prompt got the same "
             "reward); raise sampling.temperature or change the environment's difficulty"
         )
-        run_control.write_eviction(self.run, reason, by="orchestrator")
-        raise RunEvicted(reason)
+        self._stop(reason)
 
     def _generate(self, prompts: list[Prompt], model: str) -> list[list[Episode]]:
-        return run_episodes(
-            self.client,
-            self.env,
-            prompts,
-            [self.rng.randrange(2**31) for _ in prompts],
-            model=model,
-            n=self.config.rollouts_per_prompt,
-            sampling=self.config.sampling.params(),
-            joiner=self.joiner,
-        )
+        try:
+            return run_episodes(
+                self.client,
+                self.env,
+                prompts,
+                [self.rng.randrange(2**31) for _ in prompts],
+                model=model,
+                n=self.config.rollouts_per_prompt,
+                sampling=self.config.sampling.params(),
+                joiner=self.joiner,
+            )
+        except ExternalEpisodeError as err:  # every episode failed: its harness is broken
+            self._stop(f"every episode of a step failed: {err}")
+
+    def _kept_groups(
+        self, step: int, prompts: list[Prompt], groups: list[list[Episode]]
+    ) -> tuple[list[Prompt], list[list[Episode]], int]:
+        """The step's prompts and groups without the groups left with fewer than two
+        episodes (an environment that runs its own episodes drops a failed one: a group of
+        one has no baseline), and how many episodes the step lost in all."""
+        kept = [(p, g) for p, g in zip(prompts, groups, strict=True) if len(g) >= 2]
+        expected = len(prompts) * self.config.rollouts_per_prompt
+        dropped = expected - sum(len(group) for _, group in kept)
+        if dropped:
+            logger.warning(
+                "%s step %d: %d of %d episodes failed or were left alone in their group, "
+                "dropped (the environment's log says why)",
+                self.run_id,
+                step,
+                dropped,
+                expected,
+            )
+        if not kept:
+            self._stop(f"no prompt of step {step} kept two episodes ({dropped} dropped)")
+        return [p for p, _ in kept], [g for _, g in kept], dropped
+
+    def _stop(self, reason: str) -> NoReturn:
+        run_control.write_eviction(self.run, reason, by="orchestrator")
+        raise RunEvicted(reason)
 
     # ------------------------------------------------------------------ policy versions
 
