@@ -46,7 +46,7 @@ from workbench.supervisor.client import (
     evict_and_tell,
     running_supervisor_pid,
 )
-from workbench.supervisor.join import JoinError, joining_node
+from workbench.supervisor.join import JoinError, joining_node, wait_for_supervisor
 from workbench.supervisor.join import join as run_join
 from workbench.supervisor.plan import recipe_devices, recipe_rendezvous
 from workbench.system.file_tail import AppendedLines, last_lines
@@ -269,6 +269,14 @@ def join(
             show_default=False,
         ),
     ] = None,
+    wait: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Wait up to this many seconds for node 0's supervisor to start (a node "
+            "started with node 0, as in a Slurm job); 0: it must run already.",
+        ),
+    ] = 0,
 ) -> None:
     """Run this machine's share of an experiment's trainer, as one more node.
 
@@ -280,9 +288,16 @@ def join(
 
     When a node's ranks die, node 0's trainer restarts from its checkpoints and the agent
     here starts again to meet it. The command returns 0 once the experiment stops, and 1 if
-    it was not running or its trainer gave up. Ctrl-C takes this node out: its ranks are
-    killed and node 0's trainer restarts, waiting (up to 10 minutes) for it to join again.
+    it was not running or its trainer gave up. Its state and a heartbeat go to
+    nodes/node<K>.json, which `workbench status` and the TUI show. Ctrl-C takes this node
+    out: its ranks are killed and node 0's trainer restarts, waiting (up to 10 minutes) for
+    it to join again.
     """
+    if wait > 0 and not wait_for_supervisor(experiment.resolve(), wait, say):
+        raise fail(
+            f"node 0's supervisor did not start within {wait:g} s: see "
+            f"{layout.process_log_path(experiment.resolve(), 'supervisor')} on node 0"
+        )
     try:
         node = joining_node(experiment, node_rank, interface)
     except JoinError as err:
