@@ -1,8 +1,8 @@
 """The `workbench` command line: one thin function per command, that parses options and
 prints; the work lives elsewhere (`workbench.up` is all of `up`). Here: the app and the
 commands that run an experiment (up, evict, attach, down, join, restart, logs). In modules of
-their own: `status`, `plot`, `export`, `samples` and `runs`, `sft` and `model`, `env`, `sweep`
-(`workbench/commands/`) and `bench` (`bench/cli.py`).
+their own: `status`, `plot`, `slurm`, `export`, `samples` and `runs`, `sft` and `model`, `env`,
+`sweep` (`workbench/commands/`) and `bench` (`bench/cli.py`).
 
 Exit codes: 0 success, 1 the command failed (a run or experiment it names is unknown, ...),
 2 bad input (an invalid recipe or option).
@@ -35,6 +35,7 @@ from workbench.commands.envs import env_app
 from workbench.commands.models import model_app, sft
 from workbench.commands.plot import plot
 from workbench.commands.runs import export, runs_app, samples
+from workbench.commands.slurm import slurm
 from workbench.commands.status import status
 from workbench.commands.sweep import print_run_plan, sweep_app
 from workbench.experiment import RunLookupError, resolve_run
@@ -150,6 +151,7 @@ def up(
 # Commands that live in modules of their own; registered in the order `--help` lists them.
 app.command()(status)
 app.command()(plot)
+app.command()(slurm)
 
 
 @app.command()

@@ -25,7 +25,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from workbench.supervisor.lifecycle import SHUTDOWN_STATUSES, TERMINAL_STATES
 from workbench.supervisor.plan import read_rendezvous, trainer_argv
 from workbench.system.ports import interface_names
 from workbench.system.procfs import child_pids
+from workbench.system.signals import sigterm_as_interrupt
 from workbench.trainer.launch import socket_interface_env
 
 # Between two agents: long enough for node 0's trainer to exit and be restarted.
@@ -268,7 +269,7 @@ def _join(
         report.heartbeat()
         return watch.look()[1] >= silent_s
 
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         while True:
             say(f"{name}: trainer agent meets node 0 at {node.endpoint} (log: {node.log_path})")
             report.set("running")
@@ -319,15 +320,3 @@ def wait_for_supervisor(
         if clock() >= deadline:
             return False
         time.sleep(poll_s)
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    def interrupt(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
