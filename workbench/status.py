@@ -177,7 +177,8 @@ def trainer_nodes(
 def node_warnings(nodes: list[NodeStatus]) -> list[str]:
     """One line per joined node that is not there while it should be, naming it."""
     return [
-        f"node {node.node_rank} ({node.host or 'unknown host'}) is {node.state}: {node.note}"
+        f"node {node.node_rank} ({node.host or 'unknown host'}) "
+        f"{'is silent' if node.state == 'silent' else node.state}: {node.note}"
         for node in lost_nodes(nodes)
     ]
 

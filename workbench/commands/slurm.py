@@ -104,7 +104,7 @@ def slurm(
     problems = allocation_problems(job, gpus_the_recipe_lists(resolved))
     shared = filesystem_problem(job)
     problems += [shared] if shared else []
-    if submit and not problems:
+    if submit:
         problems += cluster_problems(job)
     if problems:
         lines = "\n".join(f"  {key}: {message}" for key, message in problems)

@@ -6,6 +6,7 @@ and saying what to do."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -80,11 +81,9 @@ def allocation_problems(job: SlurmJob, recipe_gpus: int) -> list[tuple[str, str]
 
 
 def filesystem_type(path: Path, mounts: str | None = None) -> tuple[str, str]:
-    """The type and mount point of the file system `path` (or its nearest existing parent)
-    lies on, from /proc/mounts (or `mounts`, its text)."""
-    path = Path(path).resolve()
-    while not path.exists():
-        path = path.parent
+    """The type and mount point of the file system `path` lies on (or will, once made),
+    from /proc/mounts (or `mounts`, its text)."""
+    path = Path(os.path.realpath(path))
     if mounts is None:
         mounts = Path("/proc/mounts").read_text(encoding="utf-8")
     best = ("unknown", "/")

@@ -271,8 +271,8 @@ def _join(
 
     with sigterm_as_interrupt():
         while True:
-            say(f"{name}: trainer agent meets node 0 at {node.endpoint} (log: {node.log_path})")
             report.set("running")
+            say(f"{name}: trainer agent meets node 0 at {node.endpoint} (log: {node.log_path})")
             code = run_agent(node, stop_when=silent, watch_s=watch_s)
             say(f"{name}: trainer agent exited with status {code}")
             state, quiet_for = watch.look()
