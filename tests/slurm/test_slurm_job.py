@@ -73,8 +73,8 @@ def test_the_script_runs_up_on_node_0_and_join_on_the_others_by_task_rank(
         "#SBATCH --qos=high",
     ):
         assert f"\n{line}\n" in script, line
-    assert 'up "$WORKBENCH_RECIPE" --headless' in script
-    assert 'join "$WORKBENCH_EXPERIMENT" --node-rank "$rank"' in script
+    assert 'up "$RECIPE" --headless' in script
+    assert 'join "$EXPERIMENT" --node-rank "$rank"' in script
     assert "local rank=$SLURM_PROCID" in script
     assert "WORKBENCH_RENDEZVOUS_HOST=" in script and "getent ahostsv4" in script
     assert f"srun --ntasks=2 --output={experiment}/slurm/job-%j-node%t.out" in script
@@ -87,7 +87,7 @@ def test_the_script_and_its_token_are_written_into_the_experiment(slurm_cli, tmp
     slurm_dir = tmp_path / "outputs" / "two_nodes" / "slurm"
     script = (slurm_dir / "job.sbatch").read_text()
     token = (slurm_dir / "shared-check").read_text().strip()
-    assert f"export WORKBENCH_SHARED_TOKEN={token}\n" in script
+    assert f"export SHARED_TOKEN={token}\n" in script
     assert "#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=2\n" in script
     assert subprocess.run(["bash", "-n", str(slurm_dir / "job.sbatch")]).returncode == 0
     assert f"sbatch {slurm_dir / 'job.sbatch'}" in result.output

@@ -135,33 +135,33 @@ def render_script(job: SlurmJob) -> str:
 {directives}
 set -euo pipefail
 
-export WORKBENCH_RECIPE={q(str(job.recipe))}
-export WORKBENCH_EXPERIMENT={q(str(job.experiment))}
+export RECIPE={q(str(job.recipe))}
+export EXPERIMENT={q(str(job.experiment))}
 # Written into the experiment directory at submission: a node that cannot read it does
 # not share that directory.
-export WORKBENCH_SHARED_TOKEN={q(job.token)}
-export WORKBENCH_JOIN_WAIT_S={job.settings.join_wait_s:g}
+export SHARED_TOKEN={q(job.token)}
+export JOIN_WAIT_S={job.settings.join_wait_s:g}
 # Node 0's rendezvous store listens on the first node's address, port {job.rendezvous_port}
 # ([trainer] rendezvous_port).
-export WORKBENCH_FIRST_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+export FIRST_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 
 run_node() {{
     local rank=$SLURM_PROCID
-    local token_file="$WORKBENCH_EXPERIMENT/slurm/shared-check"
-    if [ "$(cat "$token_file" 2>/dev/null)" != "$WORKBENCH_SHARED_TOKEN" ]; then
+    local token_file="$EXPERIMENT/slurm/shared-check"
+    if [ "$(cat "$token_file" 2>/dev/null)" != "$SHARED_TOKEN" ]; then
         echo "node $rank on $(hostname): $token_file is missing or from another" \\
             "submission: this node does not share the experiment directory; mount it" \\
             "at the same path on every node" >&2
         return 1
     fi
     if [ "$rank" -eq 0 ]; then
-        export {RENDEZVOUS_HOST_ENV}="$(getent ahostsv4 "$WORKBENCH_FIRST_NODE" | awk 'NR == 1 {{print $1}}')"
+        export {RENDEZVOUS_HOST_ENV}="$(getent ahostsv4 "$FIRST_NODE" | awk 'NR == 1 {{print $1}}')"
         echo "node 0 on $(hostname): rendezvous at ${RENDEZVOUS_HOST_ENV}:{job.rendezvous_port}"
-        exec {shlex.join(job.workbench)} up "$WORKBENCH_RECIPE" --headless
+        exec {shlex.join(job.workbench)} up "$RECIPE" --headless
     fi
-    echo "node $rank on $(hostname): joining node 0 ($WORKBENCH_FIRST_NODE)"
-    exec {shlex.join(job.workbench)} join "$WORKBENCH_EXPERIMENT" --node-rank "$rank" \\
-        --wait "$WORKBENCH_JOIN_WAIT_S"
+    echo "node $rank on $(hostname): joining node 0 ($FIRST_NODE)"
+    exec {shlex.join(job.workbench)} join "$EXPERIMENT" --node-rank "$rank" \\
+        --wait "$JOIN_WAIT_S"
 }}
 export -f run_node
 
