@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -31,4 +32,4 @@ def slurm_cluster() -> str:
             )
         started = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True)
         assert started.returncode == 0, started.stdout + started.stderr
-    return subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    return socket.gethostname().split(".")[0]
