@@ -159,3 +159,24 @@ def test_a_job_larger_than_the_cluster_is_refused_before_submission(
     after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
     assert after == before, "nothing was submitted"
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_node_that_does_not_see_the_submitted_token_stops_before_starting_anything(
+    slurm_cli, tmp_path: Path, slurm_cluster: str
+):
+    # As a node would that mounts another directory at the experiment's path: the token it
+    # reads is not the one the script was written with.
+    result = slurm_cli(slurm="tasks_per_node = 2")
+    assert result.exit_code == 0, result.output
+    slurm_dir = tmp_path / "outputs" / "two_nodes" / "slurm"
+    (slurm_dir / "shared-check").write_text("another submission\n")
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", "--wait", str(slurm_dir / "job.sbatch")],
+        capture_output=True, text=True, timeout=120,
+    ).stdout.strip()  # fmt: skip
+    assert job_id, "sbatch printed its job id"
+    for rank in (0, 1):
+        said = (slurm_dir / f"job-{job_id}-node{rank}.out").read_text()
+        assert f"node {rank} on {slurm_cluster}: " in said
+        assert "does not share the experiment directory" in said
+    assert not (tmp_path / "outputs" / "two_nodes" / "supervisor").exists(), "nothing started"
