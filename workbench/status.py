@@ -174,8 +174,11 @@ def trainer_nodes(
     return node_statuses(experiment, nnodes, host, trainer, now)
 
 
-def node_warnings(nodes: list[NodeStatus]) -> list[str]:
-    """One line per joined node that is not there while it should be, naming it."""
+def node_warnings(nodes: list[NodeStatus], supervisor_running: bool) -> list[str]:
+    """One line per joined node that is not there while the experiment runs, naming it;
+    none once it stopped (the nodes stopped with it)."""
+    if not supervisor_running:
+        return []
     return [
         f"node {node.node_rank} ({node.host or 'unknown host'}) "
         f"{'is silent' if node.state == 'silent' else node.state}: {node.note}"

@@ -11,6 +11,7 @@ from pathlib import Path
 from workbench.commands.status import read_status
 from workbench.files import layout
 from workbench.files.nodes import NODE_SILENT_S, node_statuses, write_node_status
+from workbench.status import node_warnings
 from workbench.supervisor import paths
 from workbench.tui.data import ExperimentReader
 
@@ -56,8 +57,11 @@ def test_a_node_that_stopped_reporting_is_named_silent(experiment: Path):
     node = report.to_json()["nodes"][1]
     assert node["state"] == "silent" and node["host"] == "gpu-2"
     assert "has not reported for" in node["note"]
-    assert any(w.startswith("node 1 (gpu-2) is silent") for w in report.warnings)
-    assert "restarts from its checkpoints" in report.warnings[0]
+    # A warning while the experiment runs; none once it stopped, nodes and all.
+    (warning,) = node_warnings(report.nodes, supervisor_running=True)
+    assert warning.startswith("node 1 (gpu-2) is silent: node 1 (gpu-2) has not reported")
+    assert "restarts from its checkpoints" in warning
+    assert node_warnings(report.nodes, supervisor_running=False) == []
 
 
 def test_a_node_that_left_with_the_experiment_is_not_a_warning(experiment: Path):
@@ -66,7 +70,7 @@ def test_a_node_that_left_with_the_experiment_is_not_a_warning(experiment: Path)
     gone_quiet(experiment, 1, NODE_SILENT_S + 5)
     report = read_status(experiment)
     assert report.to_json()["nodes"][1]["state"] == "left"
-    assert report.warnings == []
+    assert node_warnings(report.nodes, supervisor_running=True) == []
 
 
 def test_the_tui_lists_each_joined_node_under_its_log_name_and_warns_of_a_failed_one(
@@ -74,7 +78,7 @@ def test_the_tui_lists_each_joined_node_under_its_log_name_and_warns_of_a_failed
 ):
     node_0_running(experiment, nnodes=2)
     write_node_status(experiment, 1, 2, "gpu-2", 42, "failed", 3, "its trainer has failed")
-    snapshot = ExperimentReader(experiment, supervisor_pid=lambda _: None).poll()
+    snapshot = ExperimentReader(experiment, supervisor_pid=lambda _: 4242).poll()
     row = snapshot.process("trainer-node1")
     assert row is not None and row.state == "failed" and row.restarts == 3
     assert row.last_exit == "on gpu-2: its trainer has failed"

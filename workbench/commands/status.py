@@ -149,7 +149,7 @@ def read_status(path: Path) -> StatusReport:
         processes=processes,
         placement=experiment.placement,
         startup=experiment.startup,
-        warnings=node_warnings(nodes) + experiment.warnings,
+        warnings=node_warnings(nodes, experiment.supervisor_running) + experiment.warnings,
         now=experiment.now,
         nodes=nodes,
     )

@@ -473,7 +473,9 @@ class ExperimentReader:
             processes=processes + tuple(node_view(node) for node in nodes[1:]),
             leaderboard=self._leaderboard_of(ranking, ranked, runs_tuple) if rank else None,
             startup=experiment.startup,
-            warnings=tuple(node_warnings(nodes) + experiment.warnings),
+            warnings=tuple(
+                node_warnings(nodes, experiment.supervisor_running) + experiment.warnings
+            ),
         )
 
     def _processes_of(
