@@ -73,6 +73,8 @@ HISTORY_POINTS = 1000
 METRICS_READ_LIMIT = 4 * 1024 * 1024
 
 SUPERVISOR_PROCESS = "supervisor"
+# A joined node's row: `trainer-node<K>`, the name of its trainer log.
+NODE_ROW_PREFIX = "trainer-node"
 # Every run's curves of these, by step: the curves screen draws them side by side, the run
 # detail its eval curve.
 FOLLOWED_CURVES = frozenset({REWARD_METRIC, EVAL_METRIC})
@@ -353,7 +355,7 @@ def node_view(node: NodeStatus) -> ProcessView:
     where = f"on {node.host}" if node.host else ""
     note = (node.note or "").splitlines()[0] if node.note else ""
     return ProcessView(
-        name=f"trainer-node{node.node_rank}",
+        name=f"{NODE_ROW_PREFIX}{node.node_rank}",
         kind="node",
         state=node.state,
         restarts=node.restarts,
