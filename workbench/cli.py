@@ -1,8 +1,8 @@
 """The `workbench` command line: one thin function per command, that parses options and
 prints; the work lives elsewhere (`workbench.up` is all of `up`). Here: the app and the
 commands that run an experiment (up, evict, attach, down, join, restart, logs). In modules of
-their own: `status`, `plot`, `compare`, `export`, `samples` and `runs`, `sft` and `model`, `env`,
-`sweep`, `web` (`workbench/commands/`) and `bench` (`bench/cli.py`).
+their own: `status`, `plot`, `compare`, `slurm`, `export`, `samples` and `runs`, `sft` and
+`model`, `env`, `sweep`, `web` (`workbench/commands/`) and `bench` (`bench/cli.py`).
 
 Exit codes: 0 success, 1 the command failed (a run or experiment it names is unknown, ...),
 2 bad input (an invalid recipe or option).
@@ -36,6 +36,7 @@ from workbench.commands.envs import env_app
 from workbench.commands.models import model_app, sft
 from workbench.commands.plot import plot
 from workbench.commands.runs import export, runs_app, samples
+from workbench.commands.slurm import slurm
 from workbench.commands.status import status
 from workbench.commands.sweep import print_run_plan, sweep_app
 from workbench.commands.web import web
@@ -48,7 +49,7 @@ from workbench.supervisor.client import (
     evict_and_tell,
     running_supervisor_pid,
 )
-from workbench.supervisor.join import JoinError, joining_node
+from workbench.supervisor.join import JoinError, joining_node, wait_for_supervisor
 from workbench.supervisor.join import join as run_join
 from workbench.supervisor.plan import recipe_devices, recipe_rendezvous
 from workbench.system.file_tail import AppendedLines, last_lines
@@ -153,6 +154,7 @@ def up(
 app.command()(status)
 app.command()(plot)
 app.command()(compare)
+app.command()(slurm)
 app.command()(web)
 
 
@@ -273,6 +275,14 @@ def join(
             show_default=False,
         ),
     ] = None,
+    wait: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Wait up to this many seconds for node 0's supervisor to start (a node "
+            "started with node 0, as in a Slurm job); 0: it must run already.",
+        ),
+    ] = 0,
 ) -> None:
     """Run this machine's share of an experiment's trainer, as one more node.
 
@@ -284,9 +294,16 @@ def join(
 
     When a node's ranks die, node 0's trainer restarts from its checkpoints and the agent
     here starts again to meet it. The command returns 0 once the experiment stops, and 1 if
-    it was not running or its trainer gave up. Ctrl-C takes this node out: its ranks are
-    killed and node 0's trainer restarts, waiting (up to 10 minutes) for it to join again.
+    it was not running or its trainer gave up. Its state and a heartbeat go to
+    nodes/node<K>.json, which `workbench status` and the TUI show. Ctrl-C takes this node
+    out: its ranks are killed and node 0's trainer restarts, waiting (up to 10 minutes) for
+    it to join again.
     """
+    if wait > 0 and not wait_for_supervisor(experiment.resolve(), wait, say):
+        raise fail(
+            f"node 0's supervisor did not start within {wait:g} s: see "
+            f"{layout.process_log_path(experiment.resolve(), 'supervisor')} on node 0"
+        )
     try:
         node = joining_node(experiment, node_rank, interface)
     except JoinError as err:

@@ -12,7 +12,7 @@ them there rather than expanding the sweep again.
 
 - `Recipe`: experiment, model, inference, trainer, `[defaults]` for every run's
   orchestrator, `[[runs]]` overriding them, a `[sweep]` that expands into more runs
-  (`workbench.sweep`) and `[tracking]` (`workbench.tracking`).
+  (`workbench.sweep`), `[tracking]` (`workbench.tracking`) and `[slurm]` (`workbench slurm`).
 - `RunSpec`: one run's id and the `[defaults]` keys it overrides.
 """
 
@@ -33,6 +33,7 @@ from workbench.config import (
     InferenceSection,
     ModelSection,
     OrchestratorConfig,
+    SlurmSection,
     StrictModel,
     TrackingSection,
     TrainerConfig,
@@ -97,6 +98,10 @@ class Recipe(StrictModel):
     tracking: TrackingSection = Field(
         default_factory=TrackingSection,
         description="every run's metrics forwarded to trackio or wandb by the supervisor",
+    )
+    slurm: SlurmSection = Field(
+        default_factory=SlurmSection,
+        description="the batch job `workbench slurm` writes and submits; `up` ignores it",
     )
 
     # Set by the loader with `runs`: every run's values and where they come from.

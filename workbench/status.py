@@ -45,8 +45,10 @@ import tomlkit
 
 from workbench.config import OrchestratorConfig
 from workbench.files import layout, run_control
+from workbench.files.nodes import NodeStatus, lost_nodes, node_statuses
 from workbench.files.run_control import Condition, RunCondition
 from workbench.supervisor.client import read_state, running_supervisor_pid
+from workbench.supervisor.paths import rendezvous_path
 from workbench.supervisor.startup import StartupPhase, startup_phase
 from workbench.sweep.asha import RungResult, latest_by_run
 from workbench.sweep.files import read_asha, read_plan_values
@@ -145,9 +147,43 @@ class ExperimentState:
         return supervisor_warnings(self.supervisor_state)
 
     @property
+    def nodes(self) -> list[NodeStatus]:
+        """The trainer's nodes, read now (`workbench.files.nodes`); [] on one node."""
+        return trainer_nodes(self.path, self.supervisor_state, self.supervisor_running, self.now)
+
+    @property
     def placement(self) -> str | None:
         """Which GPUs run inference and the trainer, as the supervisor recorded it."""
         return (self.supervisor_state or {}).get("placement") or None
+
+
+def trainer_nodes(
+    experiment: Path, state: dict[str, Any] | None, supervisor_running: bool, now: float
+) -> list[NodeStatus]:
+    """Every node of the experiment's trainer, node 0 from `state` (the supervisor's, shown
+    `stopped` once no supervisor runs), the others from `nodes/`; [] on one node."""
+    try:
+        rendezvous = json.loads(rendezvous_path(experiment).read_text(encoding="utf-8"))
+        nnodes = int(rendezvous["nnodes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    trainer = ((state or {}).get("processes") or {}).get("trainer")
+    if not supervisor_running and isinstance(trainer, dict):
+        trainer = {**trainer, "state": "stopped"}
+    host = rendezvous.get("node0_host") if isinstance(rendezvous, dict) else None
+    return node_statuses(experiment, nnodes, host, trainer, now)
+
+
+def node_warnings(nodes: list[NodeStatus], supervisor_running: bool) -> list[str]:
+    """One line per joined node that is not there while the experiment runs, naming it;
+    none once it stopped (the nodes stopped with it)."""
+    if not supervisor_running:
+        return []
+    return [
+        f"node {node.node_rank} ({node.host or 'unknown host'}) "
+        f"{'is silent' if node.state == 'silent' else node.state}: {node.note}"
+        for node in lost_nodes(nodes)
+    ]
 
 
 def read_experiment(

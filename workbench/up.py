@@ -10,7 +10,8 @@
 3. `create_experiment`: recipe.toml and one run_<id>/control/orch.toml per run.
 4. `start_daemon`: the supervisor in its own session; it returns once the supervisor runs.
 5. Hand the terminal to the TUI; or, headless, follow the experiment (one line per
-   change) until every run is done and return its status; or, detached, return at once.
+   change) until every run is done and return its status (Ctrl-C or SIGTERM stops it); or,
+   detached, return at once.
 
 What happens is said through `report` as plain lines; the CLI only prints them.
 `follow_experiment` serves `workbench attach` too, where no TUI can be shown.
@@ -50,6 +51,7 @@ from workbench.supervisor.preflight import check_recipe
 from workbench.supervisor.startup import StartupPhase
 from workbench.sweep.pbt_scheduler import EVICTED_BY as PBT_EVICTED_BY
 from workbench.sweep.scheduler import EVICTED_BY
+from workbench.system.signals import sigterm_as_interrupt
 
 POLL_S = 0.5
 # A startup phase that goes on (a long build, vLLM's start) is said again this often.
@@ -127,7 +129,11 @@ def launch_experiment(
         report_still_running(experiment, report)
         return 0
     if headless:
-        return follow_experiment(experiment, report, ctrl_c_stops=True, supervisor=started.process)
+        # Under a batch scheduler, `scancel` (or `kill`) stops the experiment as Ctrl-C does.
+        with sigterm_as_interrupt():
+            return follow_experiment(
+                experiment, report, ctrl_c_stops=True, supervisor=started.process
+            )
     assert run_tui is not None
     run_tui(experiment)
     report_still_running(experiment, report)

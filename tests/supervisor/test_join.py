@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from workbench.config import ModelSection, TrainerConfig, TrainerSection, model_to_toml
+from workbench.files import layout
 from workbench.supervisor import paths
 from workbench.supervisor.join import (
     JoinError,
@@ -21,6 +23,7 @@ from workbench.supervisor.join import (
     join,
     joining_node,
     trainer_phase,
+    wait_for_supervisor,
 )
 from workbench.supervisor.plan import Rendezvous, write_rendezvous
 
@@ -150,3 +153,63 @@ def test_a_join_whose_supervisor_keeps_writing_its_state_runs_until_the_experime
         beating.join()
     assert code == 0 and said[-1].endswith("leaving: its supervisor is stopping"), said
     assert sum("exited with status 0" in line for line in said) >= 2, "agents ran to their end"
+
+
+def node_file(experiment: Path) -> dict:
+    return json.loads(layout.node_status_path(experiment, 1).read_text())
+
+
+def test_a_join_reports_its_node_restarts_and_leaving_in_its_node_file(experiment: Path):
+    write_supervisor_state(experiment, "running", "0")
+    stop = threading.Event()
+
+    def supervisor_heartbeat() -> None:
+        for beat in range(1, 1000):
+            if stop.wait(0.2):
+                return
+            write_supervisor_state(experiment, "running" if beat < 10 else "stopping", str(beat))
+
+    beating = threading.Thread(target=supervisor_heartbeat)
+    beating.start()
+    seen: list[str] = []
+    try:
+        code = join(
+            agent_standing_in(experiment, 0.5),
+            lambda line: seen.append(node_file(experiment)["state"]),
+            pause_s=0.1,
+            silent_s=1.0,
+            watch_s=0.1,
+        )
+    finally:
+        stop.set()
+        beating.join()
+    assert code == 0
+    record = node_file(experiment)
+    assert record["state"] == "left" and record["host"] == socket.gethostname()
+    assert record["restarts"] >= 1 and record["node_rank"] == 1 and record["nnodes"] == 2
+    assert seen[0] == "running", seen
+
+
+def test_a_join_that_finds_no_experiment_running_reports_it_failed(experiment: Path):
+    write_supervisor_state(experiment, "stopped", "0")
+    assert join(agent_standing_in(experiment, 0.1), lambda _: None) == 1
+    assert node_file(experiment)["state"] == "failed"
+
+
+def test_a_node_started_with_node_0_waits_for_a_live_supervisor_not_a_stale_file(
+    experiment: Path,
+):
+    # The state.json of an earlier supervisor, killed outright: it says "running".
+    write_supervisor_state(experiment, "running", "old")
+    said: list[str] = []
+    assert not wait_for_supervisor(experiment, 0.5, said.append, poll_s=0.05)
+    write_rendezvous(experiment, Rendezvous("127.0.0.1", 29400, 2))
+
+    def supervisor_starts() -> None:
+        time.sleep(0.3)
+        write_supervisor_state(experiment, "starting", "new")
+
+    threading.Thread(target=supervisor_starts).start()
+    started = time.monotonic()
+    assert wait_for_supervisor(experiment, 10, said.append, poll_s=0.05)
+    assert time.monotonic() - started < 5

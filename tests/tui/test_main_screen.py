@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from tests.tui.synthetic import (
     write_supervisor_state,
 )
 from workbench.files import busy, layout, run_control
+from workbench.files.nodes import write_node_status
+from workbench.supervisor import paths
 from workbench.tui.collector import REFREEZE_GROWTH, YOUNG_THRESHOLD, QuietCollector
 from workbench.tui.data import ExperimentReader
 from workbench.tui.screens.add_run import AddRunScreen
@@ -484,3 +487,28 @@ async def test_screen_switches_leave_no_footer_keys_behind(experiment, make_app,
         await pilot.pause(0.2)
         assert live_keys() <= before
         await pilot.press("q")
+
+
+async def test_a_joined_node_has_a_row_whose_log_can_be_followed_but_not_restarted(
+    experiment, make_app, commands
+):
+    paths.rendezvous_path(experiment).write_text(
+        json.dumps({"host": "127.0.0.1", "port": 29400, "nnodes": 2, "node0_host": "gpu-1"})
+    )
+    write_node_status(experiment, 1, 2, "gpu-2", 77, "restarting", 2, "meeting node 0 again")
+    log = layout.process_log_path(experiment, "trainer-node1")
+    log.write_text("node 1 agent up\n")
+    app = make_app(experiment)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await next_polls(pilot, app)
+        processes = rows(app, ProcessesTable)
+        node = processes["trainer-node1"]
+        assert (node["state"], node["restarts"]) == ("restarting", "2")
+        assert node["last_exit"].startswith("on gpu-2")
+        last = list(processes).index("trainer-node1")
+        await pilot.press("tab", *["down"] * last, "f")
+        pane = app.screen.query_one(LogPane)
+        assert pane.target.path == log
+        await pilot.press("r")
+        await pilot.pause()
+        assert commands.sent == [], "another machine's join is not the supervisor's to restart"

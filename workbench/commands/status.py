@@ -6,7 +6,7 @@ the supervisor's state.json (`workbench.supervisor.client`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +16,8 @@ from rich.table import Table
 
 from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
 from workbench.files.busy import BusyReader
-from workbench.status import RunStatus, describe_fork, read_experiment
+from workbench.files.nodes import NodeStatus
+from workbench.status import RunStatus, describe_fork, node_warnings, read_experiment
 from workbench.supervisor.client import process_summaries
 from workbench.supervisor.startup import StartupPhase
 from workbench.sweep.values import describe_values
@@ -49,6 +50,13 @@ def status(
     waiting to restart a process that crashed, or a process that failed. Once every
     process is up, it is left out.
 
+    A trainer on several nodes (`[trainer] nnodes`) adds a table of its nodes: rank, host,
+    state, restarts and a note. Node 0 is the supervisor's trainer; each other node is what
+    its `workbench join` last reported (nodes/node<K>.json): waiting, running, restarting,
+    left or failed, or silent once it has not reported for a minute (its join was killed or
+    its node lost: a warning names it; node 0's trainer restarts from its checkpoints and
+    waits up to 10 minutes for it to join again).
+
     A run made by `workbench runs fork` shows where it came from (`from`: run@step).
 
     A sweep adds the values each run varies and, under early stopping, each run's highest
@@ -65,7 +73,8 @@ def status(
     "restarts", "uptime_s", "reason", "last_exit", "busy": null or {"window_s", "busy",
     "waiting", "starting", "activities": {"update" or "generation" or "waiting for
     adapter" ...: share}}, ...}], "placement": which GPUs run what and how the trainer's
-    ranks hold the base, "startup": null or {"phase",
+    ranks hold the base, "nodes": [] on one node, else [{"node_rank", "host", "state",
+    "restarts", "note"}, ...], "startup": null or {"phase",
     "text", "since", "process", "step", "steps", "detail", "last_line", "model"},
     "warnings": ["..."]}; phase is one of building model, starting, failed, ready.
     """
@@ -77,6 +86,8 @@ def status(
     _print_processes(report.supervisor, report.processes)
     if report.placement:
         say(f"placement: {report.placement}")
+    if report.nodes:
+        console.print(_nodes_table(report.nodes))
     if report.startup is not None and not report.startup.ready:
         console.print(
             escape(report.startup.describe(report.now)),
@@ -100,6 +111,7 @@ class StatusReport:
     startup: StartupPhase | None
     warnings: list[str]
     now: float
+    nodes: list[NodeStatus] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -108,6 +120,7 @@ class StatusReport:
             "runs": [r.to_json() for r in self.runs],
             "processes": self.processes,
             "placement": self.placement,
+            "nodes": [node.to_json() for node in self.nodes],
             "startup": _startup_json(self.startup, self.now),
             "warnings": self.warnings,
         }
@@ -122,6 +135,7 @@ def read_status(path: Path) -> StatusReport:
     recent = BusyReader(path).recent(experiment.now)
     for row in processes:
         row["busy"] = recent.get(row["name"])
+    nodes = experiment.nodes
     return StatusReport(
         path=path,
         runs=experiment.runs,
@@ -135,8 +149,9 @@ def read_status(path: Path) -> StatusReport:
         processes=processes,
         placement=experiment.placement,
         startup=experiment.startup,
-        warnings=experiment.warnings,
+        warnings=node_warnings(nodes, experiment.supervisor_running) + experiment.warnings,
         now=experiment.now,
+        nodes=nodes,
     )
 
 
@@ -196,6 +211,21 @@ def _print_processes(supervisor: dict, processes: list[dict]) -> None:
             escape(note.splitlines()[0] if note else ""),
         )
     console.print(table)
+
+
+def _nodes_table(nodes: list[NodeStatus]) -> Table:
+    table = Table(title="trainer nodes", title_justify="left")
+    for column in ("node", "host", "state", "restarts", "note"):
+        table.add_column(column, overflow="fold")
+    for node in nodes:
+        table.add_row(
+            str(node.node_rank),
+            escape(node.host or "?"),
+            node.state,
+            str(node.restarts),
+            escape((node.note or "").splitlines()[0] if node.note else ""),
+        )
+    return table
 
 
 def _asha_cells(standing: dict | None) -> list[str]:

@@ -12,7 +12,8 @@ trainer and orchestrators import it. Every name is re-exported here, so callers 
   with its sampling, eval, optimizer, scheduler and loss;
 - `inference`: the `[inference]` section and what the supervisor hands vLLM;
 - `trainer`: the `[trainer]` section and what the supervisor hands the trainer;
-- `tracking`: the `[tracking]` section.
+- `tracking`: the `[tracking]` section;
+- `slurm`: the `[slurm]` section, which only `workbench slurm` reads.
 
 The recipe itself, its `[[runs]]` and its `[sweep]` are assembled in `workbench.recipe`.
 """
@@ -73,6 +74,7 @@ from workbench.config.run import (
     SchedulerConfig,
     load_orchestrator_config,
 )
+from workbench.config.slurm import SlurmSection
 from workbench.config.tracking import TrackingSection
 from workbench.config.trainer import (
     MAX_POLL_INTERVAL_S,
@@ -111,6 +113,7 @@ __all__ = [
     "SamplingConfig",
     "SamplingParams",
     "SchedulerConfig",
+    "SlurmSection",
     "StrictModel",
     "TrackingSection",
     "TrainerConfig",

@@ -13,6 +13,7 @@ these paths by hand: they come from here, so a rename is a one-line change.
       sweep/                    plan.json (runs and their swept values), asha.json (rungs), pbt.json
       tracking/                 <run_id>.json: how far each run's metrics were forwarded
       busy/                     trainer.json, <run_id>.json: what each process did lately (busy.py)
+      nodes/                    node<K>.json: how each joined node's trainer share fares (nodes.py)
       run_<id>/
         control/orch.toml, config_validation_error.txt, evicted.txt, finished.txt
         checkpoints/step_N/{trainer,orchestrator}/   rollouts/step_N/   broadcast/step_N/
@@ -73,6 +74,15 @@ def process_log_path(experiment: Path, name: str) -> Path:
     if is_run_dir_name(name):
         return orchestrator_log_path(run_dir(experiment, name))
     return logs_dir(experiment) / f"{name}.log"
+
+
+def nodes_dir(experiment: Path) -> Path:
+    return experiment / "nodes"
+
+
+def node_status_path(experiment: Path, node_rank: int) -> Path:
+    """Written by `workbench join` on node `node_rank` (1 and up): its state and heartbeat."""
+    return nodes_dir(experiment) / f"node{node_rank}.json"
 
 
 def model_build_path(experiment: Path) -> Path:

@@ -22,21 +22,24 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, load_trainer_config
 from workbench.files import layout
+from workbench.files.nodes import NODE_HEARTBEAT_S, write_node_status
 from workbench.supervisor import paths
 from workbench.supervisor.client import STATE_HEARTBEAT_S, read_state
 from workbench.supervisor.lifecycle import SHUTDOWN_STATUSES, TERMINAL_STATES
 from workbench.supervisor.plan import read_rendezvous, trainer_argv
 from workbench.system.ports import interface_names
 from workbench.system.procfs import child_pids
+from workbench.system.signals import sigterm_as_interrupt
 from workbench.trainer.launch import socket_interface_env
 
 # Between two agents: long enough for node 0's trainer to exit and be restarted.
@@ -185,6 +188,43 @@ def run_agent(
         return agent.returncode
 
 
+class NodeReport:
+    """This node's file under `nodes/` (`workbench.files.nodes`): its state on every change,
+    and again every `NODE_HEARTBEAT_S` while it lasts, so node 0's `status` can tell a
+    join that runs from one killed outright."""
+
+    def __init__(self, node: JoiningNode, clock: Callable[[], float] = time.monotonic):
+        self.node = node
+        self.clock = clock
+        self.host = socket.gethostname()
+        self.state = "waiting"
+        self.restarts = 0
+        self.reason: str | None = None
+        self._written_at = -float("inf")
+
+    def set(self, state: str, reason: str | None = None) -> None:
+        self.state, self.reason = state, reason
+        self._write()
+
+    def heartbeat(self) -> None:
+        if self.clock() - self._written_at >= NODE_HEARTBEAT_S:
+            self._write()
+
+    def _write(self) -> None:
+        with contextlib.suppress(OSError):  # a report lost is no reason to stop training
+            write_node_status(
+                self.node.experiment,
+                self.node.node_rank,
+                self.node.nnodes,
+                self.host,
+                os.getpid(),
+                self.state,
+                self.restarts,
+                self.reason,
+            )
+        self._written_at = self.clock()
+
+
 def join(
     node: JoiningNode,
     say: Callable[[str], None],
@@ -194,19 +234,44 @@ def join(
 ) -> int:
     """Run node's agent again and again while the experiment runs; 0 once it stops, 1 when
     it was not running, its trainer gave up or its supervisor went silent (see the module's
-    docstring). SIGTERM stops it as Ctrl-C does."""
+    docstring). SIGTERM stops it as Ctrl-C does. What it does is kept in its file under
+    `nodes/` (`NodeReport`)."""
+    report = NodeReport(node)
+    try:
+        code = _join(node, say, report, pause_s, silent_s, watch_s)
+    except KeyboardInterrupt:
+        report.set(
+            "failed", "stopped by a signal (Ctrl-C, SIGTERM, scancel); its ranks were killed"
+        )
+        raise
+    if code != 0 and report.state != "failed":
+        report.set("failed", report.reason)
+    return code
+
+
+def _join(
+    node: JoiningNode,
+    say: Callable[[str], None],
+    report: NodeReport,
+    pause_s: float,
+    silent_s: float,
+    watch_s: float,
+) -> int:
     name = f"node {node.node_rank}/{node.nnodes}"
     watch = SupervisorWatch(node.experiment)
     phase, why = trainer_phase(watch.look()[0])
     if phase != "running":
         say(f"{name}: the experiment is not running ({why}); start it with `workbench up` first")
+        report.set("failed", f"the experiment was not running ({why})")
         return 1
 
     def silent() -> bool:
+        report.heartbeat()
         return watch.look()[1] >= silent_s
 
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         while True:
+            report.set("running")
             say(f"{name}: trainer agent meets node 0 at {node.endpoint} (log: {node.log_path})")
             code = run_agent(node, stop_when=silent, watch_s=watch_s)
             say(f"{name}: trainer agent exited with status {code}")
@@ -218,21 +283,40 @@ def join(
                     f"{quiet_for:.0f} s: it was killed outright. Start the experiment again "
                     "with `workbench up` on node 0, then join again"
                 )
+                report.set("failed", f"node 0's supervisor went silent for {quiet_for:.0f} s")
                 return 1
             phase, why = trainer_phase(state)
             if phase != "running":
                 say(f"{name}: leaving: {why}")
+                report.set("left" if phase == "stopped" else "failed", why)
                 return 1 if phase == "failed" else 0
+            report.restarts += 1
+            report.set("restarting", f"its agent exited with status {code}; meeting node 0 again")
             time.sleep(pause_s)
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    def interrupt(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def wait_for_supervisor(
+    experiment: Path,
+    wait_s: float,
+    say: Callable[[str], None],
+    poll_s: float = WATCH_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Wait up to `wait_s` for a live supervisor on node 0: one whose state.json says it
+    runs and changes while this node watches (a file left by a supervisor that stopped or
+    was killed does not count); whether one came. For nodes started at the same time as
+    node 0, as a Slurm job's are."""
+    first = read_state(experiment)
+    first_stamp = None if first is None else first.get("updated_at")
+    deadline = clock() + wait_s
+    say(f"waiting up to {wait_s:g} s for node 0's supervisor ({paths.state_path(experiment)})")
+    while True:
+        state = read_state(experiment)
+        stamp = None if state is None else state.get("updated_at")
+        fresh = stamp is not None and (stamp != first_stamp or trainer_phase(first)[0] != "running")
+        running = fresh and trainer_phase(state)[0] == "running"
+        if running and paths.rendezvous_path(experiment).is_file():
+            return True
+        if clock() >= deadline:
+            return False
+        time.sleep(poll_s)

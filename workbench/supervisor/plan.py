@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import secrets
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -250,6 +251,10 @@ def device_problems(
     return problems
 
 
+# Node 0's rendezvous address, set by whoever knows it better than the recipe (a Slurm job).
+RENDEZVOUS_HOST_ENV = "WORKBENCH_RENDEZVOUS_HOST"
+
+
 @dataclass(frozen=True)
 class Rendezvous:
     """Where node 0's rendezvous store listens (`supervisor/rendezvous.json`), for `nnodes`."""
@@ -273,7 +278,16 @@ class Rendezvous:
 
 def rendezvous_host(interface: str | None) -> tuple[str | None, str | None]:
     """The address node 0's store binds for `interface` (None: the loopback address), or
-    None and why there is none on this machine."""
+    None and why there is none on this machine. $WORKBENCH_RENDEZVOUS_HOST, where set, is
+    that address instead: a Slurm job's script sets it to its first node's address."""
+    override = os.environ.get(RENDEZVOUS_HOST_ENV)
+    if override:
+        if bind_error(override, 0) is not None:
+            return None, (
+                f"${RENDEZVOUS_HOST_ENV} {override!r} is not an address of this machine; "
+                "set it to the address the other nodes reach node 0 at, or unset it"
+            )
+        return override, None
     if interface is None:
         return LOOPBACK, None
     names = interface_names()
@@ -312,7 +326,14 @@ def recipe_rendezvous(recipe: Recipe) -> Rendezvous:
 
 
 def write_rendezvous(experiment: Path, rendezvous: Rendezvous) -> None:
-    payload = {"host": rendezvous.host, "port": rendezvous.port, "nnodes": rendezvous.nnodes}
+    """`supervisor/rendezvous.json`, written on node 0: the store's address and port, the
+    number of nodes, and node 0's host name (for `status`' nodes table)."""
+    payload = {
+        "host": rendezvous.host,
+        "port": rendezvous.port,
+        "nnodes": rendezvous.nnodes,
+        "node0_host": socket.gethostname(),
+    }
     layout.atomic_write_text(paths.rendezvous_path(experiment), json.dumps(payload) + "\n")
 
 

@@ -31,7 +31,12 @@ from workbench.files import layout
 from workbench.supervisor.client import SupervisorError, evict_and_tell
 from workbench.tui.collector import QuietCollector
 from workbench.tui.commands import CommandOutcome, CommandSender, SupervisorCommands
-from workbench.tui.data import SUPERVISOR_PROCESS, ExperimentReader, ExperimentSnapshot
+from workbench.tui.data import (
+    NODE_ROW_PREFIX,
+    SUPERVISOR_PROCESS,
+    ExperimentReader,
+    ExperimentSnapshot,
+)
 from workbench.tui.messages import (
     AddRun,
     EvictRun,
@@ -238,6 +243,13 @@ class WorkbenchApp(App[None]):
         if name == SUPERVISOR_PROCESS:
             self.notify(
                 "the supervisor is not restarted from the TUI: `workbench down`, then `up`",
+                severity="warning",
+            )
+            return
+        if name.startswith(NODE_ROW_PREFIX):
+            self.notify(
+                f"{name} is another machine's `workbench join`: restart the trainer to have "
+                "every node meet again",
                 severity="warning",
             )
             return

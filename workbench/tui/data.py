@@ -17,6 +17,8 @@ to repeat every second:
   or stale (the supervisor died): both are shown, not raised; so does the startup phase
   (`workbench.supervisor.startup`), while a live supervisor publishes one; each process's
   busy share of the last minute from its record (`workbench.files.busy`), as `status` shows it;
+  a trainer on several nodes adds a row per joined node (`nodes/`, `workbench.files.nodes`),
+  and a warning naming each node that is silent or failed;
 - the leaderboard ranks the runs as `workbench sweep report` does (`tui.leaderboard`),
   from the curves of the metric the metrics readers follow.
 
@@ -46,7 +48,14 @@ from workbench.files import layout
 from workbench.files.busy import BusyReader
 from workbench.files.experiment_changes import ExperimentChanges
 from workbench.files.metrics import parse_record
-from workbench.status import RunStatus, RunStatusReader, describe_fork, read_experiment
+from workbench.files.nodes import NodeStatus
+from workbench.status import (
+    RunStatus,
+    RunStatusReader,
+    describe_fork,
+    node_warnings,
+    read_experiment,
+)
 from workbench.supervisor import paths as supervisor_paths
 from workbench.supervisor.client import describe_last_exit, read_state, running_supervisor_pid
 from workbench.supervisor.startup import StartupPhase
@@ -64,6 +73,8 @@ HISTORY_POINTS = 1000
 METRICS_READ_LIMIT = 4 * 1024 * 1024
 
 SUPERVISOR_PROCESS = "supervisor"
+# A joined node's row: `trainer-node<K>`, the name of its trainer log.
+NODE_ROW_PREFIX = "trainer-node"
 # Every run's curves of these, by step: the curves screen draws them side by side, the run
 # detail its eval curve.
 FOLLOWED_CURVES = frozenset({REWARD_METRIC, EVAL_METRIC})
@@ -337,6 +348,21 @@ def process_view(name: str, entry: dict[str, Any]) -> ProcessView:
 # ---------------------------------------------------------------- the whole experiment
 
 
+def node_view(node: NodeStatus) -> ProcessView:
+    """A joined node's row in the processes table: named as its log (`trainer-node<K>`, so
+    Enter follows it), its host and note where the last exit goes. Node 0 is the trainer's
+    row."""
+    where = f"on {node.host}" if node.host else ""
+    note = (node.note or "").splitlines()[0] if node.note else ""
+    return ProcessView(
+        name=f"{NODE_ROW_PREFIX}{node.node_rank}",
+        kind="node",
+        state=node.state,
+        restarts=node.restarts,
+        last_exit=": ".join(part for part in (where, note) if part) or None,
+    )
+
+
 class ExperimentReader:
     """Polls one experiment directory; keeps per-run metrics readers between polls.
 
@@ -438,16 +464,20 @@ class ExperimentReader:
         runs_tuple = tuple(runs)
         state = experiment.supervisor_state
         supervisor = supervisor_view(state, experiment.supervisor_pid)
+        nodes = experiment.nodes
+        processes = self._processes_of(
+            state, supervisor, None if changes.everything else changes.busy
+        )
         return ExperimentSnapshot(
             experiment=self.experiment,
             supervisor=supervisor,
             runs=runs_tuple,
-            processes=self._processes_of(
-                state, supervisor, None if changes.everything else changes.busy
-            ),
+            processes=processes + tuple(node_view(node) for node in nodes[1:]),
             leaderboard=self._leaderboard_of(ranking, ranked, runs_tuple) if rank else None,
             startup=experiment.startup,
-            warnings=tuple(experiment.warnings),
+            warnings=tuple(
+                node_warnings(nodes, experiment.supervisor_running) + experiment.warnings
+            ),
         )
 
     def _processes_of(

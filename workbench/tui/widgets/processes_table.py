@@ -22,6 +22,11 @@ STATE_STYLES = {
     "stopped": "dim",
     "failed": "bold red",
     "gone": "bold red",
+    # A joined node's states (`workbench.files.nodes`).
+    "restarting": "bold yellow",
+    "left": "dim",
+    "silent": "bold red",
+    "not joined": "yellow",
 }
 
 
