@@ -2,9 +2,10 @@
 update costs, at N runs: the time and bytes to write them and to load them into vLLM.
 
 After an update the trainer's master writes each updated run's adapter as
-`broadcast/step_N/` (`workbench.trainer.rl.publish_adapter`: the slot's tensors copied,
-`write_adapter`, the old steps pruned), one run after another, before it takes the next
-batches: that is on the update's critical path. Each run's orchestrator then asks vLLM to
+`broadcast/step_N/` (`workbench.trainer.rl.publish_adapters`: the slot's tensors copied,
+`write_adapter`, the old steps pruned), on `PUBLISH_THREADS` threads at once, before it
+takes the next batches: that is on the update's critical path. Each publication is
+measured that way and, alternately, one run after another (the trainer before). Each run's orchestrator then asks vLLM to
 load its new adapter (`/v1/load_lora_adapter`), which vLLM reads with
 `LoRAModel.from_local_checkpoint` into its CPU cache, in its engine's loop.
 
@@ -22,7 +23,9 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +51,9 @@ class Publishing:
     rank: int
     adapter_parameters: int
     adapter_bytes: int  # one adapter's directory on disk
-    write_s: float  # the trainer's master, every run's adapter (median over steps)
+    write_s: float  # the trainer's master, every run's adapter at once (median over steps)
     write_ms_per_run: float
+    write_one_by_one_s: float  # the same, one run after another (the trainer before)
     load_s: float  # vLLM's loader, every run's adapter
     load_ms_per_run: float
     steps: int
@@ -79,28 +83,37 @@ def measure_publishing(shape: str, runs: int, rank: int | None, steps: int) -> P
     """Publish `runs` synthetic adapters of `shape` `steps` times: write as the trainer does,
     load as vLLM does."""
     from workbench.bench.trainer import model_config
-    from workbench.trainer.rl import KEEP_BROADCASTS
+    from workbench.trainer.rl import PUBLISH_THREADS
 
     rank = rank or DEFAULT_RANK.get(shape, 8)
     config = model_config(shape)
     targets = list(LORA_TARGET_MODULES)
     adapters = [synthetic_adapter(config, rank, targets, seed) for seed in range(runs)]
     parameters = sum(tensor.numel() for tensor in adapters[0].values())
-    writes, loads = [], []
+    writes, one_by_one, loads = [], [], []
     import vllm.lora.lora_model  # noqa: F401  (its import, seconds, is not a load's time)
 
     with tempfile.TemporaryDirectory(prefix="bench-publish-") as scratch:
         run_dirs = [Path(scratch) / f"run_{i}" for i in range(runs)]
-        for step in range(1, steps + 1):
+        publish_one = partial(publish, rank=rank, targets=targets, shape=shape)
+        for step in range(2, 2 * steps + 1, 2):  # odd steps one by one, even ones at once
             started = time.perf_counter()
             for run, adapter in zip(run_dirs, adapters, strict=True):
-                publish(run, step, adapter, rank, targets, shape, KEEP_BROADCASTS)
+                publish_one(run, step - 1, adapter)
+            one_by_one.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=min(PUBLISH_THREADS, runs)) as pool:
+                for future in [
+                    pool.submit(publish_one, run, step, adapter)
+                    for run, adapter in zip(run_dirs, adapters, strict=True)
+                ]:
+                    future.result()
             writes.append(time.perf_counter() - started)
             started = time.perf_counter()
             for run in run_dirs:
                 load_as_vllm(layout.broadcast_dir(run, step), targets, config, shape)
             loads.append(time.perf_counter() - started)
-        directory = layout.broadcast_dir(run_dirs[0], steps)
+        directory = layout.broadcast_dir(run_dirs[0], 2 * steps)
         size = sum(path.stat().st_size for path in directory.iterdir() if path.is_file())
     write_s, load_s = statistics.median(writes), statistics.median(loads)
     return Publishing(
@@ -111,18 +124,18 @@ def measure_publishing(shape: str, runs: int, rank: int | None, steps: int) -> P
         adapter_bytes=size,
         write_s=round(write_s, 4),
         write_ms_per_run=round(1000 * write_s / runs, 2),
+        write_one_by_one_s=round(statistics.median(one_by_one), 4),
         load_s=round(load_s, 4),
         load_ms_per_run=round(1000 * load_s / runs, 2),
         steps=steps,
     )
 
 
-def publish(
-    run: Path, step: int, adapter: dict, rank: int, targets: list[str], shape: str, keep: int
-) -> None:
+def publish(run: Path, step: int, adapter: dict, *, rank: int, targets: list[str], shape: str):
     """What `workbench.trainer.rl.publish_adapter` does for one run: the slot's tensors
     copied out (`state_dict_for_adapter` clones them), written, old steps pruned."""
     from workbench.trainer.broadcast import prune_broadcasts, write_adapter
+    from workbench.trainer.rl import KEEP_BROADCASTS
 
     copied = {key: tensor.detach().clone().contiguous() for key, tensor in adapter.items()}
     write_adapter(
@@ -133,7 +146,7 @@ def publish(
         target_modules=targets,
         base_model=BASE_NAMES.get(shape, "Qwen/Qwen3-0.6B"),
     )
-    prune_broadcasts(run, keep)
+    prune_broadcasts(run, KEEP_BROADCASTS)
 
 
 def load_as_vllm(directory: Path, targets: list[str], config: Any, shape: str) -> Any:
@@ -162,7 +175,8 @@ def run_publishing(shapes: list[str], run_counts: list[int], rank: int | None, s
             print(
                 f"publishing {shape} rank {row.rank} x {runs} runs: "
                 f"{row.adapter_bytes / 2**20:.2f} MiB an adapter; write {row.write_s:.3f} s "
-                f"({row.write_ms_per_run:.1f} ms a run), vLLM load {row.load_s:.3f} s "
+                f"({row.write_ms_per_run:.1f} ms a run; one by one "
+                f"{row.write_one_by_one_s:.3f} s), vLLM load {row.load_s:.3f} s "
                 f"({row.load_ms_per_run:.1f} ms a run)",
                 flush=True,
             )

@@ -16,8 +16,8 @@ from tests.trainer.rl.test_rl_trainer import make_trainer
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer.checkpoint import ADAPTER_FILE, PART
 from workbench.trainer import optim
+from workbench.trainer.checkpoint import ADAPTER_FILE, PART
 from workbench.trainer.divergence import NON_FINITE_UPDATES, STALLED
 from workbench.trainer.rl import Trainer, iterate
 
