@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch.optim import AdamW
 
@@ -45,7 +46,8 @@ def give_gradients(runs: list[list[torch.nn.Parameter]], step: int, skip: int | 
             param.grad = None if (index == skip and position == 1) else grad
 
 
-def test_all_runs_at_once_match_each_run_stepping_alone_bit_for_bit():
+@pytest.mark.parametrize("foreach", [False, True], ids=["per-tensor", "foreach"])
+def test_all_runs_at_once_match_each_run_stepping_alone_bit_for_bit(foreach: bool):
     alone = [run_params(seed) for seed in range(len(SETTINGS))]
     together = copy.deepcopy(alone)
     alone_optimizers, together_optimizers = optimizers_for(alone), optimizers_for(together)
@@ -62,7 +64,7 @@ def test_all_runs_at_once_match_each_run_stepping_alone_bit_for_bit():
         norms = clip_grad_norms_together(
             dict(enumerate(together)), {i: s["max_norm"] for i, s in enumerate(SETTINGS)}
         )
-        adamw_step_together(together_optimizers)
+        adamw_step_together(together_optimizers, foreach=foreach)
         assert norms == expected
         for params_alone, params_together in zip(alone, together, strict=True):
             for a, b in zip(params_alone, params_together, strict=True):

@@ -4,9 +4,10 @@ Each run keeps its own `torch.optim.AdamW` (its settings, its schedule's learnin
 state and checkpoint format are unchanged); these functions only compute what the runs'
 `clip_grad_norm_` and `AdamW.step()` would, over all runs' tensors together with `torch._foreach_*`
 ops whose per-tensor scalars carry each run's own settings. With N runs that is a handful of
-foreach calls for all of them rather than N sets (on a GPU, N times the kernel launches; on
-the CPU, N times the Python overhead: at 32 runs of the built-in model, 172 ms of a 1.3 s
-update were the 32 AdamW steps). The results are the same, bit for bit, as the per-run
+foreach calls for all of them rather than N sets (on a GPU, N times the kernel launches); on
+the CPU one loop over every run's tensors instead of N optimizers' steps, each with its own
+overhead (at 32 runs of the built-in model, 172 ms of a 1.3 s update were the 32 AdamW
+steps). The results are the same, bit for bit, as the per-run
 calls (tests/trainer/test_multi_adamw.py): the same elementwise operations in the same order
 with the same scalars, as torch's own single- and multi-tensor AdamW.
 
@@ -19,6 +20,12 @@ from __future__ import annotations
 import torch
 from torch.optim import AdamW
 
+# On the CPU, foreach ops pay off for small tensors, where a step is overhead, and lose for
+# large ones, which each op streams through memory again (`scripts/optimizer_step_bench.py`,
+# one thread, optimizer-step-20261127T081403.json): the built-in model's rank-8 adapters
+# (1,024 and 3,072 elements a tensor), 32 runs, 0.142 s against the runs' own steps' 0.185 s;
+# Qwen3-0.6B-shaped rank 16 (16,384 to 49,152), 8 runs, 0.91 s against 0.71 s.
+CPU_FOREACH_MAX_NUMEL = 8192
 # AdamW options that must have these values for the joint step to compute what AdamW does.
 PLAIN_ADAMW = {
     "amsgrad": False,
@@ -82,7 +89,7 @@ def steps_together(optimizer: AdamW) -> bool:
 
 
 @torch.no_grad()
-def adamw_step_together(optimizers: list[AdamW]) -> None:
+def adamw_step_together(optimizers: list[AdamW], foreach: bool | None = None) -> None:
     """Step every optimizer (each `steps_together`) as its `step()` would, all at once.
 
     The math of torch's AdamW without amsgrad (`torch.optim.adam._single_tensor_adam`, which
@@ -90,7 +97,11 @@ def adamw_step_together(optimizers: list[AdamW]) -> None:
     by 1 - lr * weight_decay; exp_avg lerped to the gradient by 1 - beta1; exp_avg_sq times
     beta2 plus (1 - beta2) g^2; the parameter moved by -lr / (1 - beta1^step) times exp_avg
     over sqrt(exp_avg_sq) / sqrt(1 - beta2^step) + eps. Parameters without a gradient are
-    skipped, and state is made on a parameter's first step, as AdamW makes it."""
+    skipped, and state is made on a parameter's first step, as AdamW makes it.
+
+    `foreach`: each operation over every tensor at once. By default on a GPU, and on the
+    CPU for small tensors (`CPU_FOREACH_MAX_NUMEL`); larger ones on the CPU go through all
+    their operations one tensor at a time, while in cache, as torch's AdamW does there."""
     params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
     decay, lerp, beta2s, square_weights, bias2_roots, epsilons, step_sizes = ([] for _ in range(7))
     for optimizer in optimizers:
@@ -122,6 +133,20 @@ def adamw_step_together(optimizers: list[AdamW]) -> None:
                 epsilons.append(eps)
                 step_sizes.append(-(lr / (1 - beta1**step)))
     if not params:
+        return
+    if foreach is None:
+        mean_numel = sum(param.numel() for param in params) / len(params)
+        foreach = params[0].device.type != "cpu" or mean_numel <= CPU_FOREACH_MAX_NUMEL
+    if not foreach:
+        for param, grad, exp_avg, exp_avg_sq, d, w, b2, sw, root, eps, size in zip(
+            params, grads, exp_avgs, exp_avg_sqs, decay, lerp, beta2s, square_weights,
+            bias2_roots, epsilons, step_sizes, strict=True,
+        ):  # fmt: skip
+            if d != 1:
+                param.mul_(d)
+            exp_avg.lerp_(grad, w)
+            exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=sw)
+            param.addcdiv_(exp_avg, (exp_avg_sq.sqrt() / root).add_(eps), value=size)
         return
     decayed = [(p, d) for p, d in zip(params, decay, strict=True) if d != 1]
     if decayed:  # AdamW multiplies only where weight_decay != 0
