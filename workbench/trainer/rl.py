@@ -393,11 +393,12 @@ def publish_adapters(trainer: Trainer, idxs: list[int]) -> dict[int, BaseExcepti
     """Write these runs' adapters (`publish_adapter`) at once, on threads; return the error
     of each that failed.
 
-    The trainer starts its next update only once they are written, and a write is mostly
-    waiting on the disk (a file written and fsynced, the directory renamed and fsynced):
-    one run after another, 32 runs of the built-in model took 0.68 s and 32 Qwen3-0.6B-
-    shaped rank-16 adapters (1.23 GB) 11.3 s (`bench trainer --publishing only`,
-    trainer-20261127T074856.json). Each run writes its own directory."""
+    The trainer starts its next update only once they are written: one run after another,
+    32 runs of the built-in model took 0.68 s and 32 Qwen3-0.6B-shaped rank-16 adapters
+    (1.23 GB) 11.3 s (`bench trainer --publishing only`, trainer-20261127T074856.json).
+    Threads overlap the waits on the disk (7 fsyncs a write); the Python half of a small
+    adapter's write they do not, and the measurements so far do not separate the gain from
+    the disk's noise (docs/guides/scaling.md). Each run writes its own directory."""
     if not idxs:
         return {}
     with ThreadPoolExecutor(max_workers=min(PUBLISH_THREADS, len(idxs))) as pool:
