@@ -124,13 +124,16 @@ def up(
     Running `up` again after `down` resumes every run from its last checkpoint.
 
     With --dry-run, the runs are printed (id and the values each sets over \\[defaults]) with
-    which GPUs run vLLM and the trainer and where the trainer's nodes meet, and nothing is
-    written or started; `workbench sweep plan RECIPE` prints the runs too.
+    which GPUs run vLLM and the trainer, where the trainer's nodes meet and how many slots
+    the memory holds (what one slot and one vLLM adapter cost on each device, the sum
+    against what each has), and nothing is written or started; `workbench sweep plan RECIPE` prints the runs too.
     """
     if dry_run:
         _, resolved = recipe_or_fail(recipe, max_steps)
         print_run_plan(recipe, resolved, as_json=False)
         say(recipe_devices(resolved, detect_gpu_count())[1])
+        for line in resolved.slot_arithmetic:
+            say(line)
         say(recipe_rendezvous(resolved).describe())
         say("nothing was written or started (--dry-run)")
         return

@@ -106,6 +106,18 @@ class Recipe(StrictModel):
 
     # Set by the loader with `runs`: every run's values and where they come from.
     _planned: list[PlannedRun] = PrivateAttr(default_factory=list)
+    # Set by `workbench up`'s checks: how the slots were sized, for `--dry-run`.
+    _slot_arithmetic: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def slot_arithmetic(self) -> list[str]:
+        """How many slots and adapters the memory holds and why, a few lines; empty unless
+        the recipe went through `workbench up`'s checks."""
+        return list(self._slot_arithmetic)
+
+    @slot_arithmetic.setter
+    def slot_arithmetic(self, lines: list[str]) -> None:
+        self._slot_arithmetic = list(lines)
 
     @property
     def planned_runs(self) -> list[PlannedRun]:
@@ -131,7 +143,13 @@ class Recipe(StrictModel):
     @property
     def max_loras(self) -> int:
         """`[inference] max_loras`, or by default enough for every trainer slot."""
-        return self.inference.max_loras or default_max_loras(self.trainer.max_concurrent_runs)
+        slots = self.trainer.max_concurrent_runs
+        if slots == "auto":
+            raise ValueError(
+                '[trainer] max_concurrent_runs = "auto" is sized before launch '
+                "(workbench.supervisor.slots.resolve_auto_slots), and this recipe was not"
+            )
+        return self.inference.max_loras or default_max_loras(slots)
 
     @property
     def max_lora_rank(self) -> int | None:

@@ -4,8 +4,9 @@
 
 1. `read_recipe`: parse and validate the recipe (`--max-steps` applied), then check what the
    processes will meet (`workbench.supervisor.preflight`: environments, the base model, prompt
-   lengths, adapter slots); every problem names the file, line and key, and nothing is
-   written (`RecipeError`).
+   lengths, adapter slots, whether the slots fit in memory, `max_concurrent_runs = "auto"`
+   sized: `workbench.supervisor.slots`); every problem names the file, line and key, and
+   nothing is written (`RecipeError`).
 2. Refuse an experiment whose supervisor already runs, naming its pid (`LaunchError`).
 3. `create_experiment`: recipe.toml and one run_<id>/control/orch.toml per run.
 4. `start_daemon`: the supervisor in its own session; it returns once the supervisor runs.
@@ -48,6 +49,7 @@ from workbench.supervisor.launch import (
 )
 from workbench.supervisor.lifecycle import UP_STATES, ProcessState
 from workbench.supervisor.preflight import check_recipe
+from workbench.supervisor.slots import resolve_auto_slots, size_slots
 from workbench.supervisor.startup import StartupPhase
 from workbench.sweep.pbt_scheduler import EVICTED_BY as PBT_EVICTED_BY
 from workbench.sweep.scheduler import EVICTED_BY
@@ -88,7 +90,9 @@ def read_recipe(path: Path, max_steps: int | None = None) -> tuple[TOMLDocument,
         if max_steps is not None:
             document.setdefault("defaults", {})["max_steps"] = max_steps
         recipe = recipe_from_document(document, path)
-        check_recipe(recipe, path, tomlkit.dumps(document))
+        sizing = resolve_auto_slots(recipe, document) or size_slots(recipe)
+        check_recipe(recipe, path, tomlkit.dumps(document), sizing)
+        recipe.slot_arithmetic = sizing.lines(recipe.trainer.max_concurrent_runs, recipe.max_loras)
         return document, recipe
     except ConfigError as err:
         raise RecipeError(f"invalid recipe\n{err}") from None

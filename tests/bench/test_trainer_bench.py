@@ -76,3 +76,29 @@ def test_mixed_losses_are_measured_beside_uniform_ones_with_their_ratio():
     assert (uniform.mode, uniform.losses) == ("uniform", "ppo")
     assert (mixed.mode, mixed.losses) == ("mixed", "ppo,gspo")
     assert mixed.vs_uniform == mixed.tokens_per_s / uniform.tokens_per_s
+
+
+def test_publishing_writes_what_vllm_loads_and_counts_its_bytes(tmp_path):
+    from workbench.bench.publishing import (
+        load_as_vllm,
+        measure_publishing,
+        publish,
+        synthetic_adapter,
+    )
+    from workbench.bench.trainer import model_config
+    from workbench.config import LORA_TARGET_MODULES
+    from workbench.files import layout
+    from workbench.models.resolve import model_shapes
+
+    config, targets = model_config("tiny"), list(LORA_TARGET_MODULES)
+    publish(tmp_path, 1, synthetic_adapter(config, 8, targets, 0), rank=8, targets=targets,
+            shape="tiny")  # fmt: skip
+    loaded = load_as_vllm(layout.broadcast_dir(tmp_path, 1), targets, config, "tiny")
+    assert len(loaded.loras) == config.num_hidden_layers * len(targets)  # every projection
+
+    row = measure_publishing("tiny", 2, None, 1)
+    parameters = model_shapes("builtin:tiny-reverse").adapter_parameters(8, targets)
+    assert row.adapter_parameters == parameters
+    # float32 weights plus the adapter's config files, a few KiB
+    assert 4 * parameters < row.adapter_bytes < 4 * parameters + 64 * 1024
+    assert row.write_s > 0 and row.write_one_by_one_s > 0 and row.load_s > 0

@@ -586,14 +586,14 @@ def test_a_models_layers_are_looked_at_once_and_again_when_its_config_changes(
     base = str(model_dir(tmp_path, config))
     looked = resolve.linear_layer_names(base)
     assert "query_key_value" in looked
-    resolve.linear_layer_names.cache_clear()  # as a second `workbench up` starts afresh
+    resolve.model_shapes.cache_clear()  # as a second `workbench up` starts afresh
 
     def no_child(*args, **kwargs):
         raise AssertionError("the layers were looked at again")
 
     monkeypatch.setattr(resolve.subprocess, "run", no_child)
     assert resolve.linear_layer_names(base) == looked
-    resolve.linear_layer_names.cache_clear()
+    resolve.model_shapes.cache_clear()
     config.num_hidden_layers = 2  # another model: another look
     config.save_pretrained(base)
     with pytest.raises(AssertionError, match="looked at again"):

@@ -89,6 +89,15 @@ def trainer(
             "modes; `vs uniform` is their ratio.",
         ),
     ] = "",
+    publishing: Annotated[
+        str,
+        typer.Option(
+            help="also, only or off: the time and bytes of publishing every run's adapter "
+            "after an update (written as the trainer does, loaded with vLLM's loader; "
+            "synthetic adapters of each shape, rank 8 for tiny and 16 for qwen3-0.6b unless "
+            "--rank), at each N.",
+        ),
+    ] = "also",
 ) -> None:
     """One trainer training N runs vs N separate trainers vs peft, same total tokens.
 
@@ -101,6 +110,10 @@ def trainer(
     memory is a row saying OOM; the others still run. With --ranks above 1 the trainer runs
     under torchrun and each N is measured with the base replicated on every rank and
     sharded over them, with the frozen weights one rank holds.
+
+    Publishing (--publishing): per shape and N, the seconds to write every run's adapter
+    after an update, as the trainer's master does before its next update, and to read
+    them with vLLM's loader; the bytes of one adapter.
     """
     from workbench.bench.results import write_result
     from workbench.bench.trainer import print_table, run_benchmark
@@ -114,9 +127,18 @@ def trainer(
     chosen |= {key: value for key, value in given.items() if value is not None}
     chosen["losses"] = _loss_names(losses)
     settings = _trainer_settings(preset, models, runs, chosen)
-    measurements = run_benchmark(settings)
-    print_table(measurements)
+    if publishing not in ("also", "only", "off"):
+        raise typer.BadParameter("choose also, only or off", param_hint="--publishing")
+    measurements = [] if publishing == "only" else run_benchmark(settings)
+    if measurements:
+        print_table(measurements)
     payload = {"preset": preset, "measurements": [asdict(m) for m in measurements]}
+    if publishing != "off":
+        from workbench.bench.publishing import run_publishing
+
+        payload["publishing"] = run_publishing(
+            settings.models, settings.run_counts, rank, settings.steps
+        )
     path = write_result("trainer", payload)
     typer.echo(f"results: {path}")
 

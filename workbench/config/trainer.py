@@ -20,8 +20,13 @@ PROMPT_SHARING_ATTENTION = ("per_sample", "dense")
 
 
 class TrainerSection(StrictModel):
-    max_concurrent_runs: int = Field(
-        4, ge=1, description="adapter slots; extra runs wait for a free slot"
+    max_concurrent_runs: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        4,
+        description="adapter slots; extra runs wait for a free slot. `auto`: one per run of "
+        "the recipe, at most as many as the memory of the trainer's device, vLLM's device "
+        "and the host holds (each slot's adapter, gradients and AdamW state, its "
+        "orchestrator, vLLM's LoRA buffers); `up --dry-run` prints the arithmetic, and a "
+        "number that does not fit is refused before launch",
     )
     lora: LoraConfig = Field(
         default_factory=LoraConfig,

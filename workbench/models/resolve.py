@@ -3,9 +3,9 @@
 `builtin:NAME` is a model this project makes itself (no hub needed): written into the cache on
 first use (its shipped weights copied, or built from a seed), then reused. Anything else (a
 local directory, a hub id) passes through unchanged.
-`base_model_problem`, `prompt_tokenizer` and `linear_layer_names` answer, without building or
-downloading anything, whether a base can be loaded here, how vLLM will tokenize its prompts
-and which layers LoRA can adapt.
+`base_model_problem`, `prompt_tokenizer`, `linear_layer_names` and `model_shapes` answer,
+without building or downloading anything, whether a base can be loaded here, how vLLM will
+tokenize its prompts, which layers LoRA can adapt and how large they are.
 
 Cache: `$WORKBENCH_CACHE_DIR/models/` if that variable is set, else the platform's user cache
 (`~/.cache/workbench/models/` on Linux). A built model lives in `NAME-<hash>/`, the hash
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -188,19 +189,48 @@ def prompt_tokenizer(base: str) -> Any | None:
     return AutoTokenizer.from_pretrained(base, local_files_only=True)
 
 
+@dataclass(frozen=True)
+class ModelShapes:
+    """What the base model's config says about its size, for sizing adapter slots:
+    `linears` maps each linear layer name (the last part of its module path, as
+    `[trainer] target_modules` names them) to the sum of in + out features over every layer
+    of that name (a rank-r LoRA on them has r x that many parameters); `parameters` counts
+    the whole model's."""
+
+    linears: dict[str, int]
+    parameters: int
+
+    def adapter_parameters(self, rank: int, targets: list[str] | None = None) -> int:
+        """A rank-`rank` LoRA adapter's parameters on `targets` (None: every linear layer
+        but the LM head)."""
+        names = targets if targets is not None else [n for n in self.linears if n != "lm_head"]
+        return rank * sum(self.linears.get(name, 0) for name in names)
+
+
+def linear_layer_names(base: str) -> list[str] | None:
+    """The names of the base model's linear layers, by the last part of their module path (as
+    `[trainer] target_modules` names them), from its config alone: the model is made on the
+    meta device, so no weights are read or allocated. From local files only, as
+    `prompt_tokenizer`; None for a hub model that is not cached. Raises RuntimeError when
+    the look fails (`model_shapes`)."""
+    shapes = model_shapes(base)
+    return None if shapes is None else sorted(shapes.linears)
+
+
+@functools.cache
+def model_shapes(base: str) -> ModelShapes | None:
+    """The base model's linear layer sizes and parameter count, from its config alone (see
+    `linear_layer_names`); None for a hub model that is not cached. Asked once a process."""
+    return _looked_up_shapes(base)
+
+
 # The most a look at the base model's layers may take: torch and transformers are imported,
 # the model made on the meta device (about 3 s on an idle 2-core machine, 30 s under load).
 LAYERS_TIMEOUT_S = 120.0
 
 
-@functools.cache
-def linear_layer_names(base: str) -> list[str] | None:
-    """The names of the base model's linear layers, by the last part of their module path (as
-    `[trainer] target_modules` names them), from its config alone: the model is made on the
-    meta device, so no weights are read or allocated. From local files only, as
-    `prompt_tokenizer`; None for a hub model that is not cached.
-
-    Done in a child process, given at most `LAYERS_TIMEOUT_S`: torch and transformers take
+def _looked_up_shapes(base: str) -> ModelShapes | None:
+    """Done in a child process, given at most `LAYERS_TIMEOUT_S`: torch and transformers take
     some 400 MB that `workbench up`, which goes on following the experiment, should not keep.
     That child takes some 5 s of every `workbench up` on a 2-core machine, so the answer is
     kept in the cache (`linear_layers_cache_path`) for a builtin or a model directory, under
@@ -208,10 +238,8 @@ def linear_layer_names(base: str) -> list[str] | None:
     time."""
     cached = linear_layers_cache_path(base)
     if cached is not None:
-        with contextlib.suppress(OSError, ValueError):
-            names = json.loads(cached.read_text())
-            if isinstance(names, list) and all(isinstance(name, str) for name in names):
-                return names
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            return _shapes_from_json(json.loads(cached.read_text()))
     root = str(Path(__file__).resolve().parents[2])  # this checkout's workbench, in the child
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     try:
@@ -227,16 +255,23 @@ def linear_layer_names(base: str) -> list[str] | None:
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines()
         raise RuntimeError(lines[-1] if lines else f"exit status {result.returncode}")
-    names = json.loads(result.stdout.strip().splitlines()[-1])
-    if cached is not None and names is not None:
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    if answer is None:
+        return None
+    if cached is not None:
         with contextlib.suppress(OSError):  # a cache that cannot be written costs time only
             cached.parent.mkdir(parents=True, exist_ok=True)
-            layout.atomic_write_text(cached, json.dumps(names))
-    return names
+            layout.atomic_write_text(cached, json.dumps(answer))
+    return _shapes_from_json(answer)
+
+
+def _shapes_from_json(answer: dict[str, Any]) -> ModelShapes:
+    linears = {str(name): int(size) for name, size in answer["linears"].items()}
+    return ModelShapes(linears=linears, parameters=int(answer["parameters"]))
 
 
 def linear_layers_cache_path(base: str) -> Path | None:
-    """Where `linear_layer_names(base)` keeps its answer: named by the digest of what decides
+    """Where the look at `base`'s layers keeps its answer: named by the digest of what decides
     it, the model's config (a directory's config.json; for a builtin, the source of the
     module that makes its config, read rather than imported: importing it takes torch) and
     the installed transformers, which makes the model from it. None for a hub id (its files
@@ -251,10 +286,10 @@ def linear_layers_cache_path(base: str) -> Path | None:
     except (KeyError, AttributeError, TypeError, OSError):
         return None
     digest = hashlib.sha256(what + b"\0" + importlib.metadata.version("transformers").encode())
-    return cache_dir() / "linear-layers" / f"{digest.hexdigest()[:32]}.json"
+    return cache_dir() / "model-shapes" / f"{digest.hexdigest()[:32]}.json"
 
 
-def _linear_layer_names_here(base: str) -> list[str] | None:
+def _model_shapes_here(base: str) -> dict[str, Any] | None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -269,13 +304,13 @@ def _linear_layer_names_here(base: str) -> list[str] | None:
         return None
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return sorted(
-        {
-            name.rsplit(".", 1)[-1]
-            for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear)
-        }
-    )
+    linears: dict[str, int] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            short = name.rsplit(".", 1)[-1]
+            linears[short] = linears.get(short, 0) + module.in_features + module.out_features
+    parameters = sum(param.numel() for param in model.parameters())
+    return {"linears": dict(sorted(linears.items())), "parameters": parameters}
 
 
 def builtin_model_dir(base: str, spec: Any = None) -> Path:
@@ -366,8 +401,8 @@ def _remove_leftovers(final: Path) -> None:
         shutil.rmtree(final, ignore_errors=True)
 
 
-if __name__ == "__main__":  # `linear-layers BASE`: what `linear_layer_names` asks a child
+if __name__ == "__main__":  # `linear-layers BASE`: what `model_shapes` asks a child
     if sys.argv[1:2] == ["linear-layers"] and len(sys.argv) == 3:
-        print(json.dumps(_linear_layer_names_here(sys.argv[2])))
+        print(json.dumps(_model_shapes_here(sys.argv[2])))
     else:
         sys.exit(f"usage: python -m {__spec__.name} linear-layers BASE")

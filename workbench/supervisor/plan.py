@@ -516,10 +516,16 @@ def plan_from_recipe(experiment: Path) -> Plan:
 
 
 def _load_recipe(experiment: Path) -> Recipe:
+    """The experiment's recipe; `max_concurrent_runs = "auto"` sized here when the
+    recipe.toml was not written by `workbench up` (which writes the number)."""
     try:
-        return load_recipe(layout.recipe_path(experiment))
+        recipe = load_recipe(layout.recipe_path(experiment))
     except ConfigError as err:
         raise PlanError(f"cannot start the experiment: {err}") from None
+    from workbench.supervisor.slots import resolve_auto_slots  # it reads this module's devices
+
+    resolve_auto_slots(recipe)
+    return recipe
 
 
 def _plan_notes(

@@ -18,7 +18,9 @@ the processes will meet it:
   sample fits the trainer's `seq_len`: at most `MAX_PROMPTS_MEASURED` prompts of each
   split are measured, whatever the batch size or the number of eval prompts;
 - vLLM's `max_loras` holds every adapter version in flight: the runs that can train at
-  once, each with its newest adapter and, while an eval of it runs, an older one.
+  once, each with its newest adapter and, while an eval of it runs, an older one;
+- the trainer's slots and vLLM's adapters fit in memory (`workbench.supervisor.slots`,
+  sized by the caller, which also turns `max_concurrent_runs = "auto"` into a number).
 
 `check_recipe` serves `workbench up` (and `--dry-run`, `sweep plan`): problems name the
 file, line and key like the loader's. `check_new_run` serves `workbench runs add` and the
@@ -59,6 +61,7 @@ from workbench.models.adapters import init_adapter_problem
 from workbench.models.resolve import base_model_problem, linear_layer_names, prompt_tokenizer
 from workbench.recipe import Recipe, RunSpec
 from workbench.supervisor import plan as supervisor_plan
+from workbench.supervisor.slots import SlotSizing
 from workbench.sweep.checks import read_params
 
 # Training prompts measured per run (at least a step's worth): the first ones it will use.
@@ -86,9 +89,15 @@ FLOAT16_ON_CPU = (
 )
 
 
-def check_recipe(recipe: Recipe, path: Path | str | None, text: str | None) -> None:
-    """Raise ConfigError listing every problem of a valid-looking recipe, or return."""
+def check_recipe(
+    recipe: Recipe, path: Path | str | None, text: str | None, sizing: SlotSizing | None = None
+) -> None:
+    """Raise ConfigError listing every problem of a valid-looking recipe, or return. With
+    `sizing` (`workbench.supervisor.slots`), slots and adapters that do not fit in memory
+    are one."""
     problems = recipe_problems(recipe, text)
+    if sizing is not None and (memory := sizing.problem(recipe, text)) is not None:
+        problems.append(memory)
     if problems:
         raise ConfigError(path, problems)
 

@@ -138,9 +138,18 @@ def _boot_time() -> float | None:
 
 def memory_available_bytes() -> int | None:
     """The kernel's estimate of memory available to new work (MemAvailable), or None."""
+    return _meminfo_bytes("MemAvailable")
+
+
+def memory_total_bytes() -> int | None:
+    """The machine's memory (MemTotal), or None."""
+    return _meminfo_bytes("MemTotal")
+
+
+def _meminfo_bytes(field: str) -> int | None:
     try:
         for line in (PROC / "meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass

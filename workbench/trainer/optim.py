@@ -3,7 +3,8 @@
 As in prime-rl's `MultiLoRAOptimizer` / `MultiLoRAScheduler`: every run gets its
 own AdamW over its own adapter parameters, made by a manager creation hook and dropped by a
 deletion hook, and its own schedule. `step()` touches only the runs with data this step
-(`manager.ready_to_update_idxs`). Each run's gradient is clipped by its own norm with its
+(`manager.ready_to_update_idxs`), all of them in one set of foreach calls
+(`workbench.trainer.multi_adamw`). Each run's gradient is clipped by its own norm with its
 own `max_norm`, so a run with a huge loss cannot shrink another run's update: that, the
 per-run loss normalisation (`loss.py`) and the separate parameters are what keep runs
 isolated.
@@ -16,11 +17,15 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from workbench.config import SchedulerConfig
+from workbench.trainer.multi_adamw import (
+    adamw_step_together,
+    clip_grad_norms_together,
+    steps_together,
+)
 from workbench.trainer.runs import MultiRunManager
 
 logger = logging.getLogger(__name__)
@@ -70,35 +75,45 @@ class MultiLoRAOptimizer:
         self.optimizers[idx] = None
 
     def clip_grad_norms(self, idxs: list[int]) -> dict[int, float]:
-        """Clip each run's gradient to its own `optim.max_norm`; return the norms before."""
-        norms = {}
-        for idx in idxs:
-            params = [param for _, param in self.manager.get_named_parameters_for_run(idx)]
-            max_norm = self.manager.config[idx].optim.max_norm
-            norms[idx] = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        # One host sync for all runs instead of one per run.
-        values = torch.stack(list(norms.values())).tolist() if norms else []
-        return dict(zip(norms, values, strict=True))
+        """Clip each run's gradient to its own `optim.max_norm`; return the norms before.
+        All runs at once, in one host sync (`multi_adamw.clip_grad_norms_together`)."""
+        params = {
+            idx: [param for _, param in self.manager.get_named_parameters_for_run(idx)]
+            for idx in idxs
+        }
+        max_norms = {idx: self.manager.config[idx].optim.max_norm for idx in idxs}
+        return clip_grad_norms_together(params, max_norms)
 
     def step(self) -> dict[int, float]:
         """Clip and step every run ready to update; return each one's gradient norm.
 
         A run whose gradient is not finite skips its update (its norm comes back as
-        inf or nan, for the training loop to report or evict); the others still step.
+        inf or nan, for the training loop to report or evict); the others still step,
+        together (`multi_adamw.adamw_step_together`: what each run's AdamW.step() gives,
+        in one set of foreach calls for all of them).
         """
         ready = [
             idx for idx in self.manager.ready_to_update_idxs if self.optimizers[idx] is not None
         ]
         norms = self.clip_grad_norms(ready)
+        together = []
         for idx in ready:
-            if math.isfinite(norms[idx]):
-                self.optimizers[idx].step()
-            else:
+            optimizer = self._optimizer(idx)
+            if not math.isfinite(norms[idx]):
                 logger.warning(
                     "run %s: gradient norm is %s, update skipped",
                     self.manager.idx_2_id.get(idx, idx),
                     norms[idx],
                 )
+            elif steps_together(optimizer):
+                together.append(optimizer)
+            else:
+                optimizer.step()
+        adamw_step_together(together)
+        for optimizer in together:
+            # What AdamW.step() would have noted for its LR scheduler, which otherwise warns
+            # that it stepped before its optimizer.
+            optimizer._opt_called = True  # type: ignore[attr-defined]
         return norms
 
     def zero_grad(self) -> None:

@@ -16,6 +16,7 @@ from tests.trainer.rl.test_rl_trainer import make_trainer
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
+from workbench.trainer import optim
 from workbench.trainer.checkpoint import ADAPTER_FILE, PART
 from workbench.trainer.divergence import NON_FINITE_UPDATES, STALLED
 from workbench.trainer.rl import Trainer, iterate
@@ -227,7 +228,7 @@ def test_non_finite_updates_that_are_not_in_a_row_are_skipped_and_the_run_goes_o
 
 
 def test_an_adapter_that_is_not_finite_is_never_written_and_its_run_is_evicted(
-    tmp_path, tiny_llama
+    tmp_path, tiny_llama, monkeypatch
 ):
     experiment = tmp_path / "exp"
     runs = {name: make_run(experiment, name, GOOD) for name in ("run_a", "run_b")}
@@ -240,15 +241,14 @@ def test_an_adapter_that_is_not_finite_is_never_written_and_its_run_is_evicted(
     # A finite update that still overflows float32 (or a weight decay that grows the
     # weights): the gradient is finite, the adapter after the step is not.
     _, param = trainer.manager.get_named_parameters_for_run(idx)[3]
-    original_step = trainer.optimizer.optimizers[idx].step
+    joint_step = optim.adamw_step_together  # every run's AdamW step at once
 
-    def overflowing_step(*args, **kwargs):
-        result = original_step(*args, **kwargs)
+    def overflowing_step(optimizers):
+        joint_step(optimizers)
         with torch.no_grad():
             param.view(-1)[0] = math.inf
-        return result
 
-    trainer.optimizer.optimizers[idx].step = overflowing_step
+    monkeypatch.setattr(optim, "adamw_step_together", overflowing_step)
     for run_id, run in runs.items():
         write_rollouts(run, random_batch(run_id, 1, 6, seed=1))
     assert iterate(trainer) == "trained"
