@@ -32,6 +32,49 @@ def _split_ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+# `bench trainer`'s longer options, named once here so its signature reads as a list.
+PresetOption = Annotated[
+    str | None,
+    typer.Option(
+        help="anchor: the GPU anchor (Qwen3-0.6B shape, rank 16, 16,384 tokens in one "
+        "row, 512-token samples, N = 1, 4, 8); cpu-vocab: Qwen's vocabulary on a small "
+        "body, 4 runs x 2,048 tokens in one 8,192-token row. Other options override it."
+    ),
+]
+LegacyOption = Annotated[
+    bool,
+    typer.Option(
+        help="Also measure the legacy compute (dense mask, full logits, one row at a time)."
+    ),
+]
+RanksOption = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Trainer ranks under torchrun. Above 1, each N is measured with the base "
+        "replicated and sharded (FSDP2) instead of the other modes.",
+    ),
+]
+LossesOption = Annotated[
+    str,
+    typer.Option(
+        help="Loss kinds, comma separated (e.g. ppo,gspo,cispo,is; kind+kl adds a k3 KL "
+        "term to the base). Two or more: each N is measured with every run of the first "
+        "(uniform) and with them in turn (mixed), alternately, instead of the other "
+        "modes; `vs uniform` is their ratio.",
+    ),
+]
+PublishingOption = Annotated[
+    str,
+    typer.Option(
+        help="also, only or off: the time and bytes of publishing every run's adapter "
+        "after an update (written as the trainer does, loaded with vLLM's loader; "
+        "synthetic adapters of each shape, rank 8 for tiny and 16 for qwen3-0.6b unless "
+        "--rank), at each N.",
+    ),
+]
+
+
 @bench_app.command("trainer")
 def trainer(
     models: Annotated[
@@ -39,14 +82,7 @@ def trainer(
     ] = "tiny,qwen3-0.6b",
     runs: Annotated[str, typer.Option(help="Run counts N, comma separated.")] = "1,2,4,8",
     steps: Annotated[int, typer.Option(min=1, help="Measured updates per configuration.")] = 3,
-    preset: Annotated[
-        str | None,
-        typer.Option(
-            help="anchor: the GPU anchor (Qwen3-0.6B shape, rank 16, 16,384 tokens in one "
-            "row, 512-token samples, N = 1, 4, 8); cpu-vocab: Qwen's vocabulary on a small "
-            "body, 4 runs x 2,048 tokens in one 8,192-token row. Other options override it."
-        ),
-    ] = None,
+    preset: PresetOption = None,
     tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per update.")] = None,
     seq_len: Annotated[int | None, typer.Option(min=16, help="Tokens per packed row.")] = None,
     sample_len: Annotated[int | None, typer.Option(min=2, help="Tokens per sample.")] = None,
@@ -64,40 +100,12 @@ def trainer(
     row_threads: Annotated[
         str, typer.Option(help="CPU: rows computed at once, one per thread; auto or a count.")
     ] = "auto",
-    legacy: Annotated[
-        bool,
-        typer.Option(
-            help="Also measure the legacy compute (dense mask, full logits, one row at a time)."
-        ),
-    ] = True,
+    legacy: LegacyOption = True,
     separate: Annotated[bool, typer.Option(help="Also measure N separate trainers.")] = True,
     peft: Annotated[bool, typer.Option(help="Also measure peft with one adapter.")] = True,
-    ranks: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Trainer ranks under torchrun. Above 1, each N is measured with the base "
-            "replicated and sharded (FSDP2) instead of the other modes.",
-        ),
-    ] = 1,
-    losses: Annotated[
-        str,
-        typer.Option(
-            help="Loss kinds, comma separated (e.g. ppo,gspo,cispo,is; kind+kl adds a k3 KL "
-            "term to the base). Two or more: each N is measured with every run of the first "
-            "(uniform) and with them in turn (mixed), alternately, instead of the other "
-            "modes; `vs uniform` is their ratio.",
-        ),
-    ] = "",
-    publishing: Annotated[
-        str,
-        typer.Option(
-            help="also, only or off: the time and bytes of publishing every run's adapter "
-            "after an update (written as the trainer does, loaded with vLLM's loader; "
-            "synthetic adapters of each shape, rank 8 for tiny and 16 for qwen3-0.6b unless "
-            "--rank), at each N.",
-        ),
-    ] = "also",
+    ranks: RanksOption = 1,
+    losses: LossesOption = "",
+    publishing: PublishingOption = "also",
 ) -> None:
     """One trainer training N runs vs N separate trainers vs peft, same total tokens.
 
@@ -116,7 +124,6 @@ def trainer(
     them with vLLM's loader; the bytes of one adapter.
     """
     from workbench.bench.results import write_result
-    from workbench.bench.trainer import print_table, run_benchmark
 
     compute = _compute_options(
         attention, activation_checkpointing, logprob_chunk_tokens, compile, row_threads
@@ -129,6 +136,15 @@ def trainer(
     settings = _trainer_settings(preset, models, runs, chosen)
     if publishing not in ("also", "only", "off"):
         raise typer.BadParameter("choose also, only or off", param_hint="--publishing")
+    payload = _measure_trainer(settings, preset, publishing, rank)
+    path = write_result("trainer", payload)
+    typer.echo(f"results: {path}")
+
+
+def _measure_trainer(settings, preset: str | None, publishing: str, rank: int | None) -> dict:
+    """`bench trainer`'s measurements (printed as a table) and, unless off, publishing's."""
+    from workbench.bench.trainer import print_table, run_benchmark
+
     measurements = [] if publishing == "only" else run_benchmark(settings)
     if measurements:
         print_table(measurements)
@@ -139,8 +155,7 @@ def trainer(
         payload["publishing"] = run_publishing(
             settings.models, settings.run_counts, rank, settings.steps
         )
-    path = write_result("trainer", payload)
-    typer.echo(f"results: {path}")
+    return payload
 
 
 def _compute_options(

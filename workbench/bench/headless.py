@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import IO
 
 from workbench.system.procfs import child_pids
 
@@ -101,6 +102,39 @@ def run_accounted(
     return replace(runs[0], cpu_s=cpu_s, unreaped=unreaped)
 
 
+def _start(
+    launch: Launch, env: dict[str, str] | None, output: IO[bytes] | None
+) -> subprocess.Popen:
+    """`launch`'s command, its output (stdout and stderr) to `output` or inherited."""
+    return subprocess.Popen(
+        launch.command,
+        cwd=launch.cwd,
+        env=None if env is None else {**os.environ, **env},
+        stdout=output,
+        stderr=None if output is None else subprocess.STDOUT,
+    )
+
+
+def _wait_for_all(
+    processes: list[subprocess.Popen],
+    ended: dict[int, tuple[int, bool, float]],
+    started_at: float,
+    deadline: float,
+) -> None:
+    """Fill `ended` (index -> exit code, timed out, wall seconds since `started_at`) as the
+    processes end; at `deadline` (monotonic), SIGINT each one still running and wait."""
+    while len(ended) < len(processes):
+        for index, process in enumerate(processes):
+            if index not in ended and process.poll() is not None:
+                ended[index] = (process.returncode, False, time.time() - started_at)
+        if len(ended) < len(processes) and time.monotonic() >= deadline:
+            for index, process in enumerate(processes):
+                if index not in ended:
+                    process.send_signal(signal.SIGINT)  # `up --headless` stops gracefully
+                    ended[index] = (process.wait(), True, time.time() - started_at)
+        time.sleep(0.05)
+
+
 def run_accounted_together(
     launches: list[Launch],
     *,
@@ -121,27 +155,10 @@ def run_accounted_together(
         for launch in launches:
             output = None if launch.output is None else open(launch.output, "wb")  # noqa: SIM115
             outputs.append(output)
-            process = subprocess.Popen(
-                launch.command,
-                cwd=launch.cwd,
-                env=None if env is None else {**os.environ, **env},
-                stdout=output,
-                stderr=None if output is None else subprocess.STDOUT,
-            )
-            processes.append(process)
+            processes.append(_start(launch, env, output))
             if on_start is not None:
-                on_start(process.pid)
-        deadline = time.monotonic() + timeout_s
-        while len(ended) < len(processes):
-            for index, process in enumerate(processes):
-                if index not in ended and process.poll() is not None:
-                    ended[index] = (process.returncode, False, time.time() - started_at)
-            if len(ended) < len(processes) and time.monotonic() >= deadline:
-                for index, process in enumerate(processes):
-                    if index not in ended:
-                        process.send_signal(signal.SIGINT)  # `up --headless` stops gracefully
-                        ended[index] = (process.wait(), True, time.time() - started_at)
-            time.sleep(0.05)
+                on_start(processes[-1].pid)
+        _wait_for_all(processes, ended, started_at, time.monotonic() + timeout_s)
     except KeyboardInterrupt:
         for process in processes:
             if process.poll() is None:

@@ -184,6 +184,37 @@ def run_setup(
     )  # fmt: skip
 
 
+def _unfinished(experiment: Experiment, run: HeadlessRun) -> list[str]:
+    """What did not end as it should: the experiment timing out, a run not finished."""
+    from workbench.status import run_statuses
+
+    problems = [f"{experiment.name}: timed out after {run.wall_s:.0f} s"] if run.timed_out else []
+    for status in run_statuses(experiment.directory):
+        if status.status != "finished":
+            problems.append(f"{experiment.name} {status.id}: {status.status} {status.reason or ''}")
+    return problems
+
+
+def _experiment_result(experiment: Experiment, run: HeadlessRun, tree: TreeWatch) -> dict[str, Any]:
+    """One experiment's part of a setup's result: its command, times, steps, process tree
+    and where its processes' time went."""
+    from workbench.bench.sweep import trained_steps
+
+    directory = experiment.directory
+    return {
+        "name": experiment.name,
+        "command": as_typed(run.command),
+        "exit_code": run.exit_code,
+        "wall_s": round(run.wall_s, 1),
+        "cpu_s": None if run.cpu_s is None else round(run.cpu_s, 1),
+        "run_steps": trained_steps(directory),
+        **tree.to_json(),
+        "time_breakdown": busy.experiment_breakdown(
+            busy.BusyReader(directory).records(), _inference_started_at(directory)
+        ),
+    }
+
+
 def setup_result(
     setup: str,
     experiments: list[Experiment],
@@ -196,42 +227,19 @@ def setup_result(
     unreaped: int,
     load_before: tuple[float, float, float],
 ) -> dict[str, Any]:
-    from workbench.bench.sweep import trained_steps
-    from workbench.status import run_statuses
-
     trees = {tree.name: tree for tree in sampler.trees}
     per_experiment, run_curves, problems, breakdowns = [], {}, [], []
     machine_busy = sum(r.machine_busy_s or 0.0 for r in runs) if setup != "at_once" else None
     if setup == "at_once" and runs:
         machine_busy = runs[0].machine_busy_s
     for experiment, run in zip(experiments, runs, strict=True):
-        directory = experiment.directory
-        if run.timed_out:
-            problems.append(f"{experiment.name}: timed out after {run.wall_s:.0f} s")
-        for status in run_statuses(directory):
-            if status.status != "finished":
-                problems.append(
-                    f"{experiment.name} {status.id}: {status.status} {status.reason or ''}"
-                )
+        problems += _unfinished(experiment, run)
         for run_id in experiment.run_ids:
-            run_curves[run_id] = run_curve(layout.run_dir(directory, f"run_{run_id}"), started_at)
-        breakdown = busy.experiment_breakdown(
-            busy.BusyReader(directory).records(), _inference_started_at(directory)
-        )
-        breakdowns.append(breakdown)
+            run_dir = layout.run_dir(experiment.directory, f"run_{run_id}")
+            run_curves[run_id] = run_curve(run_dir, started_at)
         tree = trees.get(experiment.name, TreeWatch(experiment.name, 0))
-        per_experiment.append(
-            {
-                "name": experiment.name,
-                "command": as_typed(run.command),
-                "exit_code": run.exit_code,
-                "wall_s": round(run.wall_s, 1),
-                "cpu_s": None if run.cpu_s is None else round(run.cpu_s, 1),
-                "run_steps": trained_steps(directory),
-                **tree.to_json(),
-                "time_breakdown": breakdown,
-            }
-        )
+        per_experiment.append(_experiment_result(experiment, run, tree))
+        breakdowns.append(per_experiment[-1]["time_breakdown"])
     run_steps = sum(e["run_steps"] for e in per_experiment)
     by_role = {
         role: round(sum(e["cpu_s_by_role"][role] for e in per_experiment), 1) for role in ROLES
@@ -360,28 +368,13 @@ def speedups(setups: dict[str, dict[str, Any]]) -> dict[str, float | None]:
 # ---------------------------------------------------------------- the benchmark
 
 
-def run_separate_benchmark(
-    recipe: Path = DEFAULT_RECIPE,
-    runs: int = DEFAULT_RUNS,
-    max_steps: int | None = None,
-    quick: bool = False,
-    at_once: bool = True,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    keep_outputs: bool = False,
-) -> dict[str, Any]:
-    """Every setup in turn, then the comparison, JSON, plot and table; `exit_code` 1 when a
-    setup had problems or a curve differs."""
-    from workbench.bench.results import RESULTS_DIR, write_result
-    from workbench.recipe import load_recipe
+def _run_setups(
+    experiments: dict[str, list[Experiment]], max_steps: int, timeout_s: float, at_once: bool
+) -> dict[str, dict[str, Any]]:
+    """The shared experiment, then the separate ones one after another, then (when asked
+    and memory allows) the separate ones at once, each setup's result by name."""
     from workbench.system.procfs import memory_available_bytes
 
-    if quick:
-        runs, max_steps = min(runs, QUICK_RUNS), max_steps or QUICK_MAX_STEPS
-    max_steps = max_steps or DEFAULT_MAX_STEPS
-    recipe = recipe.resolve()
-    loaded = load_recipe(recipe)  # a bad recipe fails here, before anything runs
-    scratch = Path(tempfile.mkdtemp(prefix="workbench-bench-separate-"))
-    experiments = write_recipes(recipe, runs, scratch)
     setups: dict[str, dict[str, Any]] = {}
     common = {"max_steps": max_steps, "timeout_s": timeout_s}
     setups["shared"] = run_setup("shared", experiments["shared"], **common)
@@ -397,7 +390,31 @@ def run_separate_benchmark(
     setups["at_once"]["memory_available_mb"] = (
         None if available is None else round(available / 2**20)
     )
+    return setups
 
+
+def run_separate_benchmark(
+    recipe: Path = DEFAULT_RECIPE,
+    runs: int = DEFAULT_RUNS,
+    max_steps: int | None = None,
+    quick: bool = False,
+    at_once: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    keep_outputs: bool = False,
+) -> dict[str, Any]:
+    """Every setup in turn, then the comparison, JSON, plot and table; `exit_code` 1 when a
+    setup had problems or a curve differs."""
+    from workbench.bench.results import RESULTS_DIR, write_result
+    from workbench.recipe import load_recipe
+
+    if quick:
+        runs, max_steps = min(runs, QUICK_RUNS), max_steps or QUICK_MAX_STEPS
+    max_steps = max_steps or DEFAULT_MAX_STEPS
+    recipe = recipe.resolve()
+    loaded = load_recipe(recipe)  # a bad recipe fails here, before anything runs
+    scratch = Path(tempfile.mkdtemp(prefix="workbench-bench-separate-"))
+    experiments = write_recipes(recipe, runs, scratch)
+    setups = _run_setups(experiments, max_steps, timeout_s, at_once)
     curves = compare_curves(setups, loaded.defaults.async_level)
     problems = [p for result in setups.values() for p in result.get("problems", [])]
     report: dict[str, Any] = {

@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -674,23 +675,7 @@ def run_benchmark(settings: BenchSettings) -> list[Measurement]:
     console = Console(stderr=True)
     measurements: list[Measurement] = []
     for shape in settings.models:
-        if shape not in MODEL_SHAPES:
-            raise ValueError(
-                f"unknown model shape {shape!r}; choose from {', '.join(MODEL_SHAPES)}"
-            )
-        spec = WorkerSpec(
-            mode="shared",
-            shape=shape,
-            runs=1,
-            tokens=settings.tokens or DEFAULT_TOKENS[shape],
-            seq_len=settings.seq_len or DEFAULT_SEQ_LEN[shape],
-            sample_len=settings.sample_len or DEFAULT_SAMPLE_LEN[shape],
-            rank=settings.rank,
-            steps=settings.steps,
-            compute=dict(settings.compute),
-            ranks=settings.ranks,
-            losses=list(settings.losses),
-        )
+        spec = _shape_spec(settings, shape)
         console.print(
             f"[bold]{shape}[/]: {spec.tokens} tokens per update, rows of {spec.seq_len}, "
             f"samples of {spec.sample_len}, rank {spec.rank}"
@@ -714,32 +699,62 @@ def run_benchmark(settings: BenchSettings) -> list[Measurement]:
                 for _ in range(settings.pairs):  # alternately, so drift hits both alike
                     run("uniform", n)
                     run("mixed", n)
-            continue
-        if settings.ranks > 1:
+        elif settings.ranks > 1:
             for n in settings.run_counts:
                 run("replicated", n)
                 run("sharded", n)
-            continue
-        if settings.peft:
-            run("peft", 1)
-        single_mb = None
-        for n in settings.run_counts:
-            shared = run("shared", n)
-            if single_mb is None and math.isfinite(shared.peak_memory_mb):
-                single_mb = shared.peak_memory_mb
-            if settings.legacy and n in (settings.run_counts[0], settings.run_counts[-1]):
-                run("legacy", n)
-            if not settings.separate or n == 1:
-                continue  # one separate trainer is the shared one with one run
-            if single_mb is not None and single_mb * n > 0.8 * available_memory_mb():
-                measurements.append(
-                    Measurement(shape, "separate", n, spec.tokens, float("nan"), float("nan"),
-                                single_mb * n, n, note=f"skipped: needs ~{single_mb * n / 1024:.0f} GiB")
-                )  # fmt: skip
-                continue
-            run("separate", n)
+        else:
+            _shared_against_the_rest(settings, spec, run, measurements.append)
     add_ratios(measurements)
     return measurements
+
+
+def _shape_spec(settings: BenchSettings, shape: str) -> WorkerSpec:
+    """One model shape's worker settings (one run; each measurement sets its count)."""
+    if shape not in MODEL_SHAPES:
+        raise ValueError(f"unknown model shape {shape!r}; choose from {', '.join(MODEL_SHAPES)}")
+    return WorkerSpec(
+        mode="shared",
+        shape=shape,
+        runs=1,
+        tokens=settings.tokens or DEFAULT_TOKENS[shape],
+        seq_len=settings.seq_len or DEFAULT_SEQ_LEN[shape],
+        sample_len=settings.sample_len or DEFAULT_SAMPLE_LEN[shape],
+        rank=settings.rank,
+        steps=settings.steps,
+        compute=dict(settings.compute),
+        ranks=settings.ranks,
+        losses=list(settings.losses),
+    )
+
+
+def _shared_against_the_rest(
+    settings: BenchSettings,
+    spec: WorkerSpec,
+    run: Callable[[str, int], Measurement],
+    add: Callable[[Measurement], None],
+) -> None:
+    """peft with one adapter, then at each N the shared trainer, the legacy compute (at the
+    first and last N) and N separate trainers; `run` measures and records, `add` records
+    a row saying why N separate trainers were skipped (memory)."""
+    if settings.peft:
+        run("peft", 1)
+    single_mb = None
+    for n in settings.run_counts:
+        shared = run("shared", n)
+        if single_mb is None and math.isfinite(shared.peak_memory_mb):
+            single_mb = shared.peak_memory_mb
+        if settings.legacy and n in (settings.run_counts[0], settings.run_counts[-1]):
+            run("legacy", n)
+        if not settings.separate or n == 1:
+            continue  # one separate trainer is the shared one with one run
+        if single_mb is not None and single_mb * n > 0.8 * available_memory_mb():
+            add(
+                Measurement(spec.shape, "separate", n, spec.tokens, float("nan"), float("nan"),
+                            single_mb * n, n, note=f"skipped: needs ~{single_mb * n / 1024:.0f} GiB")
+            )  # fmt: skip
+            continue
+        run("separate", n)
 
 
 def add_ratios(measurements: list[Measurement]) -> None:

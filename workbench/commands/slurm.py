@@ -12,8 +12,10 @@ from pydantic import ValidationError
 
 from workbench.commands.common import EXIT_BAD_INPUT, fail, recipe_or_fail, say
 from workbench.config import SlurmSection
+from workbench.recipe import Recipe
 from workbench.slurm.checks import allocation_problems, cluster_problems, filesystem_problem
 from workbench.slurm.job import (
+    SlurmJob,
     gpus_the_recipe_lists,
     job_for_recipe,
     render_script,
@@ -82,30 +84,10 @@ def slurm(
     (`workbench up RECIPE` or a new job resumes them).
     """
     _, resolved = recipe_or_fail(recipe, None)
-    overrides = {
-        key: value
-        for key, value in {
-            "partition": partition,
-            "account": account,
-            "time": time,
-            "gpus_per_node": gpus_per_node,
-        }.items()
-        if value is not None
-    }
-    settings_data = resolved.slurm.model_dump()
-    settings_data.update(overrides)
-    settings_data["extra"] = [*resolved.slurm.extra, *(sbatch or [])]
-    try:
-        settings = SlurmSection.model_validate(settings_data)
-    except ValidationError as err:
-        problems = "; ".join(f"--{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-        raise fail(f"invalid option: {problems}", EXIT_BAD_INPUT) from None
+    options = {"partition": partition, "account": account, "time": time}
+    settings = _job_settings(resolved, options | {"gpus_per_node": gpus_per_node}, sbatch)
     job = job_for_recipe(recipe, resolved, settings, secrets.token_hex(8), Path.cwd())
-    problems = allocation_problems(job, gpus_the_recipe_lists(resolved))
-    shared = filesystem_problem(job)
-    problems += [shared] if shared else []
-    if submit:
-        problems += cluster_problems(job)
+    problems = _job_problems(job, resolved, submit)
     if problems:
         lines = "\n".join(f"  {key}: {message}" for key, message in problems)
         raise fail(f"{recipe}: the Slurm job was not written:\n{lines}", EXIT_BAD_INPUT)
@@ -118,6 +100,35 @@ def slurm(
     if not submit:
         say(f"submit it with:  sbatch {path}")
         return
+    _submit(job)
+
+
+def _job_settings(
+    resolved: Recipe, options: dict[str, object], sbatch: list[str] | None
+) -> SlurmSection:
+    """The recipe's \\[slurm] section with the options given over it, or a bad-input exit."""
+    settings_data = resolved.slurm.model_dump()
+    settings_data.update({key: value for key, value in options.items() if value is not None})
+    settings_data["extra"] = [*resolved.slurm.extra, *(sbatch or [])]
+    try:
+        return SlurmSection.model_validate(settings_data)
+    except ValidationError as err:
+        problems = "; ".join(f"--{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise fail(f"invalid option: {problems}", EXIT_BAD_INPUT) from None
+
+
+def _job_problems(job: SlurmJob, resolved: Recipe, submit: bool) -> list[tuple[str, str]]:
+    """(key, why) for each reason not to write the job: the allocation, the file system
+    and, when it is to be submitted, what the cluster lacks."""
+    problems = allocation_problems(job, gpus_the_recipe_lists(resolved))
+    shared = filesystem_problem(job)
+    problems += [shared] if shared else []
+    if submit:
+        problems += cluster_problems(job)
+    return problems
+
+
+def _submit(job: SlurmJob) -> None:
     try:
         job_id = submit_job(job)
     except SubmitError as err:

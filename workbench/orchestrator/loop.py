@@ -149,23 +149,7 @@ class Orchestrator:
         for sample, advantage in zip(samples, advantages, strict=True):
             sample.advantage = advantage
 
-        written = has_learning_signal(advantages)
-        record_samples(
-            self.run,
-            StepSamples(
-                step=step,
-                policy_version=self._policy_version(),
-                written=written,
-                groups=_sample_groups(prompts, groups, advantages),
-            ),
-        )
-        if written:
-            self.state.empty_batches = 0
-            batch = RolloutBatch(self.run_id, step, self._policy_version(), samples)
-            write_rollouts(self.run, batch)
-            self.state.step += 1
-        else:
-            self.state.empty_batches += 1
+        written = self._write_step(step, prompts, groups, samples, advantages)
         reward_mean = statistics.fmean(rewards)
         record = append_metrics(
             self.run,
@@ -190,6 +174,35 @@ class Orchestrator:
         if self.state.empty_batches >= MAX_EMPTY_BATCH_ATTEMPTS:
             self._evict_without_signal(step)
         return StepResult(step=step, written=written, reward_mean=reward_mean)
+
+    def _write_step(
+        self,
+        step: int,
+        prompts: list[Prompt],
+        groups: list[list[Episode]],
+        samples: list[Sample],
+        advantages: list[float],
+    ) -> bool:
+        """Record the step's samples and, when some advantage is not 0, write its rollouts
+        for the trainer and move to the next step; whether they were written."""
+        written = has_learning_signal(advantages)
+        record_samples(
+            self.run,
+            StepSamples(
+                step=step,
+                policy_version=self._policy_version(),
+                written=written,
+                groups=_sample_groups(prompts, groups, advantages),
+            ),
+        )
+        if written:
+            self.state.empty_batches = 0
+            batch = RolloutBatch(self.run_id, step, self._policy_version(), samples)
+            write_rollouts(self.run, batch)
+            self.state.step += 1
+        else:
+            self.state.empty_batches += 1
+        return written
 
     def _evict_without_signal(self, step: int) -> None:
         reason = (

@@ -248,44 +248,68 @@ def machine_pools(
 ) -> list[Pool]:
     """The memories of a machine with `host_total` bytes and GPUs of `gpus` bytes each (none:
     everything on the CPU), and what the recipe puts in each."""
-    trainer, inference = recipe.trainer, recipe.inference
-    # vLLM's "auto" dtype is the trainer's (`Recipe.inference_config`).
-    served = inference.dtype if inference.dtype != "auto" else trainer.dtype
-    served_bytes = dtype_bytes(served)
-    trainer_bytes = dtype_bytes(trainer.dtype)
-    slot_adapter = shapes.adapter_parameters(trainer.lora.rank, trainer.target_modules)
-    vllm_layers = [name for name in shapes.linears if name not in UNADAPTED_BY_VLLM]
-    vllm_buffer = shapes.adapter_parameters(recipe.max_lora_rank or 512, vllm_layers)
-    trainer_slot = (
-        "adapter, gradients and AdamW state",
-        slot_adapter * TRAINER_BYTES_PER_PARAMETER,
-    )
-    vllm_slot = ("vLLM's LoRA buffers", vllm_buffer * served_bytes)
-    vllm_cached = ("vLLM's CPU copy", slot_adapter * served_bytes)
-    orchestrator = ("orchestrator", ORCHESTRATOR_BYTES)
-    ranks = trainer.nproc_per_node * trainer.nnodes
-    trainer_weights = shapes.parameters * trainer_bytes
-    if trainer.shards_base(ranks):
-        trainer_weights //= ranks
-    vllm_weights = shapes.parameters * served_bytes // inference.tensor_parallel_size
-    host = Pool("the host", host_total, HOST_SHARE, per_slot=[orchestrator])
-    host.per_adapter.append(vllm_cached)
+    costs = _Costs.of(recipe, shapes)
+    host = Pool("the host", host_total, HOST_SHARE, per_slot=[costs.orchestrator])
+    host.per_adapter.append(costs.vllm_cached)
     if not gpus:
         kv_cache = float(os.environ.get(CPU_KV_CACHE_ENV) or DEFAULT_CPU_KV_CACHE_GIB)
         host.fixed += [
-            ("trainer weights", trainer_weights),
+            ("trainer weights", costs.trainer_weights),
             ("trainer runtime", TRAINER_RUNTIME_BYTES),
-            ("vLLM weights", vllm_weights),
+            ("vLLM weights", costs.vllm_weights),
             (f"vLLM KV cache ({CPU_KV_CACHE_ENV})", int(kv_cache * GIB)),
             ("vLLM runtime", int(CPU_RUNTIME_GIB * GIB)),
         ]
-        host.per_slot.insert(0, trainer_slot)
-        host.per_adapter.insert(0, vllm_slot)
+        host.per_slot.insert(0, costs.trainer_slot)
+        host.per_adapter.insert(0, costs.vllm_slot)
         return [host]
     host.fixed += [
-        ("trainer runtime", TRAINER_RUNTIME_BYTES * trainer.nproc_per_node),
+        ("trainer runtime", TRAINER_RUNTIME_BYTES * recipe.trainer.nproc_per_node),
         ("vLLM runtime", int(CPU_RUNTIME_GIB * GIB)),
     ]
+    return [*_gpu_pools(recipe, costs, gpus), host]
+
+
+@dataclass
+class _Costs:
+    """What the recipe's model and settings cost: per slot, per adapter, and the weights."""
+
+    trainer_slot: tuple[str, int]
+    vllm_slot: tuple[str, int]
+    vllm_cached: tuple[str, int]
+    orchestrator: tuple[str, int]
+    trainer_weights: int
+    vllm_weights: int
+
+    @classmethod
+    def of(cls, recipe: Recipe, shapes: ModelShapes) -> _Costs:
+        trainer, inference = recipe.trainer, recipe.inference
+        # vLLM's "auto" dtype is the trainer's (`Recipe.inference_config`).
+        served = inference.dtype if inference.dtype != "auto" else trainer.dtype
+        served_bytes = dtype_bytes(served)
+        slot_adapter = shapes.adapter_parameters(trainer.lora.rank, trainer.target_modules)
+        vllm_layers = [name for name in shapes.linears if name not in UNADAPTED_BY_VLLM]
+        vllm_buffer = shapes.adapter_parameters(recipe.max_lora_rank or 512, vllm_layers)
+        ranks = trainer.nproc_per_node * trainer.nnodes
+        trainer_weights = shapes.parameters * dtype_bytes(trainer.dtype)
+        if trainer.shards_base(ranks):
+            trainer_weights //= ranks
+        return cls(
+            trainer_slot=(
+                "adapter, gradients and AdamW state",
+                slot_adapter * TRAINER_BYTES_PER_PARAMETER,
+            ),
+            vllm_slot=("vLLM's LoRA buffers", vllm_buffer * served_bytes),
+            vllm_cached=("vLLM's CPU copy", slot_adapter * served_bytes),
+            orchestrator=("orchestrator", ORCHESTRATOR_BYTES),
+            trainer_weights=trainer_weights,
+            vllm_weights=shapes.parameters * served_bytes // inference.tensor_parallel_size,
+        )
+
+
+def _gpu_pools(recipe: Recipe, costs: _Costs, gpus: list[int]) -> list[Pool]:
+    """The trainer's GPU and vLLM's (the same one, each with its share, when they share)."""
+    inference = recipe.inference
     size = inference.tensor_parallel_size * inference.data_parallel_size
     devices = assign_devices_for(recipe, len(gpus), size)
     vllm_gpu = devices.inference[0]
@@ -294,8 +318,8 @@ def machine_pools(
         f"vLLM's GPU {vllm_gpu}",
         int(gpus[vllm_gpu] * inference.gpu_memory_utilization),
         GPU_ADAPTER_SHARE,
-        fixed=[("vLLM weights", vllm_weights)],
-        per_adapter=[vllm_slot],
+        fixed=[("vLLM weights", costs.vllm_weights)],
+        per_adapter=[costs.vllm_slot],
     )
     trainer_memory = gpus[trainer_gpu]
     if trainer_gpu in devices.inference:
@@ -304,10 +328,10 @@ def machine_pools(
         f"the trainer's GPU {trainer_gpu}",
         trainer_memory,
         GPU_ADAPTER_SHARE,
-        fixed=[("trainer weights", trainer_weights)],
-        per_slot=[trainer_slot],
+        fixed=[("trainer weights", costs.trainer_weights)],
+        per_slot=[costs.trainer_slot],
     )
-    return [trainer_pool, vllm_pool, host]
+    return [trainer_pool, vllm_pool]
 
 
 def assign_devices_for(recipe: Recipe, gpu_count: int, inference_size: int):

@@ -145,6 +145,16 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
         row_threads=RowThreads(threads) if threads > 1 else None,
     )
 
+    _register_run_hooks(trainer)
+    return trainer
+
+
+def _register_run_hooks(trainer: Trainer) -> None:
+    """The manager's hooks that bring a run in and out of the trainer: its loss tried
+    before it gets a slot, its checkpoint (or starting adapter) restored when it comes, its
+    progress checkpointed when it leaves, its divergence record dropped."""
+    manager, checkpointer = trainer.manager, trainer.checkpointer
+
     def resume_run(idx: int, run_id: str) -> None:
         # Runs after the optimizer and scheduler hooks (registered earlier), on every rank.
         step = checkpointer.restore(idx)
@@ -172,7 +182,6 @@ def build_trainer(config: TrainerConfig, model: nn.Module, device: torch.device)
     manager.register_creation_hook(resume_run)
     manager.register_forgotten_hook(checkpoint_leaving_run)
     manager.register_deletion_hook(trainer.divergence.forget)
-    return trainer
 
 
 def start_from_adapter(trainer: Trainer, idx: int) -> None:
@@ -407,7 +416,6 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
     }
     failed = publish_adapters(trainer, [idx for idx in ready if divergences[idx] is None])
     for idx in ready:
-        run = manager.get_run_dir(idx)
         progress = manager.progress[idx]
         diverged = divergences[idx]
         try:
@@ -416,30 +424,7 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
                 diverged = adapter_divergence(progress.step, error)
             elif error is not None:
                 raise error
-            append_metrics(
-                run,
-                "trainer",
-                progress.step,
-                loss=stats.loss[idx],
-                grad_norm=stats.grad_norm[idx],
-                lr=stats.lr[idx],
-                masked=round(stats.masked[idx], 4),
-                **algorithm_metrics(manager.config[idx].loss, stats, idx),
-                tokens=progress.total_tokens,
-                samples=progress.total_samples,
-                step_s=round(step_s, 3),
-            )
-            # One line per run and update, its metrics line's figures (`tokens` so far).
-            logger.info(
-                "%s step %d loss %.4f grad_norm %.3f lr %.2e tokens %d step_s %.2f",
-                manager.idx_2_id[idx],
-                progress.step,
-                stats.loss[idx],
-                stats.grad_norm[idx],
-                stats.lr[idx],
-                progress.total_tokens,
-                step_s,
-            )
+            _log_run_update(trainer, idx, stats, step_s)
             if diverged is None:
                 trainer.checkpointer.save_if_due(idx)
         except NonFiniteWeights as err:  # its checkpoint: the AdamW state is not finite
@@ -449,6 +434,36 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
             manager.evict_run(idx, f"the trainer could not write for this run: {err}")
         if diverged is not None:
             manager.evict_run(idx, diverged)
+
+
+def _log_run_update(trainer: Trainer, idx: int, stats: StepStats, step_s: float) -> None:
+    """The run's trainer metrics line for this update, and its one log line."""
+    manager = trainer.manager
+    progress = manager.progress[idx]
+    append_metrics(
+        manager.get_run_dir(idx),
+        "trainer",
+        progress.step,
+        loss=stats.loss[idx],
+        grad_norm=stats.grad_norm[idx],
+        lr=stats.lr[idx],
+        masked=round(stats.masked[idx], 4),
+        **algorithm_metrics(manager.config[idx].loss, stats, idx),
+        tokens=progress.total_tokens,
+        samples=progress.total_samples,
+        step_s=round(step_s, 3),
+    )
+    # One line per run and update, its metrics line's figures (`tokens` so far).
+    logger.info(
+        "%s step %d loss %.4f grad_norm %.3f lr %.2e tokens %d step_s %.2f",
+        manager.idx_2_id[idx],
+        progress.step,
+        stats.loss[idx],
+        stats.grad_norm[idx],
+        stats.lr[idx],
+        progress.total_tokens,
+        step_s,
+    )
 
 
 # ---------------------------------------------------------------------- the loop
