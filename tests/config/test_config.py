@@ -84,7 +84,7 @@ def test_shipped_sweep_recipe_expands_to_a_learning_rate_by_rank_grid_with_early
 def test_shipped_gpu_recipe_is_valid_and_shares_one_gpu_between_vllm_and_the_trainer():
     import torch
 
-    from workbench.supervisor.plan import assign_devices
+    from workbench.supervisor.devices import assign_devices
     from workbench.trainer.attention_choice import AttentionRuntime, resolve_attention
 
     recipe = load_recipe(REPO / "recipes" / "reverse_text_qwen3.toml")

@@ -16,13 +16,11 @@ from workbench.files import layout
 from workbench.files.endpoint import Endpoint, read_endpoint, write_endpoint
 from workbench.inference.server import parallel_args
 from workbench.supervisor import paths, plan
+from workbench.supervisor.devices import DeviceAssignment, assign_devices, device_problems
 from workbench.supervisor.plan import (
-    DeviceAssignment,
     PlanError,
-    assign_devices,
     describe_devices,
     describe_ranks,
-    device_problems,
     load_plan_factory,
     module_problem,
     plan_from_recipe,

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from tests.helpers import BUILTIN_BASE as BASE
 from tests.helpers import keep_trainer_checkpoint, make_experiment, record_evals
 from workbench.cli import app
-from workbench.commands.fork import fork_run
 from workbench.files import layout, run_control
+from workbench.supervisor.fork import fork_run
 from workbench.sweep.compare import compare_experiments, comparison_figure
 
 

@@ -16,6 +16,7 @@ import pytest
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
 from workbench.files import layout
+from workbench.supervisor.fork import fork_run
 from workbench.sweep.checks import Param
 from workbench.sweep.files import read_pbt
 from workbench.sweep.pbt_scheduler import PopulationBasedTraining, exploit_lines
@@ -70,7 +71,7 @@ def population(experiment: Path) -> dict[str, Path]:
 def test_the_loser_is_forked_from_the_winner_into_its_place_and_handed_back(
     experiment: Path, population: dict[str, Path]
 ):
-    scheduler = PopulationBasedTraining(experiment, SPEC, PARAMS)
+    scheduler = PopulationBasedTraining(experiment, SPEC, PARAMS, fork=fork_run)
     [eviction] = scheduler.poll(TICK)
     assert eviction.run_id == "run_d" and eviction.rung == 5
     assert eviction.reason.startswith(
@@ -100,10 +101,12 @@ def test_the_loser_is_forked_from_the_winner_into_its_place_and_handed_back(
 def test_a_restarted_supervisor_evicts_what_was_decided_and_forks_nothing_twice(
     experiment: Path, population: dict[str, Path]
 ):
-    PopulationBasedTraining(experiment, SPEC, PARAMS).poll(TICK)  # died before evicting
+    PopulationBasedTraining(experiment, SPEC, PARAMS, fork=fork_run).poll(
+        TICK
+    )  # died before evicting
     fork = layout.orch_config_path(experiment / "run_d-pbt1")
     written = fork.read_text()
-    again = PopulationBasedTraining(experiment, SPEC, PARAMS)
+    again = PopulationBasedTraining(experiment, SPEC, PARAMS, fork=fork_run)
     [eviction] = again.poll(TICK)
     assert eviction.run_id == "run_d"
     assert fork.read_text() == written
@@ -117,7 +120,7 @@ def test_without_a_checkpoint_to_take_the_loser_goes_on(
     for step in (5, 10):
         stable = layout.checkpoint_part_dir(population["run_a"], step, "trainer") / layout.STABLE
         stable.unlink()  # not written yet, or pruned
-    assert PopulationBasedTraining(experiment, SPEC, PARAMS).poll(TICK) == []
+    assert PopulationBasedTraining(experiment, SPEC, PARAMS, fork=fork_run).poll(TICK) == []
     saved = read_pbt(experiment)
     assert saved is not None
     assert [d.decision for d in saved.decisions][-1] == "no_source"
@@ -129,7 +132,7 @@ def test_a_fork_that_cannot_be_made_is_written_down_with_why_and_the_loser_goes_
 ):
     # A perturbed max_steps of 5 leaves nothing to train after the checkpoint of step 10.
     params = {"max_steps": Param("max_steps", ("sweep", "grid", "max_steps"), values=[5])}
-    assert PopulationBasedTraining(experiment, SPEC, params).poll(TICK) == []
+    assert PopulationBasedTraining(experiment, SPEC, params, fork=fork_run).poll(TICK) == []
     saved = read_pbt(experiment)
     assert saved is not None
     action = saved.actions[("run_d", 5)]
@@ -154,7 +157,7 @@ def test_the_records_of_a_real_pbt_run_replayed_give_the_decisions_it_made(exper
     keep_checkpoint(experiment / "run_lr5e-3", 3)
     spec = PbtSpec.model_validate(recorded["spec"])
 
-    scheduler = PopulationBasedTraining.for_experiment(experiment, spec)
+    scheduler = PopulationBasedTraining.for_experiment(experiment, spec, fork_run)
     [eviction] = scheduler.poll(TICK)
 
     replayed = [decision.to_json() for decision in scheduler.record.decisions]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.helpers import keep_trainer_checkpoint, make_experiment, record_evals
 from tests.tui.conftest import footer_shown, press_for, rows, wait_until
-from workbench.commands.fork import fork_run
+from workbench.supervisor.fork import fork_run
 from workbench.tui.screens.compare import CompareScreen, CompareTable
 from workbench.tui.screens.leaderboard import LeaderboardScreen
 

@@ -17,6 +17,7 @@ import typer
 
 from workbench.commands.common import (
     EXIT_BAD_INPUT,
+    EXIT_FAILED,
     ExperimentOption,
     command_group,
     experiment_or_fail,
@@ -136,13 +137,13 @@ def runs_fork(
     A running supervisor discovers the new run within a second; without one it starts
     with the next `workbench up`.
     """
-    from workbench.commands.fork import ForkError, fork_run
+    from workbench.supervisor.fork import ForkError, fork_run
 
     path = experiment_or_fail(experiment)
     try:
         fork = fork_run(path, source, run_id, _set_values(settings))
     except ForkError as err:
-        raise fail(str(err), err.exit_code) from None
+        raise fail(str(err), EXIT_BAD_INPUT if err.bad_input else EXIT_FAILED) from None
     state = (
         "its data position and sampling seeds"
         if fork.with_orchestrator_state
@@ -198,7 +199,7 @@ def export(
     try:
         exported = export_adapter(ref.path, output, which)
     except ExportError as err:
-        raise fail(str(err), err.exit_code) from None
+        raise fail(str(err), EXIT_BAD_INPUT if err.bad_input else EXIT_FAILED) from None
     say(
         f"exported {ref.run_id} step {exported.choice.adapter.step} to {exported.path}: "
         f"{exported.choice.note}. Its README.md says how to load it."

@@ -20,7 +20,7 @@ from workbench.commands.common import (
     recipe_or_fail,
 )
 from workbench.recipe import Recipe
-from workbench.sweep import scheduler
+from workbench.sweep import schedulers
 from workbench.sweep.fit import SigmoidFit
 from workbench.sweep.pbt_scheduler import exploit_lines
 from workbench.sweep.report import RunOutcome, SweepReport, build_report, write_report
@@ -159,7 +159,7 @@ def print_run_plan(path: Path, recipe: Recipe, *, as_json: bool) -> None:
     console.print(table)
     if spec is not None and recipe.sweep is not None:
         console.print(
-            escape(scheduler.describe_scheduler(spec, recipe.sweep, recipe.defaults.max_steps)),
+            escape(schedulers.describe_scheduler(spec, recipe.sweep, recipe.defaults.max_steps)),
             highlight=False,
             soft_wrap=True,
         )

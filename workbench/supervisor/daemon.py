@@ -56,6 +56,7 @@ from workbench.supervisor.discovery import (
     scan_run,
     scan_runs,
 )
+from workbench.supervisor.fork import fork_run
 from workbench.supervisor.launch import (
     EXIT_ALREADY_RUNNING,
     EXIT_PLAN_FAILED,
@@ -79,7 +80,7 @@ from workbench.supervisor.process import (
     SupervisedProcess,
 )
 from workbench.supervisor.startup import ProcessFacts, StartupTracker
-from workbench.sweep.scheduler import start_scheduler
+from workbench.sweep.schedulers import start_scheduler
 from workbench.system.clock import now_iso, unix_time
 from workbench.tracking import MetricsForwarder, start_forwarding
 
@@ -179,7 +180,7 @@ class Supervisor:
         self.tracking: MetricsForwarder | None = None
         self._faults: dict[str, float] = {}
         self.early_stopping = (
-            start_scheduler(self.experiment, plan.early_stopping)
+            start_scheduler(self.experiment, plan.early_stopping, fork_run)
             if plan.early_stopping is not None
             else None
         )

@@ -61,6 +61,7 @@ from workbench.models.adapters import init_adapter_problem
 from workbench.models.resolve import base_model_problem, linear_layer_names, prompt_tokenizer
 from workbench.recipe import Recipe, RunSpec
 from workbench.supervisor import plan as supervisor_plan
+from workbench.supervisor.devices import device_problems
 from workbench.supervisor.slots import SlotSizing
 from workbench.sweep.checks import read_params
 
@@ -194,7 +195,7 @@ def machine_problems(recipe: Recipe) -> list[tuple[tuple[str, ...], str]]:
     problems: list[tuple[tuple[str, ...], str]] = []
     gpu_count = supervisor_plan.detect_gpu_count()
     inference, trainer = recipe.inference, recipe.trainer
-    for key, message in supervisor_plan.device_problems(
+    for key, message in device_problems(
         inference.gpus,
         trainer.gpus,
         trainer.nproc_per_node,

@@ -36,6 +36,7 @@ from workbench.inference.server import (
 )
 from workbench.models.resolve import ModelShapes, model_shapes
 from workbench.recipe import Recipe
+from workbench.supervisor.devices import DeviceAssignment, assign_devices
 from workbench.system.gpus import detect_gpu_count, gpu_memory_bytes
 from workbench.system.procfs import memory_total_bytes
 
@@ -334,9 +335,7 @@ def _gpu_pools(recipe: Recipe, costs: _Costs, gpus: list[int]) -> list[Pool]:
     return [trainer_pool, vllm_pool]
 
 
-def assign_devices_for(recipe: Recipe, gpu_count: int, inference_size: int):
-    from workbench.supervisor.plan import assign_devices
-
+def assign_devices_for(recipe: Recipe, gpu_count: int, inference_size: int) -> DeviceAssignment:
     return assign_devices(
         recipe.inference.gpus,
         recipe.trainer.gpus,

@@ -7,7 +7,7 @@ early stopping's does (`workbench.sweep.scheduler`). It reads what each run's
 before acting on it. An exploit is carried out in two acts, each written down once done:
 
 1. the fork: `workbench runs fork SOURCE@STEP NEW` with the perturbed settings (the
-   same code, `workbench.commands.fork.fork_run`), whose `orch.toml` takes the loser's
+   same code, `workbench.supervisor.fork.fork_run`, handed to the scheduler), whose `orch.toml` takes the loser's
    modification time, so the trainer (which admits waiting runs oldest config first)
    gives it the next free slot: the loser's, once it leaves;
 2. the loser's eviction, returned to the supervisor, which evicts through its one path
@@ -25,7 +25,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.files import layout, run_control
@@ -56,6 +56,26 @@ class _FollowedRun:
     config: tuple[int, int, dict[str, Any]] | None = None  # max_steps, start, settings
 
 
+class ForkRun(Protocol):
+    """Makes run `new_run` of `experiment` from `source` ("run@step") with `overrides`,
+    admitted as if it were `admit_as`; raises `ForkFailed` (or a subclass) when it cannot
+    (`workbench.supervisor.fork.fork_run`)."""
+
+    def __call__(
+        self,
+        experiment: Path,
+        source: str,
+        new_run: str,
+        overrides: dict[str, Any],
+        *,
+        admit_as: Path | None = None,
+    ) -> object: ...
+
+
+class ForkFailed(Exception):
+    """A fork that could not be made; the message says why."""
+
+
 class PopulationBasedTraining:
     def __init__(
         self,
@@ -64,9 +84,11 @@ class PopulationBasedTraining:
         params: dict[str, Param],
         seed: int = 0,
         *,
+        fork: ForkRun,
         interval_s: float = POLL_INTERVAL_S,
     ):
         self.experiment = Path(experiment)
+        self.fork = fork
         self.spec = spec
         self.params = params  # the keys PBT perturbs, with their [sweep] values
         self.seed = seed
@@ -77,14 +99,18 @@ class PopulationBasedTraining:
         self.record = self._load()
 
     @classmethod
-    def for_experiment(cls, experiment: Path, spec: PbtSpec) -> PopulationBasedTraining:
+    def for_experiment(
+        cls, experiment: Path, spec: PbtSpec, fork: ForkRun
+    ) -> PopulationBasedTraining:
         """PBT over the runs of `experiment`, perturbing the keys its recipe's [sweep] varies."""
+        # Back up the floors, at call time: the recipe loader expands sweeps with this
+        # package, and PBT needs the whole [sweep] section of the running experiment.
         from workbench.recipe import load_recipe
 
         sweep = load_recipe(layout.recipe_path(experiment)).sweep
         if sweep is None:
-            return cls(experiment, spec, {})
-        return cls(experiment, spec, swept_params(spec, sweep), sweep.seed)
+            return cls(experiment, spec, {}, fork=fork)
+        return cls(experiment, spec, swept_params(spec, sweep), sweep.seed, fork=fork)
 
     def _load(self) -> PbtRecord:
         record = read_pbt(self.experiment)
@@ -150,22 +176,20 @@ class PopulationBasedTraining:
 
     def _fork(self, decision: PbtDecision) -> str:
         """Write the exploit's fork; its action: "forked", or why it was not."""
-        from workbench.commands.fork import ForkError, fork_run
-
         assert decision.new_run is not None
         if layout.run_dir(self.experiment, decision.new_run).exists():
             return "forked"  # made before a restart
         loser = layout.run_dir(self.experiment, decision.run_id)
         overrides = {key: new for key, (_, new) in decision.changes.items()}
         try:
-            fork_run(
+            self.fork(
                 self.experiment,
                 f"{decision.source}@{decision.source_step}",
                 decision.new_run,
                 overrides,
                 admit_as=layout.orch_config_path(loser),
             )
-        except ForkError as err:
+        except ForkFailed as err:
             log.warning("%s: pbt could not fork %s: %s", decision.run_id, decision.source, err)
             return f"fork failed: {err}"
         log.info(

@@ -1,6 +1,6 @@
 """The supervisor's early stopping: follow each run's metrics, ask ASHA, hand back evictions.
 
-(`start_scheduler` picks this or population-based training, `workbench.sweep.pbt_scheduler`,
+(`schedulers.start_scheduler` picks this or population-based training, `workbench.sweep.pbt_scheduler`,
 by the recipe's `[sweep.scheduler]` kind; both answer the supervisor's `Scheduler` calls.)
 
 `EarlyStopping.poll` runs on the supervisor's loop (at most once a second). It reads what
@@ -28,7 +28,7 @@ from workbench.files import layout, run_control
 from workbench.files.metrics import parse_record
 from workbench.sweep.asha import MetricPoint, RunCurve, RungResult, advance
 from workbench.sweep.files import AshaRecord, read_asha, write_asha
-from workbench.sweep.spec import AshaSpec, PbtSpec, SweepSection
+from workbench.sweep.spec import AshaSpec
 from workbench.system.clock import unix_time
 from workbench.system.file_tail import AppendedLines
 
@@ -233,24 +233,6 @@ class EarlyStopping:
             rank,
             result.decision.replace("_", " "),
         )
-
-
-def start_scheduler(experiment: Path, spec: AshaSpec | PbtSpec) -> Scheduler:
-    """The supervisor's scheduler for the recipe's `[sweep.scheduler]`."""
-    if isinstance(spec, PbtSpec):
-        from workbench.sweep.pbt_scheduler import PopulationBasedTraining
-
-        return PopulationBasedTraining.for_experiment(experiment, spec)
-    return EarlyStopping(experiment, spec)
-
-
-def describe_scheduler(spec: AshaSpec | PbtSpec, sweep: SweepSection, max_steps: int) -> str:
-    """One line for logs and `workbench sweep plan`, for either kind."""
-    if isinstance(spec, PbtSpec):
-        from workbench.sweep.pbt_scheduler import describe as describe_pbt
-
-        return describe_pbt(spec, sweep, max_steps)
-    return f"early stopping: {describe(spec, max_steps)}"
 
 
 def describe(spec: AshaSpec, max_steps: int) -> str:

@@ -1,5 +1,7 @@
-"""`workbench runs fork SOURCE[@STEP] NEW`: a new run of the same experiment that starts
-from a checkpoint another run keeps, with its settings and any changed.
+"""A fork: a new run of the same experiment that starts from a checkpoint another run
+keeps, with its settings and any changed. `workbench runs fork SOURCE[@STEP] NEW` makes one
+for the user; population-based training's exploits are forks too (the supervisor hands
+`fork_run` to the scheduler, `workbench.sweep.schedulers`).
 
 The new run directory is built under a temporary name in the experiment: a copy of the
 source's `checkpoints/step_N/` (the trainer's part, and the orchestrator's when one of that
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.commands.common import EXIT_BAD_INPUT, EXIT_FAILED
 from workbench.config import (
     ConfigError,
     ForkedFrom,
@@ -30,6 +31,7 @@ from workbench.config import (
 from workbench.experiment import orch_toml_text
 from workbench.files import layout
 from workbench.supervisor.control_socket import ControlError, new_run_config, normalize_overrides
+from workbench.sweep.pbt_scheduler import ForkFailed
 
 TRAINER_PART = "trainer"
 ORCHESTRATOR_PART = "orchestrator"
@@ -37,12 +39,12 @@ ORCHESTRATOR_PART = "orchestrator"
 NEWEST_STEP_ATTEMPTS = 3
 
 
-class ForkError(Exception):
+class ForkError(ForkFailed):
     """A fork that cannot be made; the message says why and what works."""
 
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED):
+    def __init__(self, message: str, bad_input: bool = False):
         super().__init__(message)
-        self.exit_code = exit_code
+        self.bad_input = bad_input  # the command line asked for it (else the files failed)
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ def parse_source(spec: str) -> tuple[str, int | None]:
     if not step.isdigit():
         raise ForkError(
             f"{spec!r}: the step after '@' must be a whole number, e.g. {name}@20",
-            EXIT_BAD_INPUT,
+            bad_input=True,
         )
     return name, int(step)
 
@@ -97,7 +99,7 @@ def fork_run(
     except ConfigError as err:
         raise ForkError(f"cannot fork {source_id}: its config does not load: {err}") from None
     if "forked_from" in normalize_overrides(overrides):
-        raise ForkError("forked_from is written by the fork itself; leave it out", EXIT_BAD_INPUT)
+        raise ForkError("forked_from is written by the fork itself; leave it out", bad_input=True)
     # A run still training prunes its older checkpoints as it goes: its newest one can go
     # while it is copied. Asked for no particular step, the fork takes the newest again.
     for attempt in range(1, NEWEST_STEP_ATTEMPTS + 1):
@@ -131,10 +133,10 @@ def _fork_config(
     try:
         run_id, config = new_run_config(experiment, new_id, overrides, base)
     except ControlError as err:
-        raise ForkError(str(err), EXIT_BAD_INPUT) from None
+        raise ForkError(str(err), bad_input=True) from None
     problem = fork_settings_problem(source_id, source_config, config, step)
     if problem is not None:
-        raise ForkError(f"{run_id} settings: {problem}", EXIT_BAD_INPUT)
+        raise ForkError(f"{run_id} settings: {problem}", bad_input=True)
     return run_id, config
 
 
