@@ -104,12 +104,19 @@ def test_a_run_behind_takes_the_checkpoint_of_a_run_ahead_and_trains_on_from_its
     assert (exploit["run_id"], exploit["step"], exploit["source"], exploit["source_step"]) == (
         LOSER, 3, WINNER, 3,
     )  # fmt: skip
-    assert exploit["new_run"] == FORK and exploit["action"] == "evicted"
+    # The loser has 3 steps left after its judged eval, about 3 s on this model, and often
+    # finishes them before the supervisor's eviction lands (two of three runs on
+    # 2026-11-27, one of them on a quiet machine). Then it keeps its finish, and the fork
+    # takes the slot it left all the same.
+    assert exploit["new_run"] == FORK and exploit["action"] in ("evicted", "finished"), exploit
     assert exploit["value"] < exploit["source_value"]
 
     eviction = run_control.read_eviction(experiment / LOSER)
-    assert eviction is not None and eviction.evicted_by == "pbt"
-    assert REASON.fullmatch(eviction.reason), eviction.reason
+    if exploit["action"] == "evicted":
+        assert eviction is not None and eviction.evicted_by == "pbt"
+        assert REASON.fullmatch(eviction.reason), eviction.reason
+    else:
+        assert eviction is None and run_control.is_finished(experiment / LOSER)
 
     fork = experiment / FORK
     config = tomllib.loads(layout.orch_config_path(fork).read_text())
