@@ -22,7 +22,6 @@ with why, and the loser goes on.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,7 +34,7 @@ from workbench.sweep.checks import Param, read_params
 from workbench.sweep.files import PbtRecord, read_pbt, write_pbt
 from workbench.sweep.pbt import Member, PbtDecision, decide
 from workbench.sweep.pbt_checks import perturbed_params
-from workbench.sweep.scheduler import POLL_INTERVAL_S, EarlyEviction
+from workbench.sweep.scheduler import POLL_INTERVAL_S, EarlyEviction, metric_point
 from workbench.sweep.spec import PbtSpec, SweepSection
 from workbench.sweep.values import flatten_values
 from workbench.system.file_tail import AppendedLines
@@ -231,13 +230,9 @@ class PopulationBasedTraining:
             record = parse_record(line)
             if record is None or not isinstance(record.get("step"), int):
                 continue
-            value = record.get(self.spec.metric)
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                continue
-            if math.isfinite(value):
-                stamp = record.get("time")
-                when = float(stamp) if isinstance(stamp, int | float) else 0.0
-                followed.points.append(MetricPoint(record["step"], float(value), when))
+            point = metric_point(record, self.spec.metric)
+            if point is not None:
+                followed.points.append(point)
 
     def _config(self, run: Path, followed: _FollowedRun) -> tuple[int, int, dict[str, Any]] | None:
         path = layout.orch_config_path(run)

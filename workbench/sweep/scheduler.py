@@ -174,11 +174,9 @@ class EarlyStopping:
         if record is None or not isinstance(record.get("step"), int):
             return
         followed.last_step = max(followed.last_step, record["step"])
-        value = record.get(self.spec.metric)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            stamp = record.get("time")
-            when = float(stamp) if isinstance(stamp, int | float) else 0.0
-            followed.points.append(MetricPoint(record["step"], float(value), when))
+        point = metric_point(record, self.spec.metric)
+        if point is not None:
+            followed.points.append(point)
 
     def _max_steps(self, run: Path, followed: _FollowedRun) -> int | None:
         path = layout.orch_config_path(run)
@@ -233,6 +231,17 @@ class EarlyStopping:
             rank,
             result.decision.replace("_", " "),
         )
+
+
+def metric_point(record: dict, metric: str) -> MetricPoint | None:
+    """A metrics record's value of `metric` at its step (and its time), or None when the
+    record has no finite number for it. `record["step"]` must be an int."""
+    value = record.get(metric)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    stamp = record.get("time")
+    when = float(stamp) if isinstance(stamp, int | float) else 0.0
+    return MetricPoint(record["step"], float(value), when)
 
 
 def describe(spec: AshaSpec, max_steps: int) -> str:
