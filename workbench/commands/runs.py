@@ -199,7 +199,7 @@ def export(
     try:
         exported = export_adapter(ref.path, output, which)
     except ExportError as err:
-        raise fail(str(err), EXIT_BAD_INPUT if err.bad_input else EXIT_FAILED) from None
+        raise fail(str(err), err.exit_code) from None
     say(
         f"exported {ref.run_id} step {exported.choice.adapter.step} to {exported.path}: "
         f"{exported.choice.note}. Its README.md says how to load it."
