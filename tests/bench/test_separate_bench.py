@@ -43,12 +43,13 @@ def test_the_same_runs_make_one_experiment_and_as_many_of_one_run(tmp_path: Path
     assert len({e.cwd for e in experiments["separate"]} | {shared.cwd}) == 5
 
 
-def test_eight_runs_get_eight_slots_and_distinct_learning_rates(tmp_path: Path):
-    (shared,) = write_recipes(RECIPE, 8, tmp_path)["shared"]
+def test_thirty_two_runs_get_their_slots_and_distinct_learning_rates(tmp_path: Path):
+    (shared,) = write_recipes(RECIPE, 32, tmp_path)["shared"]
     loaded = load_recipe(shared.recipe)
-    assert loaded.trainer.max_concurrent_runs == 8 and len(set(shared.run_ids)) == 8
-    with pytest.raises(SeparateBenchError, match="1 to 8"):
-        write_recipes(RECIPE, 9, tmp_path / "nine")
+    assert loaded.trainer.max_concurrent_runs == 32 and loaded.inference.max_loras == 64
+    assert len(set(shared.run_ids)) == 32
+    with pytest.raises(SeparateBenchError, match="1 to 32"):
+        write_recipes(RECIPE, 33, tmp_path / "thirty-three")
     assert run_id_for(1.5e-3) == "lr1p5e-3"
 
 

@@ -535,7 +535,7 @@ def e2e(
         ),
     ] = None,
     runs: Annotated[
-        int, typer.Option(min=1, help="With --vs separate: how many runs (1 to 8).")
+        int, typer.Option(min=1, help="With --vs separate: how many runs (1 to 32).")
     ] = 4,
     at_once: Annotated[
         bool, typer.Option(help="With --vs separate: also start the N experiments together.")
