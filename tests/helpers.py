@@ -228,3 +228,15 @@ def keep_trainer_checkpoint(experiment: Path, run_id: str, step: int) -> None:
     part = layout.checkpoint_part_dir(layout.run_dir(experiment, run_id), step, "trainer")
     with layout.staged_directory(part) as staged:
         (staged / "progress.json").write_text(json.dumps({"step": step}))
+
+
+def iterate_published(trainer) -> str:
+    """One pass of the trainer's loop (`rl.iterate`), then every adapter it handed to its
+    publisher written: what a test reads from broadcast/ right after an update. (The
+    trainer itself goes on with its next update while they are written.)"""
+    from workbench.trainer.rl import iterate, wait_for_publications
+
+    outcome = iterate(trainer)
+    if trainer.manager.is_master:
+        wait_for_publications(trainer)
+    return outcome

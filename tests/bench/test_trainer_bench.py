@@ -80,9 +80,9 @@ def test_mixed_losses_are_measured_beside_uniform_ones_with_their_ratio():
 
 def test_publishing_writes_what_vllm_loads_and_counts_its_bytes(tmp_path):
     from workbench.bench.publishing import (
+        copy_out,
         load_as_vllm,
         measure_publishing,
-        publish,
         synthetic_adapter,
     )
     from workbench.bench.trainer import model_config
@@ -91,8 +91,8 @@ def test_publishing_writes_what_vllm_loads_and_counts_its_bytes(tmp_path):
     from workbench.models.resolve import model_shapes
 
     config, targets = model_config("tiny"), list(LORA_TARGET_MODULES)
-    publish(tmp_path, 1, synthetic_adapter(config, 8, targets, 0), rank=8, targets=targets,
-            shape="tiny")  # fmt: skip
+    copy_out(tmp_path, 1, synthetic_adapter(config, 8, targets, 0), rank=8, targets=targets,
+             shape="tiny").write()  # fmt: skip
     loaded = load_as_vllm(layout.broadcast_dir(tmp_path, 1), targets, config, "tiny")
     assert len(loaded.loras) == config.num_hidden_layers * len(targets)  # every projection
 
@@ -101,4 +101,4 @@ def test_publishing_writes_what_vllm_loads_and_counts_its_bytes(tmp_path):
     assert row.adapter_parameters == parameters
     # float32 weights plus the adapter's config files, a few KiB
     assert 4 * parameters < row.adapter_bytes < 4 * parameters + 64 * 1024
-    assert row.write_s > 0 and row.write_one_by_one_s > 0 and row.load_s > 0
+    assert row.copy_s > 0 and row.write_s > 0 and row.write_one_by_one_s > 0 and row.load_s > 0

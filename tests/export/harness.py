@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers import make_run, random_batch
+from tests.helpers import iterate_published, make_run, random_batch
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files.rollouts import write_rollouts
 from workbench.trainer.lora import set_lora_num_tokens
-from workbench.trainer.rl import build_trainer, iterate, load_base_model
+from workbench.trainer.rl import build_trainer, load_base_model
 
 BASE = "builtin:tiny-reverse"
 STEPS = 5
@@ -44,7 +44,7 @@ def train_run(experiment: Path) -> TrainedRun:
     )
     model = load_base_model(BASE, torch.float32, torch.device("cpu"))
     trainer = build_trainer(config, model, torch.device("cpu"))
-    iterate(trainer)
+    iterate_published(trainer)
     counts = torch.zeros(trainer.manager.max_runs, dtype=torch.long)
     counts[trainer.manager.id_2_idx["run_a"]] = len(PROBE[0])
 
@@ -56,7 +56,7 @@ def train_run(experiment: Path) -> TrainedRun:
     logits = {0: probe_logits()}
     for step in range(STEPS):
         write_rollouts(run, random_batch("run_a", step, 8, seed=step))
-        assert iterate(trainer) == "trained"
+        assert iterate_published(trainer) == "trained"
         logits[step + 1] = probe_logits()
     return TrainedRun(experiment, run, logits)
 

@@ -9,12 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import gradients_at_each_update, make_run, make_tiny_llama, random_batch
+from tests.helpers import (
+    gradients_at_each_update,
+    iterate_published,
+    make_run,
+    make_tiny_llama,
+    random_batch,
+)
 from tests.trainer.builders import DEVICE_DTYPES
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files import layout
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer.rl import build_trainer, iterate, load_base_model
+from workbench.trainer.rl import build_trainer, load_base_model
 
 STEPS = 2
 
@@ -40,7 +46,7 @@ def train(experiment: Path, model_dir: Path, device: str, dtype: torch.dtype, re
     for step in range(STEPS):
         for run in runs:
             write_rollouts(run, random_batch(run.name, step, 6, seed=1))
-        assert iterate(trainer) == "trained"
+        assert iterate_published(trainer) == "trained"
         first = first or {name: grad.float().cpu() for name, grad in seen.items()}
     for run in runs:
         assert layout.is_stable(layout.broadcast_dir(run, STEPS))

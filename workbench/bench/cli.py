@@ -119,9 +119,10 @@ def trainer(
     under torchrun and each N is measured with the base replicated on every rank and
     sharded over them, with the frozen weights one rank holds.
 
-    Publishing (--publishing): per shape and N, the seconds to write every run's adapter
-    after an update, as the trainer's master does before its next update, and to read
-    them with vLLM's loader; the bytes of one adapter.
+    Publishing (--publishing): per shape and N, the seconds to copy every run's adapter
+    out after an update (what the next update waits for), to write the copies (on
+    background threads, as the trainer's master does), and to read them with vLLM's
+    loader; the bytes of one adapter.
     """
     from workbench.bench.results import write_result
 

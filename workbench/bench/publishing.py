@@ -1,11 +1,12 @@
 """`workbench bench trainer --publishing`: what publishing every run's adapter after each
 update costs, at N runs: the time and bytes to write them and to load them into vLLM.
 
-After an update the trainer's master writes each updated run's adapter as
-`broadcast/step_N/` (`workbench.trainer.rl.publish_adapters`: the slot's tensors copied,
-`write_adapter`, the old steps pruned), on `PUBLISH_THREADS` threads at once, before it
-takes the next batches: that is on the update's critical path. Each publication is
-measured that way and, alternately, one run after another (the trainer before). Each run's orchestrator then asks vLLM to
+After an update the trainer's master copies each updated run's adapter out of its slot
+and checks it is finite (`workbench.trainer.publisher.AdapterCopy.checked`): that copy is
+all the next update waits for. The copies are then written as `broadcast/step_N/`
+(`write_adapter`, the old steps pruned) on `PUBLISH_THREADS` background threads while the
+next update computes. Each publication is measured that way (the copies, then the writes)
+and, alternately, one run after another. Each run's orchestrator then asks vLLM to
 load its new adapter (`/v1/load_lora_adapter`), which vLLM reads with
 `LoRAModel.from_local_checkpoint` into its CPU cache, in its engine's loop.
 
@@ -51,7 +52,8 @@ class Publishing:
     rank: int
     adapter_parameters: int
     adapter_bytes: int  # one adapter's directory on disk
-    write_s: float  # the trainer's master, every run's adapter at once (median over steps)
+    copy_s: float  # every run's adapter copied out and checked: what the next update waits for
+    write_s: float  # then written on the publishing threads, in the background (median)
     write_ms_per_run: float
     write_one_by_one_s: float  # the same, one run after another (the trainer before)
     load_s: float  # vLLM's loader, every run's adapter
@@ -83,30 +85,30 @@ def measure_publishing(shape: str, runs: int, rank: int | None, steps: int) -> P
     """Publish `runs` synthetic adapters of `shape` `steps` times: write as the trainer does,
     load as vLLM does."""
     from workbench.bench.trainer import model_config
-    from workbench.trainer.rl import PUBLISH_THREADS
+    from workbench.trainer.publisher import PUBLISH_THREADS
 
     rank = rank or DEFAULT_RANK.get(shape, 8)
     config = model_config(shape)
     targets = list(LORA_TARGET_MODULES)
     adapters = [synthetic_adapter(config, rank, targets, seed) for seed in range(runs)]
     parameters = sum(tensor.numel() for tensor in adapters[0].values())
-    writes, one_by_one, loads = [], [], []
+    copies, writes, one_by_one, loads = [], [], [], []
     import vllm.lora.lora_model  # noqa: F401  (its import, seconds, is not a load's time)
 
     with tempfile.TemporaryDirectory(prefix="bench-publish-") as scratch:
         run_dirs = [Path(scratch) / f"run_{i}" for i in range(runs)]
-        publish_one = partial(publish, rank=rank, targets=targets, shape=shape)
+        copy_one = partial(copy_out, rank=rank, targets=targets, shape=shape)
         for step in range(2, 2 * steps + 1, 2):  # odd steps one by one, even ones at once
             started = time.perf_counter()
             for run, adapter in zip(run_dirs, adapters, strict=True):
-                publish_one(run, step - 1, adapter)
+                copy_one(run, step - 1, adapter).write()
             one_by_one.append(time.perf_counter() - started)
             started = time.perf_counter()
+            copied = [copy_one(run, step, a) for run, a in zip(run_dirs, adapters, strict=True)]
+            copies.append(time.perf_counter() - started)
+            started = time.perf_counter()
             with ThreadPoolExecutor(max_workers=min(PUBLISH_THREADS, runs)) as pool:
-                for future in [
-                    pool.submit(publish_one, run, step, adapter)
-                    for run, adapter in zip(run_dirs, adapters, strict=True)
-                ]:
+                for future in [pool.submit(copy.write) for copy in copied]:
                     future.result()
             writes.append(time.perf_counter() - started)
             started = time.perf_counter()
@@ -122,6 +124,7 @@ def measure_publishing(shape: str, runs: int, rank: int | None, steps: int) -> P
         rank=rank,
         adapter_parameters=parameters,
         adapter_bytes=size,
+        copy_s=round(statistics.median(copies), 4),
         write_s=round(write_s, 4),
         write_ms_per_run=round(1000 * write_s / runs, 2),
         write_one_by_one_s=round(statistics.median(one_by_one), 4),
@@ -131,22 +134,21 @@ def measure_publishing(shape: str, runs: int, rank: int | None, steps: int) -> P
     )
 
 
-def publish(run: Path, step: int, adapter: dict, *, rank: int, targets: list[str], shape: str):
-    """What `workbench.trainer.rl.publish_adapter` does for one run: the slot's tensors
-    copied out (`state_dict_for_adapter` clones them), written, old steps pruned."""
-    from workbench.trainer.broadcast import prune_broadcasts, write_adapter
-    from workbench.trainer.rl import KEEP_BROADCASTS
+def copy_out(run: Path, step: int, adapter: dict, *, rank: int, targets: list[str], shape: str):
+    """What the trainer's master does for one run before its next update: the slot's
+    tensors cloned (`state_dict_for_adapter`), moved to the CPU and checked finite."""
+    from workbench.trainer.publisher import AdapterCopy
 
-    copied = {key: tensor.detach().clone().contiguous() for key, tensor in adapter.items()}
-    write_adapter(
-        layout.broadcast_dir(run, step),
-        copied,
+    cloned = {key: tensor.detach().clone().contiguous() for key, tensor in adapter.items()}
+    return AdapterCopy.checked(
+        run,
+        step,
+        cloned,
         rank=rank,
         alpha=2.0 * rank,
         target_modules=targets,
         base_model=BASE_NAMES.get(shape, "Qwen/Qwen3-0.6B"),
     )
-    prune_broadcasts(run, KEEP_BROADCASTS)
 
 
 def load_as_vllm(directory: Path, targets: list[str], config: Any, shape: str) -> Any:
@@ -174,7 +176,8 @@ def run_publishing(shapes: list[str], run_counts: list[int], rank: int | None, s
             row = measure_publishing(shape, runs, rank, steps)
             print(
                 f"publishing {shape} rank {row.rank} x {runs} runs: "
-                f"{row.adapter_bytes / 2**20:.2f} MiB an adapter; write {row.write_s:.3f} s "
+                f"{row.adapter_bytes / 2**20:.2f} MiB an adapter; copy {row.copy_s:.3f} s, "
+                f"write {row.write_s:.3f} s in the background "
                 f"({row.write_ms_per_run:.1f} ms a run; one by one "
                 f"{row.write_one_by_one_s:.3f} s), vLLM load {row.load_s:.3f} s "
                 f"({row.load_ms_per_run:.1f} ms a run)",

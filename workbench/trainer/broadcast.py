@@ -39,15 +39,18 @@ def write_adapter(
     alpha: float,
     target_modules: list[str],
     base_model: str,
+    finite_checked: bool = False,
 ) -> Path:
     """Write one adapter (keys relative to the base model, e.g. `model.layers.0...lora_A.weight`).
 
     `base_model` is the recipe's `[model] base` (`builtin:tiny-reverse`, a directory, a hub
     id); adapter_config.json names it as peft and vLLM load it (`loadable_base`).
     Raises `NonFiniteWeights` (and writes nothing) when a weight is nan or infinite: vLLM
-    would serve it, and every completion of it would be garbage.
+    would serve it, and every completion of it would be garbage (`finite_checked`: the
+    caller checked these very tensors).
     """
-    check_finite(state_dict, "adapter weights")
+    if not finite_checked:
+        check_finite(state_dict, "adapter weights")
     with layout.staged_directory(directory) as staging:
         LoraConfig(
             r=rank,

@@ -15,7 +15,6 @@ import logging
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,6 @@ from workbench.files.metrics import append_metrics
 from workbench.system.lifeline import die_with_parent
 from workbench.system.priority import run_as_batch
 from workbench.trainer import distributed
-from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
 from workbench.trainer.compute import HostRow, RowLogprobs, prepare_model
 from workbench.trainer.divergence import DivergenceWatch, NonFiniteWeights, adapter_divergence
@@ -43,6 +41,7 @@ from workbench.trainer.loss import RLLossOutput, compute_rl_loss
 from workbench.trainer.losses.admission import validate_run_loss
 from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
 from workbench.trainer.packer import MicroBatch, Packer, filler_row
+from workbench.trainer.publisher import AdapterCopy, AdapterPublisher, FailedWrite
 from workbench.trainer.row_threads import (
     RowThreads,
     accumulate_in_order,
@@ -55,9 +54,6 @@ from workbench.trainer.step_stats import StepStats, StepTally
 from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
-KEEP_BROADCASTS = 3
-# Adapters written at once after an update (`publish_adapters`).
-PUBLISH_THREADS = 8
 
 
 @dataclass
@@ -78,6 +74,8 @@ class Trainer:
     stop_requested: bool = False
     # On the CPU, the rows of an update computed side by side (None: one after another).
     row_threads: RowThreads | None = None
+    # The master's adapter writes, done while the next update computes.
+    publisher: AdapterPublisher = field(default_factory=AdapterPublisher)
 
 
 # ---------------------------------------------------------------------- setup
@@ -172,7 +170,11 @@ def _register_run_hooks(trainer: Trainer) -> None:
     def checkpoint_leaving_run(idx: int, run_id: str) -> None:
         # Master only, before the run's data is dropped: an evicted or finished run keeps
         # its latest progress for `workbench restart` (a non-finite adapter is not kept:
-        # `save` refuses it, and its latest finite checkpoint stays the one to resume).
+        # `save` refuses it, and its latest finite checkpoint stays the one to resume),
+        # and its last adapter is written before the slot is another run's.
+        for failed in trainer.publisher.reap(wait_for=[idx]):
+            logger.error("%s: its adapter of step %d was not written: %s",
+                         run_id, failed.step, failed.error)  # fmt: skip
         checkpointer.save_if_due(idx, force=True)
         checkpointer.forget(idx)
 
@@ -340,20 +342,25 @@ def run_filler_row(trainer: Trainer) -> None:
 # ---------------------------------------------------------------------- after an update
 
 
-def publish_adapter(trainer: Trainer, idx: int) -> None:
-    """Write the run's adapter at its current step as `broadcast/step_N` (master only)."""
+def adapter_copy(trainer: Trainer, idx: int) -> AdapterCopy:
+    """The run's adapter at its current step, copied out of its slot and checked finite
+    (`NonFiniteWeights` if not), ready to be written as `broadcast/step_N` (master only)."""
     manager, section = trainer.manager, trainer.config.trainer
-    run = manager.get_run_dir(idx)
     rank, alpha = resolve_run_lora(manager.config[idx], section.lora.rank, section.lora.alpha)
-    write_adapter(
-        layout.broadcast_dir(run, manager.progress[idx].step),
+    return AdapterCopy.checked(
+        manager.get_run_dir(idx),
+        manager.progress[idx].step,
         manager.get_state_dict_for_run(idx),
         rank=rank,
         alpha=alpha,
         target_modules=section.target_modules,
         base_model=trainer.base_model,
     )
-    prune_broadcasts(run, KEEP_BROADCASTS)
+
+
+def publish_adapter(trainer: Trainer, idx: int) -> None:
+    """Write the run's adapter at its current step as `broadcast/step_N` now (master only)."""
+    adapter_copy(trainer, idx).write()
 
 
 def algorithm_metrics(loss: LossConfig, stats: StepStats, idx: int) -> dict[str, object]:
@@ -377,23 +384,6 @@ def _significant(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def publish_adapters(trainer: Trainer, idxs: list[int]) -> dict[int, BaseException]:
-    """Write these runs' adapters (`publish_adapter`) at once, on threads; return the error
-    of each that failed.
-
-    The trainer starts its next update only once they are written: one run after another,
-    32 runs of the built-in model took 0.68 s and 32 Qwen3-0.6B-shaped rank-16 adapters
-    (1.23 GB) 11.3 s (`bench trainer --publishing only`, trainer-20261127T074856.json).
-    Threads overlap the waits on the disk (7 fsyncs a write); the Python half of a small
-    adapter's write they do not, and the measurements so far do not separate the gain from
-    the disk's noise (docs/guides/scaling.md). Each run writes its own directory."""
-    if not idxs:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(PUBLISH_THREADS, len(idxs))) as pool:
-        futures = {idx: pool.submit(publish_adapter, trainer, idx) for idx in idxs}
-    return {idx: error for idx, future in futures.items() if (error := future.exception())}
-
-
 def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
     """Master: broadcast each updated run's adapter, log its metrics, checkpoint if due.
 
@@ -414,16 +404,19 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
         )
         for idx in ready
     }
-    failed = publish_adapters(trainer, [idx for idx in ready if divergences[idx] is None])
+    # Each run's previous adapter is written before this one is handed over (in order).
+    evict_failed_writes(trainer, trainer.publisher.reap(wait_for=ready))
     for idx in ready:
         progress = manager.progress[idx]
         diverged = divergences[idx]
         try:
-            error = failed.get(idx)
-            if isinstance(error, NonFiniteWeights):
-                diverged = adapter_divergence(progress.step, error)
-            elif error is not None:
-                raise error
+            if diverged is None:
+                try:
+                    copy = adapter_copy(trainer, idx)
+                except NonFiniteWeights as err:
+                    diverged = adapter_divergence(progress.step, err)
+                else:
+                    trainer.publisher.submit(idx, manager.idx_2_id[idx], copy)
             _log_run_update(trainer, idx, stats, step_s)
             if diverged is None:
                 trainer.checkpointer.save_if_due(idx)
@@ -434,6 +427,25 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
             manager.evict_run(idx, f"the trainer could not write for this run: {err}")
         if diverged is not None:
             manager.evict_run(idx, diverged)
+
+
+def wait_for_publications(trainer: Trainer) -> None:
+    """Master: every adapter handed to the publisher written (or its run evicted)."""
+    evict_failed_writes(trainer, trainer.publisher.reap(wait_all=True))
+
+
+def evict_failed_writes(trainer: Trainer, failures: list[FailedWrite]) -> None:
+    """Evict each run whose adapter could not be written (disk full, its directory gone),
+    if it still holds its slot; anything but an OSError is the trainer's own bug."""
+    manager = trainer.manager
+    for failed in failures:
+        if not isinstance(failed.error, OSError):
+            raise failed.error
+        # A run deleted meanwhile is forgotten by the next discovery instead.
+        still_there = manager.idx_2_id.get(failed.idx) == failed.run_id
+        if still_there and manager.get_run_dir(failed.idx).is_dir():
+            reason = f"the trainer could not write for this run: {failed.error}"
+            manager.evict_run(failed.idx, reason)
 
 
 def _log_run_update(trainer: Trainer, idx: int, stats: StepStats, step_s: float) -> None:
@@ -483,6 +495,7 @@ def iterate(trainer: Trainer) -> str:
     manager = trainer.manager
     world = distributed.world_size()
     if manager.is_master:
+        evict_failed_writes(trainer, trainer.publisher.reap())
         manager.discover_runs()
     manager.synchronize_state()  # creation hooks: optimizers, schedules, resumes
     shares: list[list[MicroBatch]] = [[] for _ in range(world)]
@@ -492,6 +505,9 @@ def iterate(trainer: Trainer) -> str:
     payload = distributed.broadcast_from_master({"stop": trainer.stop_requested, "shares": shares})
     if payload["stop"]:
         if manager.is_master:
+            for failed in trainer.publisher.reap(wait_all=True):
+                logger.error("%s: its adapter of step %d was not written: %s",
+                             failed.run_id, failed.step, failed.error)  # fmt: skip
             for idx in manager.used_idxs:
                 try:
                     trainer.checkpointer.save_if_due(idx, force=True)

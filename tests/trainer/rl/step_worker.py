@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from tests.helpers import gradients_at_each_update
+from tests.helpers import gradients_at_each_update, iterate_published
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.trainer import distributed
-from workbench.trainer.rl import build_trainer, iterate, load_base_model
+from workbench.trainer.rl import build_trainer, load_base_model
 from workbench.trainer.sharding import base_parameter_bytes
 
 
@@ -42,7 +42,7 @@ def train_and_save(experiment: Path, model_dir: Path, out: Path, settings: dict)
     trainer = build_trainer(config, model, torch.device("cpu"))
     gradients = gradients_at_each_update(trainer)
     updates = 0
-    while iterate(trainer) == "trained":
+    while iterate_published(trainer) == "trained":
         updates += 1
     manager = trainer.manager
     tensors = {

@@ -8,13 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import assert_same_gradients, gradients_at_each_update, make_run, random_batch
+from tests.helpers import (
+    assert_same_gradients,
+    gradients_at_each_update,
+    iterate_published,
+    make_run,
+    random_batch,
+)
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files import run_control
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
 from workbench.trainer import rl
-from workbench.trainer.rl import build_trainer, iterate, load_base_model
+from workbench.trainer.rl import build_trainer, load_base_model
 
 # Every kind once, with the aggregations and a KL term to the base spread over them.
 RUNS = {
@@ -46,7 +52,7 @@ def train(experiment: Path, model_dir: Path, run_ids: list[str]) -> dict:
     for step in range(UPDATES):
         for run in runs:
             write_rollouts(run, random_batch(run.name, step, 8, seed=3))
-        assert iterate(trainer) == "trained"
+        assert iterate_published(trainer) == "trained"
     return gradients
 
 

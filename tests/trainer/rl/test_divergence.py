@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import make_run, random_batch
+from tests.helpers import iterate_published, make_run, random_batch
 from tests.trainer.rl.test_rl_trainer import make_trainer
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
@@ -19,7 +19,7 @@ from workbench.files.rollouts import write_rollouts
 from workbench.trainer import optim
 from workbench.trainer.checkpoint import ADAPTER_FILE, PART
 from workbench.trainer.divergence import NON_FINITE_UPDATES, STALLED
-from workbench.trainer.rl import Trainer, iterate
+from workbench.trainer.rl import Trainer
 
 GOOD = "lr = 0.01\nmax_steps = 8\n"
 STEPS = 6
@@ -45,7 +45,7 @@ def train(
     `poison_gradients` makes non-finite."""
     dirs = {run_id: make_run(experiment, run_id, orch) for run_id, orch in runs.items()}
     trainer = make_trainer(experiment, model)
-    iterate(trainer)
+    iterate_published(trainer)
     for step in range(STEPS):
         hooks = []
         for run_id, run in dirs.items():
@@ -56,10 +56,10 @@ def train(
             write_rollouts(run, random_batch(run_id, step, 6, seed=1))
             if step + 1 in (poisoned or {}).get(run_id, ()):
                 hooks += poison_gradients(trainer, run_id)
-        assert iterate(trainer) == "trained"
+        assert iterate_published(trainer) == "trained"
         for hook in hooks:
             hook.remove()
-    iterate(trainer)  # the discovery that lets an evicted run go
+    iterate_published(trainer)  # the discovery that lets an evicted run go
     return trainer
 
 
@@ -172,7 +172,7 @@ def write_steps(trainer, runs: dict[str, Path], steps: int, change=None) -> None
             if change is not None:
                 change(run_id, batch)
             write_rollouts(run, batch)
-        assert iterate(trainer) == "trained"
+        assert iterate_published(trainer) == "trained"
 
 
 def test_a_run_whose_gradient_is_0_with_advantages_three_updates_in_a_row_is_evicted(
@@ -182,7 +182,7 @@ def test_a_run_whose_gradient_is_0_with_advantages_three_updates_in_a_row_is_evi
     # ratio is masked, the gradient is exactly 0 and the adapter never moves.
     runs = {name: make_run(tmp_path, name, GOOD) for name in ("run_good", "run_far")}
     trainer = make_trainer(tmp_path, tiny_llama)
-    iterate(trainer)
+    iterate_published(trainer)
 
     def far_from_the_sampler(run_id, batch):
         if run_id == "run_far":
@@ -202,7 +202,7 @@ def test_a_run_whose_advantages_are_all_0_is_not_evicted(tmp_path, tiny_llama):
     # batches, which is not a divergence. Without the KL term the gradient is exactly 0.
     runs = {"run_a": make_run(tmp_path, "run_a", GOOD + "loss = { kl_coef = 0.0 }\n")}
     trainer = make_trainer(tmp_path, tiny_llama)
-    iterate(trainer)
+    iterate_published(trainer)
 
     def nothing_to_learn(run_id, batch):
         for sample in batch.samples:
@@ -233,10 +233,10 @@ def test_an_adapter_that_is_not_finite_is_never_written_and_its_run_is_evicted(
     experiment = tmp_path / "exp"
     runs = {name: make_run(experiment, name, GOOD) for name in ("run_a", "run_b")}
     trainer = make_trainer(experiment, tiny_llama)
-    iterate(trainer)
+    iterate_published(trainer)
     for run_id, run in runs.items():
         write_rollouts(run, random_batch(run_id, 0, 6, seed=1))
-    assert iterate(trainer) == "trained"
+    assert iterate_published(trainer) == "trained"
     idx = trainer.manager.id_2_idx["run_b"]
     # A finite update that still overflows float32 (or a weight decay that grows the
     # weights): the gradient is finite, the adapter after the step is not.
@@ -251,7 +251,7 @@ def test_an_adapter_that_is_not_finite_is_never_written_and_its_run_is_evicted(
     monkeypatch.setattr(optim, "adamw_step_together", overflowing_step)
     for run_id, run in runs.items():
         write_rollouts(run, random_batch(run_id, 1, 6, seed=1))
-    assert iterate(trainer) == "trained"
+    assert iterate_published(trainer) == "trained"
 
     bad = runs["run_b"]
     reason = run_control.read_eviction(bad).reason
@@ -261,7 +261,7 @@ def test_an_adapter_that_is_not_finite_is_never_written_and_its_run_is_evicted(
     assert layout.is_stable(layout.broadcast_dir(runs["run_a"], 2))
     assert run_control.read_eviction(runs["run_a"]) is None
     assert read_metrics(bad, "trainer")[-1]["step"] == 2, "its figures are still logged"
-    iterate(trainer)  # it leaves; its leaving checkpoint is refused
+    iterate_published(trainer)  # it leaves; its leaving checkpoint is refused
     assert "run_b" not in trainer.manager.id_2_idx
     assert not layout.checkpoint_part_dir(bad, 2, PART).exists()
 
@@ -273,9 +273,9 @@ def test_a_checkpoint_with_a_non_finite_value_is_refused(tmp_path, tiny_llama, w
     experiment = tmp_path / "exp"
     run = make_run(experiment, "run_a", GOOD)
     trainer = make_trainer(experiment, tiny_llama)
-    iterate(trainer)
+    iterate_published(trainer)
     write_rollouts(run, random_batch("run_a", 0, 6, seed=1))
-    assert iterate(trainer) == "trained"
+    assert iterate_published(trainer) == "trained"
     idx = trainer.manager.id_2_idx["run_a"]
     _, param = trainer.manager.get_named_parameters_for_run(idx)[0]
     with torch.no_grad():

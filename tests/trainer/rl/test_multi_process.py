@@ -14,12 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import assert_same_gradients, make_run, random_batch
+from tests.helpers import assert_same_gradients, iterate_published, make_run, random_batch
 from workbench.config import ModelSection, TrainerConfig, TrainerSection, model_to_toml
 from workbench.files import layout
 from workbench.files.rollouts import write_rollouts
 from workbench.system.ports import free_port
-from workbench.trainer.rl import build_trainer, iterate, load_base_model
+from workbench.trainer.rl import build_trainer, load_base_model
 
 WORKER = Path(__file__).with_name("step_worker.py")
 
@@ -153,7 +153,12 @@ def test_killed_trainer_resumes_each_run_from_its_checkpoint_with_identical_stat
         load_base_model(str(tiny_llama), torch.float32, torch.device("cpu")),
         torch.device("cpu"),
     )
-    assert [iterate(trainer) for _ in range(4)] == ["trained", "trained", "trained", "idle"]
+    assert [iterate_published(trainer) for _ in range(4)] == [
+        "trained",
+        "trained",
+        "trained",
+        "idle",
+    ]
     for name in ("run_a", "run_b"):
         idx = trainer.manager.id_2_idx[name]
         assert trainer.manager.progress[idx].step == 3
@@ -184,12 +189,12 @@ def test_a_checkpoint_without_its_broadcast_is_published_when_the_run_resumes(tm
         return build_trainer(config, model, torch.device("cpu"))
 
     first = trainer()
-    assert [iterate(first) for _ in range(3)] == ["trained", "trained", "idle"]
+    assert [iterate_published(first) for _ in range(3)] == ["trained", "trained", "idle"]
     lost = layout.broadcast_dir(experiment / "run_a", 2)
     shutil.rmtree(lost)
 
     second = trainer()
-    assert iterate(second) == "idle"
+    assert iterate_published(second) == "idle"
     assert layout.is_stable(lost)
     published = load_file(str(lost / "adapter_model.safetensors"))
     kept = load_file(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from transformers import AutoModelForCausalLM
 from tests.helpers import (
     assert_same_gradients,
     gradients_at_each_update,
+    iterate_published,
     make_run,
     random_batch,
     random_multi_turn_batch,
@@ -24,7 +26,7 @@ from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import RolloutBatch, write_rollouts
 from workbench.trainer.lora import set_lora_num_tokens
-from workbench.trainer.rl import build_trainer, iterate, load_base_model
+from workbench.trainer.rl import build_trainer, load_base_model
 
 
 def make_trainer(experiment: Path, model_dir: Path, **section):
@@ -40,10 +42,10 @@ def make_trainer(experiment: Path, model_dir: Path, **section):
 def test_a_step_broadcasts_each_runs_adapter_and_logs_its_metrics(experiment, tiny_llama):
     runs = [make_run(experiment, name, "lr = 0.01\n") for name in ("run_a", "run_b")]
     trainer = make_trainer(experiment, tiny_llama)
-    assert iterate(trainer) == "idle"
+    assert iterate_published(trainer) == "idle"
     for run in runs:
         write_rollouts(run, random_batch(run.name, 0, 6, seed=1))
-    assert iterate(trainer) == "trained"
+    assert iterate_published(trainer) == "trained"
     for run in runs:
         adapter = layout.broadcast_dir(run, 1)
         assert layout.is_stable(adapter)
@@ -52,15 +54,15 @@ def test_a_step_broadcasts_each_runs_adapter_and_logs_its_metrics(experiment, ti
         assert line["step"] == 1 and line["loss"] == line["loss"] and line["grad_norm"] > 0
     idx = trainer.manager.id_2_idx["run_a"]
     assert trainer.manager.progress[idx].step == 1
-    assert iterate(trainer) == "idle", "no step_1 batch yet"
+    assert iterate_published(trainer) == "idle", "no step_1 batch yet"
 
 
 def test_broadcast_adapter_loaded_with_peft_reproduces_the_trainers_outputs(experiment, tiny_llama):
     run = make_run(experiment, "run_a", "lr = 0.05\n")
     trainer = make_trainer(experiment, tiny_llama)
-    iterate(trainer)
+    iterate_published(trainer)
     write_rollouts(run, random_batch("run_a", 0, 8, seed=2))
-    assert iterate(trainer) == "trained"
+    assert iterate_published(trainer) == "trained"
 
     input_ids = torch.tensor([[3, 17, 9, 42, 5, 33, 8]])
     idx = trainer.manager.id_2_idx["run_a"]
@@ -81,17 +83,17 @@ def test_bad_rollout_file_evicts_only_its_run_with_a_readable_reason(experiment,
     good = make_run(experiment, "run_good")
     bad = make_run(experiment, "run_bad")
     trainer = make_trainer(experiment, tiny_llama)
-    iterate(trainer)
+    iterate_published(trainer)
     write_rollouts(good, random_batch("run_good", 0, 4, seed=3))
     broken = random_batch("run_bad", 0, 4, seed=3)
     broken.samples[2].completion_ids = [999]  # outside the vocabulary of 64
     broken.samples[2].completion_logprobs = [-1.0]
     write_rollouts(bad, broken)
-    assert iterate(trainer) == "trained"
+    assert iterate_published(trainer) == "trained"
     assert layout.is_stable(layout.broadcast_dir(good, 1))
     reason = run_control.read_eviction(bad).reason
     assert "sample 2" in reason and "token id 999" in reason
-    iterate(trainer)
+    iterate_published(trainer)
     assert list(trainer.manager.id_2_idx) == ["run_good"]
 
 
@@ -108,7 +110,7 @@ def test_an_invalid_loss_mask_evicts_only_its_run_naming_the_sample(
     good = make_run(experiment, "run_good")
     bad = make_run(experiment, "run_bad")
     trainer = make_trainer(experiment, tiny_llama)
-    iterate(trainer)
+    iterate_published(trainer)
     write_rollouts(good, random_multi_turn_batch("run_good", 0, 4, seed=3))
     broken = random_multi_turn_batch("run_bad", 0, 4, seed=3)
     if break_sample_2 == "nothing trained":
@@ -118,11 +120,11 @@ def test_an_invalid_loss_mask_evicts_only_its_run_naming_the_sample(
         tensors = load_file(str(step_dir / "batch.safetensors"))
         tensors["loss_mask"][sum(s.num_tokens for s in broken.samples[:2])] = 1
         save_file(tensors, str(step_dir / "batch.safetensors"))
-    assert iterate(trainer) == "trained"
+    assert iterate_published(trainer) == "trained"
     assert layout.is_stable(layout.broadcast_dir(good, 1))
     assert expected in run_control.read_eviction(bad).reason
     assert run_control.read_eviction(good) is None
-    iterate(trainer)
+    iterate_published(trainer)
     assert list(trainer.manager.id_2_idx) == ["run_good"]
 
 
@@ -172,7 +174,7 @@ def test_the_update_ignores_the_environments_tokens_and_does_not_count_them(tmp_
             write_rollouts(run, without_closing_message(episodes))
         trainer = make_trainer(experiment, tiny_llama)
         gradients = gradients_at_each_update(trainer)
-        assert iterate(trainer) == "trained"
+        assert iterate_published(trainer) == "trained"
         line = read_metrics(run, "trainer")[-1]
         state = trainer.manager.get_state_dict_for_run(trainer.manager.id_2_idx["run_a"])
         outcomes[name] = (line["loss"], line["grad_norm"], state, gradients)
@@ -217,7 +219,7 @@ def test_an_update_raises_positive_and_lowers_negative_advantage_completions(
 
     run = make_run(experiment, "run_a", "lr = 0.01\n")
     trainer = make_trainer(experiment, tiny_llama)
-    iterate(trainer)
+    iterate_published(trainer)
     good = Sample([3, 4, 5], [10, 11, 12], [0.0] * 3, advantage=1.0, reward=1.0)
     bad = Sample([3, 4, 5], [20, 21, 22], [0.0] * 3, advantage=-1.0, reward=0.0)
 
@@ -236,7 +238,7 @@ def test_an_update_raises_positive_and_lowers_negative_advantage_completions(
     for sample, value in zip((good, bad), before, strict=True):
         sample.completion_logprobs = [value / 3] * 3
     write_rollouts(run, RolloutBatch("run_a", 0, 0, [good, bad]))
-    assert iterate(trainer) == "trained"
+    assert iterate_published(trainer) == "trained"
     after = [sequence_logprob(s) for s in (good, bad)]
     assert after[0] > before[0] and after[1] < before[1]
 
@@ -261,7 +263,7 @@ def test_per_sample_attention_chunked_head_and_recompute_train_what_the_dense_re
             write_rollouts(run, random_batch(run_id, 0, 6, seed=4))
         trainer = make_trainer(experiment, tiny_llama, **section)
         gradients[name] = gradients_at_each_update(trainer)
-        assert iterate(trainer) == "trained"
+        assert iterate_published(trainer) == "trained"
         losses = {
             run_id: read_metrics(experiment / run_id, "trainer")[-1]["loss"]
             for run_id in ("run_a", "run_b")
@@ -281,14 +283,51 @@ def test_the_trainer_logs_one_line_per_run_and_update_with_its_figures(
 ):
     runs = [make_run(experiment, name, "lr = 0.01\n") for name in ("run_a", "run_b")]
     trainer = make_trainer(experiment, tiny_llama)
-    iterate(trainer)
+    iterate_published(trainer)
     for run in runs:
         write_rollouts(run, random_batch(run.name, 0, 6, seed=1))
     with caplog.at_level(logging.INFO, logger="workbench.trainer"):
-        assert iterate(trainer) == "trained"
+        assert iterate_published(trainer) == "trained"
     lines = [r.getMessage() for r in caplog.records if r.name == "workbench.trainer"]
     assert len(lines) == 2, lines
     for run, line in zip(sorted(runs), sorted(lines), strict=True):
         record = read_metrics(run, "trainer")[-1]
         assert line.startswith(f"{run.name} step 1 loss {record['loss']:.4f} ")
         assert f"lr {record['lr']:.2e} tokens {record['tokens']} step_s " in line
+
+
+def test_an_update_returns_before_its_adapters_are_written_and_they_land_after(
+    experiment, tiny_llama, monkeypatch
+):
+    from workbench.trainer import publisher
+    from workbench.trainer.rl import iterate, wait_for_publications
+
+    release, real = threading.Event(), publisher.write_adapter
+
+    def slow_disk(*args, **kwargs):
+        assert release.wait(timeout=60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(publisher, "write_adapter", slow_disk)
+    runs = [make_run(experiment, name, "lr = 0.01\n") for name in ("run_a", "run_b")]
+    trainer = make_trainer(experiment, tiny_llama)
+    iterate(trainer)
+    for run in runs:
+        write_rollouts(run, random_batch(run.name, 0, 6, seed=1))
+    assert iterate(trainer) == "trained"  # with both writes still held
+    idx = trainer.manager.id_2_idx["run_a"]
+    step_1 = trainer.manager.get_state_dict_for_run(idx)
+    for run in runs:
+        assert read_metrics(run, "trainer")[-1]["step"] == 1
+        assert not layout.is_stable(layout.broadcast_dir(run, 1))
+    with torch.no_grad():  # the next update changes the slots while step 1 is written
+        for param in trainer.model.parameters():
+            if param.requires_grad:
+                param.add_(1.0)
+    release.set()
+    wait_for_publications(trainer)
+    assert all(layout.is_stable(layout.broadcast_dir(run, 1)) for run in runs)
+    written = load_file(str(layout.broadcast_dir(runs[0], 1) / "adapter_model.safetensors"))
+    assert written.keys() == {f"base_model.model.{key}" for key in step_1}
+    for key, tensor in step_1.items():
+        assert torch.equal(written[f"base_model.model.{key}"], tensor), key

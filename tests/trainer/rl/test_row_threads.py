@@ -8,12 +8,11 @@ import time
 import pytest
 import torch
 
-from tests.helpers import make_run, random_batch
+from tests.helpers import iterate_published, make_run, random_batch
 from tests.trainer.rl.test_rl_trainer import make_trainer
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
 from workbench.trainer.lora import get_lora_routing
-from workbench.trainer.rl import iterate
 from workbench.trainer.row_threads import RowThreads, resolve_row_threads, torch_threads
 
 LEARNING_RATES = {"run_a": "0.01", "run_b": "0.03", "run_c": "0.002"}
@@ -31,11 +30,11 @@ def train_two_steps(experiment, tiny_llama, row_threads: int):
         return rows
 
     trainer.packer.pack = pack_and_count
-    iterate(trainer)
+    iterate_published(trainer)
     for step in range(2):
         for seed, run in enumerate(runs):
             write_rollouts(run, random_batch(run.name, step, 24, seed=seed))
-        assert iterate(trainer) == "trained"
+        assert iterate_published(trainer) == "trained"
     return trainer, runs, rows_seen
 
 

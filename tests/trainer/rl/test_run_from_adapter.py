@@ -12,11 +12,11 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tests.helpers import make_run, random_batch
+from tests.helpers import iterate_published, make_run, random_batch
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files import layout, run_control
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer.rl import build_trainer, iterate, load_base_model
+from workbench.trainer.rl import build_trainer, load_base_model
 
 PREFIX = "base_model.model."
 
@@ -65,7 +65,7 @@ def test_a_run_from_an_adapter_computes_what_the_adapter_computes_from_version_0
     experiment = tmp_path / "exp"
     run = make_run(experiment, "run_a", f'lora = {{ init_from = "{adapter}" }}\n')
     trainer = make_trainer(experiment, tiny_llama)
-    assert iterate(trainer) == "idle"  # admitted: its slot is set, nothing to train yet
+    assert iterate_published(trainer) == "idle"  # admitted: its slot is set, nothing to train yet
 
     version_0 = layout.broadcast_dir(run, 0)
     assert layout.is_stable(version_0)
@@ -84,8 +84,8 @@ def test_an_adapter_that_does_not_fit_rejects_the_run_naming_the_key(tmp_path, t
     big = make_run(experiment, "run_big", f'lora = {{ init_from = "{too_big}" }}\n')
     not_one = make_run(experiment, "run_none", f'lora = {{ init_from = "{tmp_path}" }}\n')
     trainer = make_trainer(experiment, tiny_llama)
-    iterate(trainer)  # admitted; setting up their slots fails
-    iterate(trainer)  # and at the next discovery they leave, rejected with the reason
+    iterate_published(trainer)  # admitted; setting up their slots fails
+    iterate_published(trainer)  # and at the next discovery they leave, rejected with the reason
 
     assert trainer.manager.used_idxs == []
     big_reason = run_control.run_condition(big).reason
@@ -102,8 +102,8 @@ def test_an_adapter_of_another_base_model_is_refused(tmp_path, tiny_llama):
     experiment = tmp_path / "exp"
     run = make_run(experiment, "run_a", f'lora = {{ init_from = "{adapter}" }}\n')
     trainer = make_trainer(experiment, tiny_llama)
-    iterate(trainer)
-    iterate(trainer)
+    iterate_published(trainer)
+    iterate_published(trainer)
     reason = run_control.run_condition(run).reason
     assert "is an adapter of Qwen/Qwen3-0.6B, not of this experiment's base model" in reason
 
@@ -116,11 +116,11 @@ def test_a_run_with_checkpoints_of_its_own_resumes_without_its_adapter_directory
     run = make_run(experiment, "run_a", f'lora = {{ init_from = "{adapter}" }}\n')
     write_rollouts(run, random_batch("run_a", 0, 6, seed=1))
     first = make_trainer(experiment, tiny_llama)
-    assert [iterate(first) for _ in range(2)] == ["trained", "idle"]
+    assert [iterate_published(first) for _ in range(2)] == ["trained", "idle"]
     first.checkpointer.save(first.manager.id_2_idx["run_a"])
     shutil.rmtree(adapter)  # cleaned up once RL was under way
 
     second = make_trainer(experiment, tiny_llama)
-    assert iterate(second) == "idle"
+    assert iterate_published(second) == "idle"
     assert second.manager.progress[second.manager.id_2_idx["run_a"]].step == 1
     assert run_control.run_condition(run).reason is None

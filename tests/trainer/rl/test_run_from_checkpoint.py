@@ -11,13 +11,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import make_run, random_batch
+from tests.helpers import iterate_published, make_run, random_batch
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files import layout
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
 from workbench.trainer.optim import lr_factor
-from workbench.trainer.rl import build_trainer, iterate, load_base_model
+from workbench.trainer.rl import build_trainer, load_base_model
 
 # A warm-up longer than the steps trained: a schedule started afresh would show.
 SOURCE = "lr = 0.05\ncheckpoint_interval = 1\nmax_steps = 6\n[scheduler]\nwarmup_steps = 4\n"
@@ -48,7 +48,7 @@ def source_and_copy(experiment: Path, tiny_llama: Path, copy_orch_toml: str):
     for step in range(2):
         write_batch(source, step)
     trainer = make_trainer(experiment, tiny_llama)
-    assert [iterate(trainer) for _ in range(3)] == ["trained", "trained", "idle"]
+    assert [iterate_published(trainer) for _ in range(3)] == ["trained", "trained", "idle"]
     copy = experiment / "run_copy"
     shutil.copytree(
         layout.checkpoint_part_dir(source, 2, "trainer"),
@@ -65,7 +65,7 @@ def test_a_run_made_from_a_copied_checkpoint_trains_on_as_its_source_would(tmp_p
     trainer, copy = source_and_copy(
         tmp_path, tiny_llama, SOURCE.replace("max_steps = 6", "max_steps = 8")
     )
-    assert iterate(trainer) == "trained"  # discovers the copy, resumes it, trains both
+    assert iterate_published(trainer) == "trained"  # discovers the copy, resumes it, trains both
     manager = trainer.manager
     a, c = manager.id_2_idx["run_a"], manager.id_2_idx["run_copy"]
     assert manager.progress[c].step == manager.progress[a].step == 3
@@ -89,7 +89,7 @@ def test_a_run_made_from_a_copied_checkpoint_trains_on_as_its_source_would(tmp_p
 
 def test_a_copied_checkpoint_trains_with_the_new_runs_learning_rate(tmp_path, tiny_llama):
     trainer, copy = source_and_copy(tmp_path, tiny_llama, SOURCE.replace("lr = 0.05", "lr = 0.01"))
-    assert iterate(trainer) == "trained"
+    assert iterate_published(trainer) == "trained"
     c = trainer.manager.id_2_idx["run_copy"]
     schedule = trainer.manager.config[c].scheduler
     # The schedule goes on from the source's update count, on the copy's own lr.
