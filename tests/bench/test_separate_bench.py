@@ -109,6 +109,18 @@ def test_speedup_is_separate_wall_time_over_shared():
     assert speedups(setups) == {"one_after_another": 2.16, "at_once": None}
 
 
+def test_without_the_separate_setups_only_the_shared_experiment_runs(tmp_path, monkeypatch):
+    from workbench.bench import separate
+
+    ran = []
+    monkeypatch.setattr(separate, "run_setup", lambda setup, *_, **__: ran.append(setup) or {})
+    experiments = write_recipes(RECIPE, 2, tmp_path)
+    setups = separate._run_setups(experiments, 5, 60.0, at_once=True, separate=False)
+    assert ran == ["shared"]
+    assert setups["one_after_another"]["skipped"] == setups["at_once"]["skipped"]
+    assert "--no-separate" in setups["at_once"]["skipped"]
+
+
 def test_roles_come_from_the_nearest_ancestor_that_names_one():
     assert role_of(["python", "-m", "workbench.inference", "--config", "x"]) == "inference"
     assert role_of(["python", "-m", "torch.distributed.run", "-m", "workbench.trainer.rl"]) == (

@@ -144,3 +144,38 @@ def test_a_cpu_lora_kernel_that_does_not_exist_is_refused_naming_the_variable():
     server.check_cpu_lora_kernel({})
     with pytest.raises(server.InferenceSetupError, match="WORKBENCH_VLLM_CPU_LORA='slotmatmul'"):
         server.check_cpu_lora_kernel({"WORKBENCH_VLLM_CPU_LORA": "slotmatmul"})
+
+
+def value_after(command: list[str], flag: str) -> str | None:
+    return command[command.index(flag) + 1] if flag in command else None
+
+
+def test_on_a_cpu_vllm_batches_many_runs_sequences_and_on_a_gpu_keeps_its_own_defaults(
+    tmp_path: Path,
+):
+    config = InferenceConfig(output_dir=tmp_path, model=ModelSection(base="m"))
+    cpu = server.build_vllm_command(config, tmp_path, 8000, on_cpu=True)
+    assert value_after(cpu, "--max-num-seqs") == "1024"
+    assert value_after(cpu, "--max-num-batched-tokens") == "16384"
+    gpu = server.build_vllm_command(config, tmp_path, 8000, on_cpu=False)
+    assert "--max-num-seqs" not in gpu and "--max-num-batched-tokens" not in gpu
+
+
+def test_the_recipes_batch_is_passed_as_given_and_extra_args_still_come_last(tmp_path: Path):
+    section = InferenceSection(max_num_seqs=256, extra_args=["--max-num-seqs", "64"])
+    config = InferenceConfig(output_dir=tmp_path, model=ModelSection(base="m"), inference=section)
+    for on_cpu in (True, False):
+        command = server.build_vllm_command(config, tmp_path, 8000, on_cpu=on_cpu)
+        assert command[-2:] == ["--max-num-seqs", "64"]  # vLLM takes the last one given
+        assert value_after(command, "--max-num-seqs") == "256"
+    cpu = server.build_vllm_command(config, tmp_path, 8000, on_cpu=True)
+    assert value_after(cpu, "--max-num-batched-tokens") == "16384"
+
+
+def test_a_step_smaller_than_its_sequences_is_refused_naming_both_keys():
+    with pytest.raises(
+        ValueError, match="max_num_batched_tokens = 100 is below max_num_seqs = 200"
+    ):
+        InferenceSection(max_num_seqs=200, max_num_batched_tokens=100)
+    with pytest.raises(ValueError, match='at least 1, or "auto"'):
+        InferenceSection(max_num_seqs=0)

@@ -541,6 +541,14 @@ def e2e(
     at_once: Annotated[
         bool, typer.Option(help="With --vs separate: also start the N experiments together.")
     ] = True,
+    separate: Annotated[
+        bool,
+        typer.Option(
+            help="With --vs separate: run the separate setups too (--no-separate: the "
+            "shared experiment alone, e.g. to measure a change at a size whose separate "
+            "figures are known)."
+        ),
+    ] = True,
 ) -> None:
     """Reward vs wall-clock for RECIPE: `workbench up RECIPE --headless`, for real.
 
@@ -560,7 +568,7 @@ def e2e(
     and .png.
     """
     if vs is not None:
-        _e2e_vs_separate(recipe, vs, runs, max_steps, at_once, keep_outputs)
+        _e2e_vs_separate(recipe, vs, runs, max_steps, at_once, keep_outputs, separate)
         return
     from workbench.bench.e2e import run_e2e_benchmark
 
@@ -573,7 +581,13 @@ def e2e(
 
 
 def _e2e_vs_separate(
-    recipe: Path, vs: str, runs: int, max_steps: int | None, at_once: bool, keep_outputs: bool
+    recipe: Path,
+    vs: str,
+    runs: int,
+    max_steps: int | None,
+    at_once: bool,
+    keep_outputs: bool,
+    separate: bool,
 ) -> None:
     from workbench.bench.separate import SeparateBenchError, run_separate_benchmark
 
@@ -581,7 +595,12 @@ def _e2e_vs_separate(
         raise typer.BadParameter(f"compare with: separate, not {vs!r}", param_hint="--vs")
     try:
         report = run_separate_benchmark(
-            recipe, runs=runs, max_steps=max_steps, at_once=at_once, keep_outputs=keep_outputs
+            recipe,
+            runs=runs,
+            max_steps=max_steps,
+            at_once=at_once,
+            keep_outputs=keep_outputs,
+            separate=separate,
         )
     except SeparateBenchError as err:
         raise typer.BadParameter(str(err)) from None

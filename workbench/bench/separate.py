@@ -376,15 +376,23 @@ def speedups(setups: dict[str, dict[str, Any]]) -> dict[str, float | None]:
 
 
 def _run_setups(
-    experiments: dict[str, list[Experiment]], max_steps: int, timeout_s: float, at_once: bool
+    experiments: dict[str, list[Experiment]],
+    max_steps: int,
+    timeout_s: float,
+    at_once: bool,
+    separate: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """The shared experiment, then the separate ones one after another, then (when asked
-    and memory allows) the separate ones at once, each setup's result by name."""
+    """The shared experiment, then (unless not `separate`) the separate ones one after
+    another, then (when asked and memory allows) at once, each setup's result by name."""
     from workbench.system.procfs import memory_available_bytes
 
     setups: dict[str, dict[str, Any]] = {}
     common = {"max_steps": max_steps, "timeout_s": timeout_s}
     setups["shared"] = run_setup("shared", experiments["shared"], **common)
+    if not separate:
+        why = "not asked (--no-separate)"
+        return {"shared": setups["shared"]} | {name: {"setup": name, "skipped": why}
+                                               for name in SETUPS[1:]}  # fmt: skip
     setups["one_after_another"] = run_setup("one_after_another", experiments["separate"], **common)
     available = memory_available_bytes()
     why_not = at_once_plan(setups["one_after_another"], available) if at_once else "not asked"
@@ -408,6 +416,7 @@ def run_separate_benchmark(
     at_once: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     keep_outputs: bool = False,
+    separate: bool = True,
 ) -> dict[str, Any]:
     """Every setup in turn, then the comparison, JSON, plot and table; `exit_code` 1 when a
     setup had problems or a curve differs."""
@@ -421,7 +430,7 @@ def run_separate_benchmark(
     loaded = load_recipe(recipe)  # a bad recipe fails here, before anything runs
     scratch = Path(tempfile.mkdtemp(prefix="workbench-bench-separate-"))
     experiments = write_recipes(recipe, runs, scratch)
-    setups = _run_setups(experiments, max_steps, timeout_s, at_once)
+    setups = _run_setups(experiments, max_steps, timeout_s, at_once, separate)
     curves = compare_curves(setups, loaded.defaults.async_level)
     problems = [p for result in setups.values() for p in result.get("problems", [])]
     report: dict[str, Any] = {

@@ -14,7 +14,8 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-from workbench.config import InferenceConfig
+from workbench.config import InferenceConfig, InferenceSection
+from workbench.config.inference import CPU_BATCH_SEQS, CPU_BATCH_TOKENS
 from workbench.files.endpoint import Endpoint, write_endpoint
 from workbench.inference.engine_version import engine_version_problem
 from workbench.inference.vllm_plugin import (
@@ -152,10 +153,15 @@ def check_model_dir(model: Path) -> None:
         raise InferenceSetupError(problem)
 
 
-def build_vllm_command(config: InferenceConfig, model: Path, port: int) -> list[str]:
-    """The server's argv. The API key travels in the environment (`server_environment`),
-    not here: any user can read a process's argv, only its owner its environment."""
+def build_vllm_command(
+    config: InferenceConfig, model: Path, port: int, *, on_cpu: bool | None = None
+) -> list[str]:
+    """The server's argv (`on_cpu`: whether vLLM runs without a GPU; None: detect it). The
+    API key travels in the environment (`server_environment`), not here: any user can read
+    a process's argv, only its owner its environment."""
     inference = config.inference
+    if on_cpu is None:
+        on_cpu = detect_gpu_count() == 0
     return [
         sys.executable,
         "-m",
@@ -185,8 +191,20 @@ def build_vllm_command(config: InferenceConfig, model: Path, port: int) -> list[
         "processed_logprobs",
         "--disable-log-stats",
         *parallel_args(inference.tensor_parallel_size, inference.data_parallel_size),
+        *batch_args(inference, on_cpu),
         *inference.extra_args,
     ]
+
+
+def batch_args(inference: InferenceSection, on_cpu: bool) -> list[str]:
+    """vLLM's engine batch: the recipe's figures, or for `auto` workbench's on a CPU and
+    vLLM's own defaults on a GPU (where they are already 1,024 sequences)."""
+    seqs, tokens = inference.max_num_seqs, inference.max_num_batched_tokens
+    if on_cpu:
+        seqs = CPU_BATCH_SEQS if seqs == "auto" else seqs
+        tokens = max(CPU_BATCH_TOKENS, seqs) if tokens == "auto" else tokens
+    args = [] if seqs == "auto" else ["--max-num-seqs", str(seqs)]
+    return args + ([] if tokens == "auto" else ["--max-num-batched-tokens", str(tokens)])
 
 
 def parallel_args(tensor_parallel_size: int, data_parallel_size: int) -> list[str]:
