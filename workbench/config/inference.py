@@ -20,10 +20,10 @@ def default_max_loras(max_concurrent_runs: int) -> int:
     return max_concurrent_runs * MAX_ADAPTERS_IN_FLIGHT
 
 
-# vLLM's engine batch on a CPU with `max_num_seqs = "auto"`: measured with 16 runs of the
-# built-in model (8 steps each, one after the other on the 2-core machine), a step's
-# generation took a median 7.7 s with these against 17.1 s with vLLM's CPU defaults (128
-# sequences, 2,048 tokens), which a single run's batch of 128 already fills.
+# vLLM's engine batch on a CPU with `max_num_seqs = "auto"`. vLLM's CPU defaults (128
+# sequences, 2,048 tokens) are one run's batch of the built-in recipe: with 16 runs (8
+# steps, on the 2-core machine) a step's generation took a median 7.7 s with these against
+# 11.2 s with the defaults, the experiment 122 s against 165 s (docs/guides/scaling.md).
 CPU_BATCH_SEQS = 1024
 CPU_BATCH_TOKENS = 16384
 
