@@ -10,8 +10,9 @@ release that vLLM's cannot share a venv with, hence a process and a venv of its 
 
 The protocol is JSON lines: requests on stdin, answers on stdout (the process's own
 prints go to stderr). The first line out is `{"ready": true, "splits": {"train": N,
-"eval": M}, ...}`, or `{"error": ...}` before it exits 1. Then each request
-`{"id", "op", ...}` gets one answer `{"id", ...}` or `{"id", "error"}`, in any order:
+"eval": M}, "speedups": [...], ...}` (the caches `verifiers_speedups.py` put in place),
+or `{"error": ...}` before it exits 1. Then each request `{"id", "op", ...}` gets one
+answer `{"id", ...}` or `{"id", "error"}`, in any order:
 
 - `{"op": "tasks", "split", "rows": [...]}` -> `{"tasks": [{"messages", "question",
   "answer", "key"}]}`: the split's tasks at those row numbers;
@@ -552,8 +553,7 @@ async def serve(config: dict[str, Any], channel: Channel) -> int:
     try:
         _install_token_client()
         served = Served(config)
-        applied = verifiers_speedups.apply()
-        logger.info("caches in place: %s", ", ".join(applied) or "none")
+        speedups = verifiers_speedups.apply()
     except Exception as err:  # the workbench side shows it as the env_args' problem
         logger.debug("cannot build the environment", exc_info=True)
         channel.send({"error": f"{type(err).__name__}: {err}"})
@@ -591,6 +591,7 @@ async def serve(config: dict[str, Any], channel: Channel) -> int:
                 "splits": served.sizes(),
                 "harness": served.harness,
                 "verifiers": verifiers.__version__,
+                "speedups": speedups,
             }
         )
         while (line := await queue.get()) is not None:

@@ -30,6 +30,7 @@ def apply() -> list[str]:
         ("pydantic default factories", _cache_default_factory_signatures),
         ("verifiers decorated methods", _cache_decorated_names),
         ("verifiers handler signatures", _cache_handler_signatures),
+        ("subprocess runtime folders made on first use", _make_runtime_folders_on_first_use),
     ):
         if install():
             applied.append(name)
@@ -117,6 +118,64 @@ class _InspectWithCachedSignatures:
             return inspect.signature(fn)
         signature = self._signatures[key] = inspect.signature(fn)
         return signature
+
+
+def _make_runtime_folders_on_first_use() -> bool:
+    """verifiers' subprocess runtime makes a folder for every episode when the episode
+    starts, and removes it (in a thread) when it ends: a `mkdir` and an `rmtree` on the
+    episode's path, though an episode of `workbench-chat` runs no program in it. Here the
+    folder is made when the runtime first runs a program or reads or writes a file in it
+    (what the folder is for), and only one that was made is removed."""
+    try:
+        from verifiers.v1 import runtimes
+        from verifiers.v1.runtimes.subprocess import CACHE_DIR, SubprocessRuntime
+    except ImportError:
+        return False
+    uses = ("run", "open_process", "run_background", "_read", "write")
+    if runtimes.__dict__.get("SubprocessRuntime") is not SubprocessRuntime or not all(
+        callable(getattr(SubprocessRuntime, name, None)) for name in uses
+    ):
+        return False
+
+    class FolderOnFirstUse(SubprocessRuntime):
+        async def start(self) -> None:
+            # As verifiers names it; `info.id` too. A view of this runtime (`with_env`,
+            # `with_user`) shares its attributes, so the folder's state as well.
+            self.workdir = CACHE_DIR / "runtimes" / "subprocess" / self.name
+            self.info.id = str(self.workdir)
+            self.workbench_folder_made = False
+
+        def make_folder(self) -> None:
+            if self.workdir is not None and not self.__dict__.get("workbench_folder_made", True):
+                self.workdir.mkdir(parents=True, exist_ok=True)
+                self.workbench_folder_made = True
+
+        async def teardown(self) -> None:
+            if not self.__dict__.get("workbench_folder_made", True):
+                self.workdir = None  # never made: nothing to remove
+            await super().teardown()
+
+        def cleanup(self) -> None:
+            if not self.__dict__.get("workbench_folder_made", True):
+                self.workdir = None
+            super().cleanup()
+
+    def made_first(name: str) -> Any:
+        method = getattr(SubprocessRuntime, name)
+
+        async def use(self: Any, *args: Any, **kwargs: Any) -> Any:
+            self.make_folder()
+            return await method(self, *args, **kwargs)
+
+        use.__name__ = name
+        return use
+
+    for name in uses:
+        setattr(FolderOnFirstUse, name, made_first(name))
+    FolderOnFirstUse.__name__ = FolderOnFirstUse.__qualname__ = "SubprocessRuntime"
+    # `make_runtime` looks the class up in the package's namespace on each call.
+    runtimes.SubprocessRuntime = FolderOnFirstUse
+    return True
 
 
 def _cached_per_argument(function: Callable[[Any], Any]) -> Callable[[Any], Any]:
