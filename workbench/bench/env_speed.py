@@ -7,7 +7,7 @@ recipes/verifiers_tasks/, the recipe's text lengths) with verifiers' episodes ru
 environment's process (`workbench-chat`, the default), and with verifiers' `null` harness,
 which starts a program per episode (how every verifiers episode ran before). Each is timed
 on a training step's generation (`run_episodes`, as the orchestrator calls it) and on an
-eval, the cases taking turns; medians of the repetitions, episodes per second of each, and
+eval, the fast cases taking turns; medians of the repetitions, episodes per second of each, and
 where the CPU went (this process, vLLM's, the environment's own).
 """
 
@@ -59,8 +59,9 @@ def measure_environments(
     """For the built-in environment and the verifiers taskset (both harnesses): the step's
     and the eval's seconds (each repetition), their medians and episodes per second, and
     the CPU seconds each took in this process, in vLLM (`server_pid` and its children) and
-    in the environment's own process. The cases take turns, a step and an eval each, so
-    that the machine's drift falls on all of them alike."""
+    in the environment's own process. The cases measured as often take turns, a step and
+    an eval each, so that the machine's drift falls on them alike; the slow harness comes
+    after them."""
     slow = min(repetitions, SLOW_HARNESS_REPETITIONS)
     plans = {
         config.env: (config, repetitions, True),
@@ -74,9 +75,14 @@ def measure_environments(
             cases[name] = _Case(endpoint, adapter, run / f"case{number}", case_config, times)
             if warm:
                 cases[name].step()  # the first requests of a shape are slower
-        for repetition in range(repetitions):
-            for case in cases.values():
-                if repetition < case.repetitions:
+        # The slow harness last: its programs would weigh on the cases beside it.
+        taking_turns = [case for case in cases.values() if case.repetitions == repetitions]
+        for _ in range(repetitions):
+            for case in taking_turns:
+                case.time_step_and_eval(server_pid)
+        for case in cases.values():
+            if case not in taking_turns:
+                for _ in range(case.repetitions):
                     case.time_step_and_eval(server_pid)
         return {name: case.report() for name, case in cases.items()}
     finally:
