@@ -52,6 +52,7 @@ import os
 import sys
 import threading
 import traceback
+from asyncio import FIRST_COMPLETED
 from typing import Any
 
 SPLITS = ("train", "eval")
@@ -225,6 +226,7 @@ class TurnGroup:
         self.started = 0  # episodes that joined it
         self.arrived = 0
         self.sent = False
+        self.out = asyncio.Event()  # set once its turns went out
         self.waiting: dict[str, list[tuple[dict[str, Any], asyncio.Future]]] = {}
         self.post: Any = None
 
@@ -245,6 +247,7 @@ class TurnGroup:
         if self.sent:
             return
         self.sent = True
+        self.out.set()
         for batch in self.waiting.values():
             task = asyncio.ensure_future(_send_batch(batch, self.post))
             _SENDING.add(task)  # kept until done: the loop holds tasks only weakly
@@ -380,6 +383,8 @@ class Served:
                 "eval": (train_env, [t for t, h in zip(tasks, held, strict=True) if h]),
             }
         self.gate = asyncio.Semaphore(config.get("max_concurrent") or 256)
+        # Episodes played in this process start one task's at a time (below, `run`).
+        self.starting = asyncio.Lock() if self.harness == chat else None
 
     def _environment(self, taskset_args: dict[str, Any]) -> Any:
         vf, config = self.vf, self.config
@@ -460,13 +465,39 @@ class Served:
             context = vf.ModelContext(model=request["model"], client=client, sampling=sampling)
             return await env.run_slot(slot, context, self.gate, on_trace=minted)
 
+        episodes: list[asyncio.Future] = []
         try:
-            episodes = await asyncio.gather(
-                *(one(slot, seed) for slot, seed in zip(slots, request["seeds"], strict=True))
-            )
+            async with self.starting or contextlib.nullcontext():
+                episodes = [
+                    asyncio.ensure_future(one(slot, seed))
+                    for slot, seed in zip(slots, request["seeds"], strict=True)
+                ]
+                if self.starting is not None:
+                    await _first_turns_out(group, episodes)
+            done = await asyncio.gather(*episodes)
         finally:
+            for episode in episodes:
+                episode.cancel()  # nothing when it has ended
             FIRST_TURNS.leave(traces)
-        return [episode_record(episode) for episode in episodes]
+        return [episode_record(episode) for episode in done]
+
+
+STARTING_WAIT_S = 0.2
+
+
+async def _first_turns_out(group: TurnGroup, episodes: list[asyncio.Future]) -> None:
+    """Until the group's first turns went to vLLM, its episodes all ended, or
+    `STARTING_WAIT_S` passed. With `workbench-chat` an episode's start (its agent, runtime,
+    interception slot: a few milliseconds of CPU) happens in this process: when a step's
+    tasks all start at once, the event loop takes them through their starts side by side,
+    and vLLM gets its first request only once every episode has started. One task's at a
+    time, vLLM generates the first task's turns while the next ones start."""
+    out = asyncio.ensure_future(group.out.wait())
+    ended = asyncio.gather(*episodes, return_exceptions=True)
+    try:
+        await asyncio.wait({out, ended}, timeout=STARTING_WAIT_S, return_when=FIRST_COMPLETED)
+    finally:
+        out.cancel()
 
 
 def episode_record(episode: Any) -> dict[str, Any]:
