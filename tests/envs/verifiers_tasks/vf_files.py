@@ -2,6 +2,7 @@
 setup runs a program in the episode's folder that writes two files there, and its reward
 reads them back (1 when both are as written). Imported by the verifiers venv's python only.
 """
+
 import verifiers.v1 as vf
 
 
