@@ -84,3 +84,26 @@ def test_episodes_per_second_are_reported_with_each_case_over_the_built_in():
     rows = environment_rows({"reverse_text": case(0.5, 0.4), "verifiers:x": case(1.0, 0.5)})
     assert rows[0]["value"] == "256.0 / 80.0"
     assert rows[1]["value"] == "128.0 / 64.0; 2.00x the built-in step's time, 1.25x its eval's"
+
+
+def test_the_cpu_of_a_process_tree_counts_its_children_running_and_ended():
+    import subprocess
+    import sys
+
+    from workbench.bench.env_speed import _tree_cpu_seconds
+
+    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    # A parent that runs a child spinning 0.3 CPU-seconds, spins as long itself, says so
+    # and waits.
+    program = (
+        f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {spin!r}])\n{spin}"
+        "print('spun', flush=True)\nimport time\ntime.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == "spun\n"
+        assert _tree_cpu_seconds(parent.pid) >= 0.6, "the ended child's and the parent's own"
+        assert _tree_cpu_seconds(parent.pid, children=False) >= 0.3
+    finally:
+        parent.kill()
+        parent.wait()

@@ -336,6 +336,51 @@ def test_episodes_run_against_the_server_and_take_the_rubrics_rewards(verifiers_
 
 
 @pytest.mark.slow
+def test_an_episodes_folder_is_made_when_its_task_uses_it_and_removed_after(
+    verifiers_python, tmp_path, monkeypatch
+):
+    # verifiers keeps its runtimes' folders under ~/.cache/verifiers: a home of the test's.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    folders = tmp_path / ".cache" / "verifiers" / "runtimes" / "subprocess"
+    server = OpenAIStandin()
+    sampling = SamplingParams(max_tokens=5)
+    plain = reverse_env(taskset={"num_tasks": 12}, eval_fraction=0.2)
+    files = get_environment(
+        "verifiers:vf_files", path=str(TASKS), taskset={"num_tasks": 6}, eval_fraction=0.2
+    )
+    try:
+        # The caches of verifiers_speedups.py are all in place for the pinned release.
+        assert len(plain.server.ready["speedups"]) == 4, plain.server.ready
+        groups = plain.run_episodes(
+            server.endpoint,
+            plain.sample_prompts(2, seed=1),
+            [1, 2],
+            model="m",
+            n=3,
+            sampling=sampling,
+        )
+        assert [len(group) for group in groups] == [3, 3]
+        assert not folders.exists(), "an episode that runs no program makes no folder"
+
+        groups = files.run_episodes(
+            server.endpoint,
+            files.sample_prompts(2, seed=1),
+            [1, 2],
+            model="m",
+            n=3,
+            sampling=sampling,
+        )
+        # Each task's setup ran a program in its episode's folder, and its reward read
+        # what the program wrote there.
+        assert [[episode.reward for episode in group] for group in groups] == [[1.0] * 3] * 2
+        assert folders.is_dir() and not list(folders.iterdir()), "each folder was removed"
+    finally:
+        plain.close()
+        files.close()
+        server.close()
+
+
+@pytest.mark.slow
 def test_an_episode_that_fails_is_left_out_and_a_call_whose_every_episode_fails_raises(
     verifiers_python,
 ):

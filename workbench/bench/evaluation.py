@@ -78,7 +78,12 @@ def run_eval_benchmark(
             timings = _measure(server.endpoint, adapter, scratch / "run_bench", config, repetitions)
             environments = (
                 measure_environments(
-                    server.endpoint, adapter, scratch / "envs", config, repetitions
+                    server.endpoint,
+                    adapter,
+                    scratch / "envs",
+                    config,
+                    repetitions,
+                    server_pid=server.process.pid,
                 )
                 if verifiers
                 else None

@@ -7,7 +7,8 @@ local data file) and `reverse_chain` (multi-turn: `MultiTurnEnvironment`).
     reward = env.reward(prompts[0], completion_text)
 
 A verifiers environment runs in a process of its own (`verifiers_env`, `verifiers_server`,
-`verifiers_venv`) and produces its episodes itself (`external.ExternalEpisodes`). `episode`
+`verifiers_chat`, `verifiers_speedups`, `verifiers_venv`) and produces its episodes itself
+(`external.ExternalEpisodes`). `episode`
 holds `Episode`, what every environment's episodes are made of; `checks` builds a run's
 environment once and says why it cannot be built, for preflight and the orchestrator.
 """

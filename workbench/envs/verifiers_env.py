@@ -312,6 +312,7 @@ class EnvironmentServer:
         self.path = path
         self._connection: _Connection | None = None
         self._finalizer: weakref.finalize | None = None
+        self.ready: dict[str, Any] = {}  # the process's first line, once started
 
     def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> dict[str, int]:
         """Start the process; returns the number of tasks in each split."""
@@ -335,6 +336,7 @@ class EnvironmentServer:
             ) from None
         if "error" in ready:
             raise EnvironmentServerError(f"verifiers could not load it: {ready['error']}")
+        self.ready = ready
         return {split: int(ready["splits"][split]) for split in splits.SPLITS}
 
     @property

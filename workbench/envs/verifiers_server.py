@@ -10,8 +10,9 @@ release that vLLM's cannot share a venv with, hence a process and a venv of its 
 
 The protocol is JSON lines: requests on stdin, answers on stdout (the process's own
 prints go to stderr). The first line out is `{"ready": true, "splits": {"train": N,
-"eval": M}, ...}`, or `{"error": ...}` before it exits 1. Then each request
-`{"id", "op", ...}` gets one answer `{"id", ...}` or `{"id", "error"}`, in any order:
+"eval": M}, "speedups": [...], ...}` (the caches `verifiers_speedups.py` put in place),
+or `{"error": ...}` before it exits 1. Then each request `{"id", "op", ...}` gets one
+answer `{"id", ...}` or `{"id", "error"}`, in any order:
 
 - `{"op": "tasks", "split", "rows": [...]}` -> `{"tasks": [{"messages", "question",
   "answer", "key"}]}`: the split's tasks at those row numbers;
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -50,6 +52,7 @@ import os
 import sys
 import threading
 import traceback
+from asyncio import FIRST_COMPLETED
 from typing import Any
 
 SPLITS = ("train", "eval")
@@ -223,6 +226,7 @@ class TurnGroup:
         self.started = 0  # episodes that joined it
         self.arrived = 0
         self.sent = False
+        self.out = asyncio.Event()  # set once its turns went out
         self.waiting: dict[str, list[tuple[dict[str, Any], asyncio.Future]]] = {}
         self.post: Any = None
 
@@ -243,6 +247,7 @@ class TurnGroup:
         if self.sent:
             return
         self.sent = True
+        self.out.set()
         for batch in self.waiting.values():
             task = asyncio.ensure_future(_send_batch(batch, self.post))
             _SENDING.add(task)  # kept until done: the loop holds tasks only weakly
@@ -316,6 +321,9 @@ def _register_chat_harness() -> str:
     import verifiers_chat
 
     sys.modules.setdefault(verifiers_chat.MODULE_NAME, verifiers_chat)
+    # verifiers looks a harness id up in its own harness package first, on every episode:
+    # there, the lookup is a dictionary's, not a search of the package's folder.
+    sys.modules.setdefault(f"verifiers.v1.harnesses.{verifiers_chat.MODULE_NAME}", verifiers_chat)
     return verifiers_chat.HARNESS_ID
 
 
@@ -375,6 +383,8 @@ class Served:
                 "eval": (train_env, [t for t, h in zip(tasks, held, strict=True) if h]),
             }
         self.gate = asyncio.Semaphore(config.get("max_concurrent") or 256)
+        # Episodes played in this process start one task's at a time (below, `run`).
+        self.starting = asyncio.Lock() if self.harness == chat else None
 
     def _environment(self, taskset_args: dict[str, Any]) -> Any:
         vf, config = self.vf, self.config
@@ -455,13 +465,39 @@ class Served:
             context = vf.ModelContext(model=request["model"], client=client, sampling=sampling)
             return await env.run_slot(slot, context, self.gate, on_trace=minted)
 
+        episodes: list[asyncio.Future] = []
         try:
-            episodes = await asyncio.gather(
-                *(one(slot, seed) for slot, seed in zip(slots, request["seeds"], strict=True))
-            )
+            async with self.starting or contextlib.nullcontext():
+                episodes = [
+                    asyncio.ensure_future(one(slot, seed))
+                    for slot, seed in zip(slots, request["seeds"], strict=True)
+                ]
+                if self.starting is not None:
+                    await _first_turns_out(group, episodes)
+            done = await asyncio.gather(*episodes)
         finally:
+            for episode in episodes:
+                episode.cancel()  # nothing when it has ended
             FIRST_TURNS.leave(traces)
-        return [episode_record(episode) for episode in episodes]
+        return [episode_record(episode) for episode in done]
+
+
+STARTING_WAIT_S = 0.2
+
+
+async def _first_turns_out(group: TurnGroup, episodes: list[asyncio.Future]) -> None:
+    """Until the group's first turns went to vLLM, its episodes all ended, or
+    `STARTING_WAIT_S` passed. With `workbench-chat` an episode's start (its agent, runtime,
+    interception slot: a few milliseconds of CPU) happens in this process: when a step's
+    tasks all start at once, the event loop takes them through their starts side by side,
+    and vLLM gets its first request only once every episode has started. One task's at a
+    time, vLLM generates the first task's turns while the next ones start."""
+    out = asyncio.ensure_future(group.out.wait())
+    ended = asyncio.gather(*episodes, return_exceptions=True)
+    try:
+        await asyncio.wait({out, ended}, timeout=STARTING_WAIT_S, return_when=FIRST_COMPLETED)
+    finally:
+        out.cancel()
 
 
 def episode_record(episode: Any) -> dict[str, Any]:
@@ -543,10 +579,12 @@ class Channel:
 
 async def serve(config: dict[str, Any], channel: Channel) -> int:
     import verifiers
+    import verifiers_speedups
 
     try:
         _install_token_client()
         served = Served(config)
+        speedups = verifiers_speedups.apply()
     except Exception as err:  # the workbench side shows it as the env_args' problem
         logger.debug("cannot build the environment", exc_info=True)
         channel.send({"error": f"{type(err).__name__}: {err}"})
@@ -572,6 +610,11 @@ async def serve(config: dict[str, Any], channel: Channel) -> int:
     async with contextlib.AsyncExitStack() as stack:
         for env in served.environments():
             await stack.enter_async_context(env.serving())
+        # What is loaded by now (verifiers, pydantic, aiohttp, the tasks: some 400,000
+        # objects) lives as long as the process: kept out of the collector's full passes,
+        # which otherwise scanned it all a few times a step (a sixth of the episodes' CPU).
+        gc.collect()
+        gc.freeze()
         channel.send(
             {
                 "ready": True,
@@ -579,6 +622,7 @@ async def serve(config: dict[str, Any], channel: Channel) -> int:
                 "splits": served.sizes(),
                 "harness": served.harness,
                 "verifiers": verifiers.__version__,
+                "speedups": speedups,
             }
         )
         while (line := await queue.get()) is not None:
