@@ -8,9 +8,10 @@ with 32 Qwen3-0.6B-shaped rank-16 adapters the writes took 6.7 s an update on 8 
 (`bench trainer --publishing`), time the update used to wait.
 
 A run has at most one write in flight: its next publication waits for the one before, so
-its steps land in order and memory holds one copy per run. A write that fails (disk full,
-the run's directory gone) is collected by `reap` and the run evicted by the trainer; the
-orchestrator waits for that step's adapter meanwhile, as it waited for a slow write.
+its steps land in order and memory holds one copy per run. A write that fails (a full
+disk) is collected by `reap` and its run evicted by the trainer (a run whose directory was
+deleted meanwhile is forgotten by discovery instead); the orchestrator waits for that
+step's adapter meanwhile, as it waited for a slow write.
 Before the trainer checkpoints at a stop, or a run leaves its slot, its writes finish.
 """
 
