@@ -102,22 +102,16 @@ class _InspectWithCachedSignatures:
     """`inspect`, but `signature` answered once per function (bound or not)."""
 
     def __init__(self) -> None:
-        self._signatures: dict[tuple[Any, bool], inspect.Signature] = {}
+        self.signature = _cached_per_argument(inspect.signature, key=_function_and_binding)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(inspect, name)
 
-    def signature(self, fn: Any) -> inspect.Signature:
-        bound = inspect.ismethod(fn)
-        key = (fn.__func__ if bound else fn, bound)
-        try:
-            return self._signatures[key]
-        except KeyError:
-            pass
-        except TypeError:  # an unhashable callable
-            return inspect.signature(fn)
-        signature = self._signatures[key] = inspect.signature(fn)
-        return signature
+
+def _function_and_binding(fn: Any) -> tuple[Any, bool]:
+    """A bound method is a new object each time: its function, and that it is bound."""
+    bound = inspect.ismethod(fn)
+    return (fn.__func__ if bound else fn, bound)
 
 
 def _make_runtime_folders_on_first_use() -> bool:
@@ -178,17 +172,21 @@ def _make_runtime_folders_on_first_use() -> bool:
     return True
 
 
-def _cached_per_argument(function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def _cached_per_argument(
+    function: Callable[[Any], Any], key: Callable[[Any], Any] = lambda argument: argument
+) -> Callable[[Any], Any]:
+    """`function`, answered once per `key(argument)`; an unhashable key is asked each time."""
     answers: dict[Any, Any] = {}
 
     def cached(argument: Any) -> Any:
+        known = key(argument)
         try:
-            return answers[argument]
+            return answers[known]
         except KeyError:
             pass
         except TypeError:  # unhashable: asked each time
             return function(argument)
-        answer = answers[argument] = function(argument)
+        answer = answers[known] = function(argument)
         return answer
 
     cached._workbench_cached = True  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.files import layout
 from workbench.trainer.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.divergence import check_finite
 
@@ -55,8 +56,6 @@ class AdapterCopy:
 
     def write(self) -> None:
         """`broadcast/step_N/` of the run (whole or not at all), then the old steps pruned."""
-        from workbench.files import layout
-
         write_adapter(
             layout.broadcast_dir(self.run, self.step),
             self.tensors,

@@ -172,9 +172,7 @@ def _register_run_hooks(trainer: Trainer) -> None:
         # its latest progress for `workbench restart` (a non-finite adapter is not kept:
         # `save` refuses it, and its latest finite checkpoint stays the one to resume),
         # and its last adapter is written before the slot is another run's.
-        for failed in trainer.publisher.reap(wait_for=[idx]):
-            logger.error("%s: its adapter of step %d was not written: %s",
-                         run_id, failed.step, failed.error)  # fmt: skip
+        log_unwritten(trainer.publisher.reap(wait_for=[idx]))
         checkpointer.save_if_due(idx, force=True)
         checkpointer.forget(idx)
 
@@ -434,6 +432,14 @@ def wait_for_publications(trainer: Trainer) -> None:
     evict_failed_writes(trainer, trainer.publisher.reap(wait_all=True))
 
 
+def log_unwritten(failures: list[FailedWrite]) -> None:
+    """Say which adapters were not written, where their runs are leaving anyway (a stop, a
+    run giving up its slot): a resumed run republishes its adapter from its checkpoint."""
+    for failed in failures:
+        logger.error("%s: its adapter of step %d was not written: %s",
+                     failed.run_id, failed.step, failed.error)  # fmt: skip
+
+
 def evict_failed_writes(trainer: Trainer, failures: list[FailedWrite]) -> None:
     """Evict each run whose adapter could not be written (disk full, its directory gone),
     if it still holds its slot; anything but an OSError is the trainer's own bug."""
@@ -505,9 +511,7 @@ def iterate(trainer: Trainer) -> str:
     payload = distributed.broadcast_from_master({"stop": trainer.stop_requested, "shares": shares})
     if payload["stop"]:
         if manager.is_master:
-            for failed in trainer.publisher.reap(wait_all=True):
-                logger.error("%s: its adapter of step %d was not written: %s",
-                             failed.run_id, failed.step, failed.error)  # fmt: skip
+            log_unwritten(trainer.publisher.reap(wait_all=True))
             for idx in manager.used_idxs:
                 try:
                     trainer.checkpointer.save_if_due(idx, force=True)
