@@ -49,7 +49,7 @@ from workbench.supervisor.client import (
     evict_and_tell,
     running_supervisor_pid,
 )
-from workbench.supervisor.join import JoinError, joining_node, wait_for_supervisor
+from workbench.supervisor.join import AgentInterrupted, JoinError, joining_node, wait_for_supervisor
 from workbench.supervisor.join import join as run_join
 from workbench.supervisor.plan import recipe_devices, recipe_rendezvous
 from workbench.system.file_tail import AppendedLines, last_lines
@@ -300,7 +300,8 @@ def join(
     it was not running or its trainer gave up. Its state and a heartbeat go to
     nodes/node<K>.json, which `workbench status` and the TUI show. Ctrl-C takes this node
     out: its ranks are killed and node 0's trainer restarts, waiting (up to 10 minutes) for
-    it to join again.
+    it to join again. Stopped together with node 0 (scancel, SIGTERM to every node), its
+    ranks stay until node 0's trainer has checkpointed, and leave with it.
     """
     if wait > 0 and not wait_for_supervisor(experiment.resolve(), wait, say):
         raise fail(
@@ -313,8 +314,12 @@ def join(
         raise fail(str(err), EXIT_BAD_INPUT) from None
     try:
         code = run_join(node, say)
+    except AgentInterrupted as stopped:
+        left = "were killed" if stopped.ranks_killed else "left with node 0's trainer"
+        say(f"node {node_rank}: stopped; its ranks {left}")
+        code = 130
     except KeyboardInterrupt:
-        say(f"node {node_rank}: stopped; its ranks were killed")
+        say(f"node {node_rank}: stopped")
         code = 130
     raise typer.Exit(code)
 

@@ -44,11 +44,14 @@ max_concurrent_runs = 1
 nnodes = 2
 rendezvous_port = {port}
 [defaults]
-env_args = {{ min_length = 5, max_length = 5 }}
+# Strings the built-in model does not reverse perfectly yet, at a rate that keeps it so:
+# a batch whose every prompt's completions agree has no signal, and three such in a row
+# evict the run, which must train until scancel.
+env_args = {{ min_length = 9, max_length = 9 }}
 max_steps = {max_steps}
 batch_size = 16
 rollouts_per_prompt = 8
-lr = 3e-3
+lr = 1e-3
 checkpoint_interval = 2
 eval = {{ interval = 0 }}
 [[runs]]
@@ -176,10 +179,12 @@ def test_scancel_stops_every_process_of_the_job_and_keeps_its_checkpoints(
         time.sleep(1)
     assert left == [], "\n".join(left)
 
-    # Every checkpoint written before is still there, whole (STABLE), and the trainer's
-    # last update is in one: SIGTERM made it checkpoint what it had trained.
+    # The newest checkpoint written before is still there, whole (STABLE; the trainer keeps
+    # its newest few, so an older one may have been pruned), and the trainer's last update
+    # is in one: SIGTERM made it checkpoint what it had trained, node 1's ranks staying
+    # until it had.
     kept = layout.checkpoint_steps(run, "trainer")
-    assert set(kept_before) <= set(kept), (kept_before, kept)
+    assert kept_before[-1] in kept, (kept_before, kept)
     trained = max(m["step"] for m in read_metrics(run, "trainer"))
     assert kept[-1] == trained, (kept, trained, job_logs(experiment))
     staging = [p.name for p in layout.checkpoints_dir(run).iterdir() if p.name.startswith(".")]

@@ -18,10 +18,12 @@ from workbench.config import ModelSection, TrainerConfig, TrainerSection, model_
 from workbench.files import layout
 from workbench.supervisor import paths
 from workbench.supervisor.join import (
+    AgentInterrupted,
     JoinError,
     JoiningNode,
     join,
     joining_node,
+    run_agent,
     trainer_phase,
     wait_for_supervisor,
 )
@@ -213,3 +215,45 @@ def test_a_node_started_with_node_0_waits_for_a_live_supervisor_not_a_stale_file
     started = time.monotonic()
     assert wait_for_supervisor(experiment, 10, said.append, poll_s=0.05)
     assert time.monotonic() - started < 5
+
+
+def agent_that_leaves_after(experiment: Path, seconds: float) -> JoiningNode:
+    """A stand-in agent that ignores SIGTERM, as a rank of a node other than 0 does, and
+    leaves `seconds` later, as it does once node 0's trainer has checkpointed; it marks a
+    file when it leaves by itself."""
+    left = experiment / "left-by-itself"
+    script = (
+        "import signal, time, pathlib; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"time.sleep({seconds}); pathlib.Path({str(left)!r}).touch()"
+    )
+    node = agent_standing_in(experiment, 0)
+    return JoiningNode(**{**node.__dict__, "argv": [sys.executable, "-c", script]})
+
+
+def interrupt() -> bool:
+    raise KeyboardInterrupt  # Ctrl-C or SIGTERM (`sigterm_as_interrupt`), as the join sees it
+
+
+def test_a_join_stopped_with_node_0_lets_its_ranks_leave_after_node_0_checkpoints(
+    experiment: Path,
+):
+    # scancel signals every node at once: killing this node's ranks then would break the
+    # collective node 0's trainer checkpoints after, losing its last update.
+    experiment.mkdir(parents=True, exist_ok=True)
+    node = agent_that_leaves_after(experiment, 1.5)
+    with pytest.raises(AgentInterrupted) as stopped:
+        run_agent(node, stop_when=interrupt, watch_s=0.1, node_0_stopping=lambda: True)
+    assert not stopped.value.ranks_killed
+    assert (experiment / "left-by-itself").exists()
+
+
+def test_a_join_stopped_alone_kills_its_ranks_without_waiting_long(experiment: Path):
+    experiment.mkdir(parents=True, exist_ok=True)
+    node = agent_that_leaves_after(experiment, 30)
+    started = time.monotonic()
+    with pytest.raises(AgentInterrupted) as stopped:
+        run_agent(
+            node, stop_when=interrupt, watch_s=0.1, node_0_stopping=lambda: False, alone_s=0.5
+        )
+    assert stopped.value.ranks_killed and time.monotonic() - started < 10
+    assert not (experiment / "left-by-itself").exists()

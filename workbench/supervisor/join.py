@@ -49,6 +49,22 @@ RESTART_PAUSE_S = 2.0
 SUPERVISOR_SILENT_S = 6 * STATE_HEARTBEAT_S
 # How often a running agent's supervisor is looked at.
 WATCH_S = 1.0
+# Stopped by a signal, the agent is given this long to leave by itself when node 0 stops
+# too (scancel and `workbench down` signal every node): node 0's trainer checkpoints what it
+# has trained, and every rank then leaves together. Killed before, this node's ranks would
+# break the collective node 0 checkpoints after. Under Slurm's KillWait (30 s by default).
+STOP_GRACE_S = 20.0
+# A join stopped alone (node 0 still running after this long) has its ranks killed at once.
+ALONE_S = 3.0
+
+
+class AgentInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the agent: `ranks_killed` when its ranks were killed,
+    false when they left with node 0's trainer."""
+
+    def __init__(self, ranks_killed: bool):
+        super().__init__()
+        self.ranks_killed = ranks_killed
 
 
 class JoinError(Exception):
@@ -161,12 +177,20 @@ class SupervisorWatch:
 
 
 def run_agent(
-    node: JoiningNode, stop_when: Callable[[], bool] = lambda: False, watch_s: float = WATCH_S
+    node: JoiningNode,
+    stop_when: Callable[[], bool] = lambda: False,
+    watch_s: float = WATCH_S,
+    node_0_stopping: Callable[[], bool] = lambda: False,
+    grace_s: float = STOP_GRACE_S,
+    alone_s: float = ALONE_S,
 ) -> int:
-    """Start this node's agent and wait for it; its exit status. Stopped early (Ctrl-C,
-    SIGTERM, or `stop_when()` true at one of its looks every `watch_s`), it is killed with
-    its workers: the ranks of a node other than 0 write nothing, and they would not stop on
-    SIGTERM, which only rank 0's trainer acts on."""
+    """Start this node's agent and wait for it; its exit status. Stopped early by
+    `stop_when()` (true at one of its looks every `watch_s`), it is killed with its workers:
+    the ranks of a node other than 0 write nothing, and they would not stop on SIGTERM,
+    which only rank 0's trainer acts on. Stopped by Ctrl-C or SIGTERM, it raises
+    `AgentInterrupted` once the agent is gone: while `node_0_stopping()` it is given up to
+    `grace_s` to leave with node 0's trainer (`STOP_GRACE_S`), otherwise it is killed after
+    `alone_s`; a second Ctrl-C kills it at once."""
     node.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(node.log_path, "a") as log:
         agent = subprocess.Popen(
@@ -178,14 +202,35 @@ def run_agent(
                     return agent.wait(timeout=watch_s)
                 if stop_when():
                     break
+        except KeyboardInterrupt:
+            _wait_to_leave_with_node_0(agent, node_0_stopping, grace_s, alone_s)
+            raise AgentInterrupted(ranks_killed=_kill(agent)) from None
         finally:
-            if agent.poll() is None:
-                workers = child_pids(agent.pid)
-                for pid in [agent.pid, *workers]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                agent.wait()
+            _kill(agent)
         return agent.returncode
+
+
+def _wait_to_leave_with_node_0(
+    agent: subprocess.Popen, node_0_stopping: Callable[[], bool], grace_s: float, alone_s: float
+) -> None:
+    started = time.monotonic()
+    while agent.poll() is None:
+        waited = time.monotonic() - started
+        if waited >= grace_s or (waited >= alone_s and not node_0_stopping()):
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.wait(timeout=0.2)
+
+
+def _kill(agent: subprocess.Popen) -> bool:
+    """Kill the agent and its workers if it still runs; whether it did."""
+    if agent.poll() is not None:
+        return False
+    for pid in [agent.pid, *child_pids(agent.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    agent.wait()
+    return True
 
 
 class NodeReport:
@@ -239,10 +284,16 @@ def join(
     report = NodeReport(node)
     try:
         code = _join(node, say, report, pause_s, silent_s, watch_s)
+    except AgentInterrupted as stopped:
+        if stopped.ranks_killed:
+            report.set(
+                "failed", "stopped by a signal (Ctrl-C, SIGTERM, scancel); its ranks were killed"
+            )
+        else:
+            report.set("left", "stopped by a signal with node 0 (scancel, `workbench down`)")
+        raise
     except KeyboardInterrupt:
-        report.set(
-            "failed", "stopped by a signal (Ctrl-C, SIGTERM, scancel); its ranks were killed"
-        )
+        report.set("failed", "stopped by a signal (Ctrl-C, SIGTERM, scancel)")
         raise
     if code != 0 and report.state != "failed":
         report.set("failed", report.reason)
@@ -273,7 +324,12 @@ def _join(
         while True:
             report.set("running")
             say(f"{name}: trainer agent meets node 0 at {node.endpoint} (log: {node.log_path})")
-            code = run_agent(node, stop_when=silent, watch_s=watch_s)
+            code = run_agent(
+                node,
+                stop_when=silent,
+                watch_s=watch_s,
+                node_0_stopping=lambda: trainer_phase(watch.look()[0])[0] != "running",
+            )
             say(f"{name}: trainer agent exited with status {code}")
             state, quiet_for = watch.look()
             if quiet_for >= silent_s:

@@ -505,10 +505,14 @@ def iterate(trainer: Trainer) -> str:
         manager.discover_runs()
     manager.synchronize_state()  # creation hooks: optimizers, schedules, resumes
     shares: list[list[MicroBatch]] = [[] for _ in range(world)]
-    if manager.is_master:
+    # Read once, before collecting: collecting advances each run's step, so a batch collected
+    # and then not trained because a signal came in between would be checkpointed as trained
+    # (and skipped on resume). A signal after this line stops the next pass instead.
+    stopping = trainer.stop_requested
+    if manager.is_master and not stopping:
         shares = trainer.packer.pack(trainer.packer.collect(), world)
     manager.synchronize_state()  # progress and ready flags of what was collected
-    payload = distributed.broadcast_from_master({"stop": trainer.stop_requested, "shares": shares})
+    payload = distributed.broadcast_from_master({"stop": stopping, "shares": shares})
     if payload["stop"]:
         if manager.is_master:
             log_unwritten(trainer.publisher.reap(wait_all=True))

@@ -331,3 +331,23 @@ def test_an_update_returns_before_its_adapters_are_written_and_they_land_after(
     assert written.keys() == {f"base_model.model.{key}" for key in step_1}
     for key, tensor in step_1.items():
         assert torch.equal(written[f"base_model.model.{key}"], tensor), key
+
+
+def test_a_stop_checkpoints_what_was_trained_and_leaves_a_waiting_batch_for_the_resume(
+    experiment, tiny_llama
+):
+    # The signal comes while the run's next batch waits: it is not collected, so the
+    # checkpoint says step 1 (what the adapter holds) and the resume trains step_1's batch.
+    run = make_run(experiment, "run_a", "lr = 0.01\ncheckpoint_interval = 100\n")
+    trainer = make_trainer(experiment, tiny_llama)
+    write_rollouts(run, random_batch(run.name, 0, 6, seed=1))
+    assert iterate_published(trainer) == "trained"
+    write_rollouts(run, random_batch(run.name, 1, 6, seed=2))
+    trainer.stop_requested = True
+    assert iterate_published(trainer) == "stopped"
+    assert layout.checkpoint_steps(run, "trainer") == [1]
+    assert [m["step"] for m in read_metrics(run, "trainer")] == [1]
+
+    resumed = make_trainer(experiment, tiny_llama)
+    assert iterate_published(resumed) == "trained"
+    assert [m["step"] for m in read_metrics(run, "trainer")] == [1, 2]
