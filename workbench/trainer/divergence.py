@@ -62,14 +62,39 @@ class NonFiniteWeights(ValueError):
 def non_finite_names(tensors: Mapping[str, torch.Tensor]) -> list[str]:
     """The names of the tensors holding a nan or an infinity: one host read per device
     (AdamW keeps its step counts on the CPU beside moments on the GPU)."""
+    if _all_norms_finite(tensors):
+        return []
     flags = {name: torch.isfinite(tensor).all() for name, tensor in tensors.items()}
+    finite = _read_per_device(flags)
+    return [name for name in tensors if not finite[name]]
+
+
+def _all_norms_finite(tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Whether every floating tensor's 2-norm is finite, which it is when all its values are,
+    unless they are so large (1e19 and up in float32) that the sum of squares overflows:
+    then the exact test decides. One fused pass per device reading each tensor once, where
+    `isfinite(...).all()` writes a mask of the tensor first: 8x faster on 32 Qwen3-0.6B-sized
+    adapters (1.3 GB) on a CPU. `torch._foreach_norm` is what `clip_grad_norm_` runs."""
+    floating: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors.values():
+        if tensor.is_floating_point() and tensor.numel():
+            floating.setdefault(tensor.device, []).append(tensor.detach())
+    norms = {
+        str(device): torch.stack(torch._foreach_norm(group)).isfinite().all()
+        for device, group in floating.items()
+    }
+    return all(_read_per_device(norms).values())
+
+
+def _read_per_device(flags: Mapping[str, torch.Tensor]) -> dict[str, bool]:
+    """0-d boolean tensors read to the host with one read per device."""
     by_device: dict[torch.device, list[str]] = {}
     for name, flag in flags.items():
         by_device.setdefault(flag.device, []).append(name)
-    finite: dict[str, bool] = {}
+    read: dict[str, bool] = {}
     for names in by_device.values():
-        finite.update(zip(names, torch.stack([flags[n] for n in names]).tolist(), strict=True))
-    return [name for name in tensors if not finite[name]]
+        read.update(zip(names, torch.stack([flags[n] for n in names]).tolist(), strict=True))
+    return read
 
 
 def check_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:

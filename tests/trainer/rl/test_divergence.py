@@ -18,7 +18,7 @@ from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
 from workbench.trainer import optim
 from workbench.trainer.checkpoint import ADAPTER_FILE, PART
-from workbench.trainer.divergence import NON_FINITE_UPDATES, STALLED
+from workbench.trainer.divergence import NON_FINITE_UPDATES, STALLED, non_finite_names
 from workbench.trainer.rl import Trainer
 
 GOOD = "lr = 0.01\nmax_steps = 8\n"
@@ -286,3 +286,21 @@ def test_a_checkpoint_with_a_non_finite_value_is_refused(tmp_path, tiny_llama, w
     with pytest.raises(NonFiniteWeights, match=f"{what} not finite"):
         trainer.checkpointer.save(idx)
     assert not layout.checkpoint_part_dir(run, 1, PART).exists()
+
+
+def test_the_finite_check_names_exactly_the_tensors_with_a_nan_or_an_infinity():
+    # The fast path (one norm per tensor) must agree with the exact test, including values
+    # so large that a norm overflows although every one is finite.
+    huge = torch.full((4, 4), 1e20)
+    tensors = {
+        "fine": torch.randn(8, 8),
+        "nan": torch.tensor([1.0, math.nan]),
+        "huge": huge,
+        "steps": torch.tensor(3, dtype=torch.int64),  # AdamW's step count
+        "empty": torch.empty(0),
+        "inf": torch.tensor([-math.inf]),
+        "bf16": torch.randn(3, dtype=torch.bfloat16),
+    }
+    assert non_finite_names(tensors) == ["nan", "inf"]
+    assert non_finite_names({"huge": huge, "steps": tensors["steps"]}) == []
+    assert non_finite_names({"fine": tensors["fine"]}) == []
