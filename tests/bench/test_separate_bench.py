@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,38 @@ def test_a_tree_is_sampled_with_its_children_memory_and_cpu():
         assert set(role for role, _ in tree.cpu.values()) == {"up"}
         assert sampler.peak_total_rss_bytes == tree.peak_rss_bytes
         assert tree_members(os.getpid(), all_stats() or [])[0].pid == os.getpid()
+    finally:
+        for stat in tree_members(parent.pid, all_stats() or [])[::-1]:
+            os.kill(stat.pid, 9)
+        parent.wait()
+
+
+def test_an_exited_child_not_yet_reaped_keeps_the_role_it_ran_as():
+    # A zombie has no command line; counted as its parent's role, an orchestrator's whole
+    # CPU once showed up as the supervisor's.
+    script = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(1.5)', 'workbench.' + sys.argv[2]]); "
+        "time.sleep(30)"  # never reaps it
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, "workbench.supervisor", "orchestrator"]
+    )
+    try:
+        sampler = TreeSampler()
+        tree = sampler.watch("t", parent.pid)
+        deadline = time.monotonic() + 20
+        while len(tree.cpu) < 2 and time.monotonic() < deadline:
+            sampler.sample()
+            time.sleep(0.05)
+        while time.monotonic() < deadline:
+            members = tree_members(parent.pid, all_stats() or [])
+            if any(member.exited for member in members):
+                break
+            time.sleep(0.1)
+        sampler.sample()
+        assert sorted(role for role, _ in tree.cpu.values()) == ["orchestrator", "supervisor"]
     finally:
         for stat in tree_members(parent.pid, all_stats() or [])[::-1]:
             os.kill(stat.pid, 9)

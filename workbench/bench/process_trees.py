@@ -125,9 +125,16 @@ class TreeSampler:
             total += rss
             roles: dict[int, str] = {}
             for member in members:  # parents first: a child inherits its parent's role
-                # Read every time: a forked child shows its parent's command line until it
-                # executes its own program.
-                own = role_of(process_cmdline(member.pid))
-                roles[member.pid] = own or roles.get(member.ppid, "up")
-                tree.cpu[(member.pid, member.start_ticks)] = (roles[member.pid], member.cpu_seconds)
+                key = (member.pid, member.start_ticks)
+                if member.exited and key in tree.cpu:
+                    # An exited process not yet reaped has no command line: it would pass
+                    # for its parent's (an orchestrator's whole CPU counted as the
+                    # supervisor's). It keeps the role it ran as.
+                    roles[member.pid] = tree.cpu[key][0]
+                else:
+                    # Read every time: a forked child shows its parent's command line until
+                    # it executes its own program.
+                    own = role_of(process_cmdline(member.pid))
+                    roles[member.pid] = own or roles.get(member.ppid, "up")
+                tree.cpu[key] = (roles[member.pid], member.cpu_seconds)
         self.peak_total_rss_bytes = max(self.peak_total_rss_bytes, total)
