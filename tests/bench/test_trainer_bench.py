@@ -89,10 +89,11 @@ def test_publishing_writes_what_vllm_loads_and_counts_its_bytes(tmp_path):
     from workbench.config import LORA_TARGET_MODULES
     from workbench.files import layout
     from workbench.models.resolve import model_shapes
+    from workbench.trainer.publisher import AdapterPublisher
 
     config, targets = model_config("tiny"), list(LORA_TARGET_MODULES)
-    copy_out(tmp_path, 1, synthetic_adapter(config, 8, targets, 0), rank=8, targets=targets,
-             shape="tiny").write()  # fmt: skip
+    copy_out(tmp_path, 1, 0, synthetic_adapter(config, 8, targets, 0),
+             publisher=AdapterPublisher(), rank=8, targets=targets, shape="tiny").write()  # fmt: skip
     loaded = load_as_vllm(layout.broadcast_dir(tmp_path, 1), targets, config, "tiny")
     assert len(loaded.loras) == config.num_hidden_layers * len(targets)  # every projection
 

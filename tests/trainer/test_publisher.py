@@ -86,3 +86,26 @@ def test_a_copy_that_is_not_finite_is_refused_before_anything_is_written(tmp_pat
     with pytest.raises(NonFiniteWeights):
         AdapterCopy.checked(tmp_path, 1, weights, **SETTINGS)
     assert not layout.broadcasts_dir(tmp_path).exists()
+
+
+def test_a_slots_adapter_is_copied_into_buffers_reused_while_its_shapes_stay(tmp_path, held_writes):
+    publisher = AdapterPublisher()
+    slot = adapter(1.0)
+    first = publisher.copy_out(0, slot)
+    for tensor in slot.values():
+        tensor.fill_(2.0)  # the next update changes the slot in place: the copy stays
+    assert all(tensor.eq(1.0).all() for tensor in first.values())
+    publisher.submit(0, "run_a", AdapterCopy.checked(tmp_path, 1, first, **SETTINGS))
+    with pytest.raises(RuntimeError, match="not reaped"):
+        publisher.copy_out(0, slot)  # the write in flight still reads the buffers
+    held_writes.set()
+    publisher.reap(wait_for=[0])
+    assert written(tmp_path, 1) == 1.0
+
+    second = publisher.copy_out(0, slot)
+    assert all(second[k].data_ptr() == first[k].data_ptr() for k in first), "reused"
+    assert all(tensor.eq(2.0).all() for tensor in second.values())
+    wider = {
+        key: torch.ones(tensor.shape[0] * 2, *tensor.shape[1:]) for key, tensor in slot.items()
+    }
+    assert next(iter(publisher.copy_out(0, wider).values())).shape == (4, 8)

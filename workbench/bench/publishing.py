@@ -85,7 +85,7 @@ def measure_publishing(shape: str, runs: int, rank: int | None, steps: int) -> P
     """Publish `runs` synthetic adapters of `shape` `steps` times: write as the trainer does,
     load as vLLM does."""
     from workbench.bench.trainer import model_config
-    from workbench.trainer.publisher import PUBLISH_THREADS
+    from workbench.trainer.publisher import PUBLISH_THREADS, AdapterPublisher
 
     rank = rank or DEFAULT_RANK.get(shape, 8)
     config = model_config(shape)
@@ -97,14 +97,18 @@ def measure_publishing(shape: str, runs: int, rank: int | None, steps: int) -> P
 
     with tempfile.TemporaryDirectory(prefix="bench-publish-") as scratch:
         run_dirs = [Path(scratch) / f"run_{i}" for i in range(runs)]
-        copy_one = partial(copy_out, rank=rank, targets=targets, shape=shape)
+        publisher = AdapterPublisher()  # its buffers only: the writes are timed here
+        copy_one = partial(copy_out, publisher=publisher, rank=rank, targets=targets, shape=shape)
         for step in range(2, 2 * steps + 1, 2):  # odd steps one by one, even ones at once
             started = time.perf_counter()
-            for run, adapter in zip(run_dirs, adapters, strict=True):
-                copy_one(run, step - 1, adapter).write()
+            for slot, (run, adapter) in enumerate(zip(run_dirs, adapters, strict=True)):
+                copy_one(run, step - 1, slot, adapter).write()
             one_by_one.append(time.perf_counter() - started)
             started = time.perf_counter()
-            copied = [copy_one(run, step, a) for run, a in zip(run_dirs, adapters, strict=True)]
+            copied = [
+                copy_one(run, step, slot, adapter)
+                for slot, (run, adapter) in enumerate(zip(run_dirs, adapters, strict=True))
+            ]
             copies.append(time.perf_counter() - started)
             started = time.perf_counter()
             with ThreadPoolExecutor(max_workers=min(PUBLISH_THREADS, runs)) as pool:
@@ -134,16 +138,26 @@ def measure_publishing(shape: str, runs: int, rank: int | None, steps: int) -> P
     )
 
 
-def copy_out(run: Path, step: int, adapter: dict, *, rank: int, targets: list[str], shape: str):
+def copy_out(
+    run: Path,
+    step: int,
+    slot: int,
+    adapter: dict,
+    *,
+    publisher: Any,
+    rank: int,
+    targets: list[str],
+    shape: str,
+):
     """What the trainer's master does for one run before its next update: the slot's
-    tensors cloned (`state_dict_for_adapter`), moved to the CPU and checked finite."""
+    tensors copied into the publisher's buffers of the slot (`AdapterPublisher.copy_out`)
+    and checked finite."""
     from workbench.trainer.publisher import AdapterCopy
 
-    cloned = {key: tensor.detach().clone().contiguous() for key, tensor in adapter.items()}
     return AdapterCopy.checked(
         run,
         step,
-        cloned,
+        publisher.copy_out(slot, adapter),
         rank=rank,
         alpha=2.0 * rank,
         target_modules=targets,

@@ -325,14 +325,15 @@ class MultiLoRALinear(nn.Module):
         yield "lora_A", self.lora_A[idx]
         yield "lora_B", self.lora_B[idx]
 
-    def state_dict_for_adapter(self, idx: int) -> dict[str, torch.Tensor]:
-        """peft-named tensors of slot `idx`, cut to the run's rank: A [r, in], B [out, r]."""
+    def state_dict_for_adapter(self, idx: int, *, copy: bool = True) -> dict[str, torch.Tensor]:
+        """peft-named tensors of slot `idx`, cut to the run's rank: A [r, in], B [out, r];
+        with `copy=False` views of the slot's own tensors, which the next update changes."""
         self._check_idx(idx)
         rank = self._adapter_rank[idx]
-        return {
-            "lora_A.weight": self.lora_A[idx][:rank].detach().clone().contiguous(),
-            "lora_B.weight": self.lora_B[idx][:, :rank].detach().clone().contiguous(),
-        }
+        a, b = self.lora_A[idx][:rank].detach(), self.lora_B[idx][:, :rank].detach()
+        if copy:
+            a, b = a.clone().contiguous(), b.clone().contiguous()
+        return {"lora_A.weight": a, "lora_B.weight": b}
 
     def reset_parameters_for_adapter(self, idx: int) -> None:
         """peft's initialisation: A kaiming-uniform (a = sqrt(5)), B zero; padding rows zero."""

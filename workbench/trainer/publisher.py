@@ -2,13 +2,17 @@
 
 The trainer's master copies an updated run's adapter out of its slot and checks it is
 finite while it waits (the next update changes the slot's tensors in place; a non-finite
-adapter evicts its run now, as before). Writing the copy as `broadcast/step_N/`, and
+adapter evicts its run now, as before). The copy goes into host buffers kept per slot
+(`AdapterPublisher.copy_out`): a fresh copy of every adapter every update had the kernel
+map and zero new pages each time, which made the copy grow faster than the number of runs.
+Writing the copy as `broadcast/step_N/`, and
 pruning the old steps, happens on background threads while the next update computes:
 with 32 Qwen3-0.6B-shaped rank-16 adapters the writes took 6.7 s an update on 8 threads
 (`bench trainer --publishing`), time the update used to wait.
 
 A run has at most one write in flight: its next publication waits for the one before, so
-its steps land in order and memory holds one copy per run. A write that fails (a full
+its steps land in order, memory holds one copy per run, and that copy's buffers are free
+again by the time the slot's next update is copied into them. A write that fails (a full
 disk) is collected by `reap` and its run evicted by the trainer (a run whose directory was
 deleted meanwhile is forgotten by discovery instead); the orchestrator waits for that
 step's adapter meanwhile, as it waited for a slow write.
@@ -48,7 +52,7 @@ class AdapterCopy:
 
     @classmethod
     def checked(cls, run: Path, step: int, tensors: dict[str, torch.Tensor], **settings):
-        """The copy of a slot's (already cloned) tensors; `NonFiniteWeights` if any is not
+        """The copy of a slot's tensors (copied out already); `NonFiniteWeights` if any is not
         finite, before anything is written."""
         on_host = {key: value.detach().to("cpu", torch.float32) for key, value in tensors.items()}
         check_finite(on_host, "adapter weights")
@@ -83,6 +87,27 @@ class AdapterPublisher:
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None  # started by the first write
         self._pending: dict[int, tuple[str, AdapterCopy, Future]] = {}
+        self._buffers: dict[int, dict[str, torch.Tensor]] = {}
+
+    def copy_out(self, idx: int, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Slot `idx`'s adapter (`views` of its tensors) copied into the slot's host buffers,
+        float32, allocated again only when the names or shapes change (another run, another
+        rank). The slot's previous write must have been reaped: it reads these buffers."""
+        if idx in self._pending:
+            raise RuntimeError(f"slot {idx}: its previous adapter write was not reaped")
+        buffers = self._buffers.get(idx)
+        if buffers is None or {k: v.shape for k, v in buffers.items()} != {
+            k: v.shape for k, v in views.items()
+        }:
+            buffers = {k: torch.empty(v.shape, dtype=torch.float32) for k, v in views.items()}
+            self._buffers[idx] = buffers
+        for key, view in views.items():
+            buffers[key].copy_(view)
+        return buffers
+
+    def forget(self, idx: int) -> None:
+        """Free the slot's buffers (its run left); its write must have been reaped."""
+        self._buffers.pop(idx, None)
 
     def submit(self, idx: int, run_id: str, copy: AdapterCopy) -> None:
         """Write `copy` in the background. The slot's previous write must have been reaped

@@ -173,6 +173,7 @@ def _register_run_hooks(trainer: Trainer) -> None:
         # `save` refuses it, and its latest finite checkpoint stays the one to resume),
         # and its last adapter is written before the slot is another run's.
         log_unwritten(trainer.publisher.reap(wait_for=[idx]))
+        trainer.publisher.forget(idx)
         checkpointer.save_if_due(idx, force=True)
         checkpointer.forget(idx)
 
@@ -340,15 +341,21 @@ def run_filler_row(trainer: Trainer) -> None:
 # ---------------------------------------------------------------------- after an update
 
 
-def adapter_copy(trainer: Trainer, idx: int) -> AdapterCopy:
+def adapter_copy(trainer: Trainer, idx: int, *, buffered: bool = False) -> AdapterCopy:
     """The run's adapter at its current step, copied out of its slot and checked finite
-    (`NonFiniteWeights` if not), ready to be written as `broadcast/step_N` (master only)."""
+    (`NonFiniteWeights` if not), ready to be written as `broadcast/step_N` (master only).
+    `buffered`: into the publisher's buffers of the slot (for a background write; the
+    slot's previous one must have been reaped), else into fresh tensors."""
     manager, section = trainer.manager, trainer.config.trainer
     rank, alpha = resolve_run_lora(manager.config[idx], section.lora.rank, section.lora.alpha)
+    if buffered:
+        tensors = trainer.publisher.copy_out(idx, manager.get_state_dict_for_run(idx, copy=False))
+    else:
+        tensors = manager.get_state_dict_for_run(idx)
     return AdapterCopy.checked(
         manager.get_run_dir(idx),
         manager.progress[idx].step,
-        manager.get_state_dict_for_run(idx),
+        tensors,
         rank=rank,
         alpha=alpha,
         target_modules=section.target_modules,
@@ -410,7 +417,7 @@ def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
         try:
             if diverged is None:
                 try:
-                    copy = adapter_copy(trainer, idx)
+                    copy = adapter_copy(trainer, idx, buffered=True)
                 except NonFiniteWeights as err:
                     diverged = adapter_divergence(progress.step, err)
                 else:

@@ -72,7 +72,7 @@ class LoRAModule(Protocol):
         self, idx: int
     ) -> Iterator[tuple[str, torch.nn.Parameter]]: ...
 
-    def state_dict_for_adapter(self, idx: int) -> dict[str, torch.Tensor]: ...
+    def state_dict_for_adapter(self, idx: int, *, copy: bool = True) -> dict[str, torch.Tensor]: ...
 
     def reset_parameters_for_adapter(self, idx: int) -> None: ...
 
@@ -448,12 +448,14 @@ class MultiRunManager:
             for param_name, param in module.named_parameters_for_adapter(idx)
         ]
 
-    def get_state_dict_for_run(self, idx: int) -> dict[str, torch.Tensor]:
+    def get_state_dict_for_run(self, idx: int, *, copy: bool = True) -> dict[str, torch.Tensor]:
+        """The run's adapter, peft-named; with `copy=False` views of its slot (see
+        `LoRAModule.state_dict_for_adapter`)."""
         self._check_idx(idx)
         return {
             f"{name}.{key}": tensor
             for name, module in self._lora_modules.items()
-            for key, tensor in module.state_dict_for_adapter(idx).items()
+            for key, tensor in module.state_dict_for_adapter(idx, copy=copy).items()
         }
 
     def reset_run_parameters(self, idx: int) -> None:
