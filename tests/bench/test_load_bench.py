@@ -42,6 +42,14 @@ def test_the_load_recipe_is_the_shipped_one_with_16_short_runs_on_4_slots(tmp_pa
     assert {config.env for config in configs.values()} == {shipped.defaults.env}
 
 
+def test_a_larger_load_has_its_runs_and_slots_and_vllm_adapters_for_every_slot(tmp_path: Path):
+    path = tmp_path / "load.toml"
+    path.write_text(load_recipe(SHIPPED, runs_at_once=48, slots=32))
+    load = parse_recipe(path)
+    assert load.trainer.max_concurrent_runs == 32 and len(load.run_configs()) == 48
+    assert load.inference.max_loras == 64  # the newest adapter and an eval's, per slot
+
+
 def test_an_eviction_takes_an_active_or_a_waiting_run_and_none_when_there_is_none():
     assert choose_eviction([], [], Random(0)) is None
     assert choose_eviction([], ["run_w"], Random(0)) == "run_w"

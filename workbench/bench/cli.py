@@ -735,13 +735,21 @@ def load(
     keep_outputs: Annotated[
         bool, typer.Option(help="Keep the scratch experiment directory after.")
     ] = False,
+    runs: Annotated[
+        int, typer.Option(min=1, help="Unfinished runs at any time (the recipe's and added).")
+    ] = 16,
+    slots: Annotated[
+        int,
+        typer.Option(min=1, help="Trainer slots ([trainer] max_concurrent_runs); at most --runs."),
+    ] = 4,
 ) -> None:
     """The supervisor, trainer and TUI under runs coming and going, and the TUI's latency.
 
-    RECIPE's model and task with 16 runs of 8 short steps on 4 trainer slots (12 waiting),
-    started with `workbench up --headless --detach`. For the duration, every INTERVAL
-    seconds one unfinished run is evicted (an active or a waiting one, by a seeded coin) and
-    runs are added until 16 are unfinished again, through the supervisor's control socket;
+    RECIPE's model and task with RUNS (16) runs of 8 short steps on SLOTS (4) trainer slots,
+    the rest waiting, started with `workbench up --headless --detach`. For the duration,
+    every INTERVAL seconds one unfinished run is evicted (an active or a waiting one, by a
+    seeded coin) and runs are added until RUNS are unfinished again, through the
+    supervisor's control socket;
     meanwhile the TUI, attached headless in this process, gets a key every second (move the
     selection, open a run, back) and the time from each key to the first frame showing its
     effect is measured. Then: supervisor alive, no process ended unasked, no slot held by
@@ -751,8 +759,15 @@ def load(
     """
     from workbench.bench.load.runner import LoadBenchError, format_table, run_load_benchmark
 
+    if slots > runs:
+        raise typer.BadParameter(
+            f"--slots {slots} is more than --runs {runs}: the load fills every slot first",
+            param_hint="--slots",
+        )
     try:
         report = run_load_benchmark(
+            runs_at_once=runs,
+            slots=slots,
             duration_s=duration,
             quick=quick,
             interval_s=interval,

@@ -5,7 +5,7 @@ the benchmark's own process the churn's requests and, above all, the slot watch 
 run's status every 2 s) held the interpreter the TUI's event loop runs on, and were
 counted in its key-to-screen latency. Here they run in a process of their own:
 
-    python -m workbench.bench.load.background EXPERIMENT --interval S --seed N
+    python -m workbench.bench.load.background EXPERIMENT --interval S --seed N --runs R
 
 runs until its stdin is closed (or reaches its end), then prints its report as one JSON
 object: the churn's log (`ChurnLog`) and the longest slot problem seen.
@@ -26,7 +26,7 @@ from random import Random
 from typing import Any
 
 from workbench.bench.load import checks
-from workbench.bench.load.churn import Churn, ChurnLog
+from workbench.bench.load.churn import RUNS_AT_ONCE, Churn, ChurnLog
 from workbench.status import read_trainer_state, run_statuses
 
 SLOT_SAMPLE_S = 2.0
@@ -50,7 +50,9 @@ def watch_slots(experiment: Path, stop: threading.Event) -> float:
 class BackgroundLoad:
     """The parent's side: start the child, and stop it for its report."""
 
-    def __init__(self, experiment: Path, interval_s: float, seed: int) -> None:
+    def __init__(
+        self, experiment: Path, interval_s: float, seed: int, runs_at_once: int = RUNS_AT_ONCE
+    ) -> None:
         self._command = [
             sys.executable,
             "-m",
@@ -60,6 +62,8 @@ class BackgroundLoad:
             str(interval_s),
             "--seed",
             str(seed),
+            "--runs",
+            str(runs_at_once),
         ]
         self._process: subprocess.Popen[str] | None = None
 
@@ -83,9 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("experiment", type=Path)
     parser.add_argument("--interval", type=float, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", type=int, default=RUNS_AT_ONCE)
     args = parser.parse_args(argv)
 
-    churn = Churn(args.experiment, args.interval, Random(args.seed))
+    churn = Churn(args.experiment, args.interval, Random(args.seed), args.runs)
     stop = threading.Event()
     longest: list[float] = []
     watcher = threading.Thread(

@@ -1,5 +1,5 @@
-"""The load: the shipped recipe with 16 short runs on 4 trainer slots, and runs coming and
-going every few seconds while it trains.
+"""The load: the shipped recipe with 16 short runs on 4 trainer slots (by default; `bench
+load --runs N --slots S`), and runs coming and going every few seconds while it trains.
 
 Each tick evicts one unfinished run (an active one or a queued one, by a seeded coin) and
 then adds runs until 16 are unfinished again, so there are always 16 at once: 4 training,
@@ -18,6 +18,7 @@ from random import Random
 
 import tomlkit
 
+from workbench.config import default_max_loras
 from workbench.files import layout, run_control
 from workbench.status import read_trainer_state
 from workbench.supervisor.client import SupervisorClient, SupervisorError
@@ -30,18 +31,22 @@ RUN_SETTINGS = {"max_steps": 8, "batch_size": 32, "eval": {"interval": 0}}
 EVICTION_REASON = "load benchmark"
 
 
-def load_recipe(shipped: Path = SHIPPED_RECIPE) -> str:
-    """The shipped recipe as the load runs it: its model, task and settings, with 16
-    short runs on `SLOTS` slots, in `outputs/load`."""
+def load_recipe(
+    shipped: Path = SHIPPED_RECIPE, runs_at_once: int = RUNS_AT_ONCE, slots: int = SLOTS
+) -> str:
+    """The shipped recipe as the load runs it: its model, task and settings, with
+    `runs_at_once` short runs on `slots` slots (vLLM's adapters following), in
+    `outputs/load`."""
     document = tomlkit.parse(shipped.read_text(encoding="utf-8"))
     document["experiment"]["name"] = "load"
     document["experiment"]["output_dir"] = "outputs/load"
-    document["trainer"]["max_concurrent_runs"] = SLOTS
+    document["trainer"]["max_concurrent_runs"] = slots
+    document.setdefault("inference", tomlkit.table())["max_loras"] = default_max_loras(slots)
     defaults = document["defaults"]
     for key, value in RUN_SETTINGS.items():
         defaults[key] = value
     runs = tomlkit.aot()
-    for index in range(RUNS_AT_ONCE):
+    for index in range(runs_at_once):
         run = tomlkit.table()
         run["id"] = initial_id(index)
         runs.append(run)
@@ -73,15 +78,18 @@ class Churn:
     """Runs coming and going on a live experiment, in a thread, every `interval_s` (of the
     `background` process: never the TUI's)."""
 
-    def __init__(self, experiment: Path, interval_s: float, rng: Random) -> None:
+    def __init__(
+        self, experiment: Path, interval_s: float, rng: Random, runs_at_once: int = RUNS_AT_ONCE
+    ) -> None:
         self.experiment = experiment
         self.interval_s = interval_s
         self.rng = rng
+        self.runs_at_once = runs_at_once
         self.client = SupervisorClient(experiment)
-        self.log = ChurnLog(added=[f"run_{initial_id(i)}" for i in range(RUNS_AT_ONCE)])
+        self.log = ChurnLog(added=[f"run_{initial_id(i)}" for i in range(runs_at_once)])
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._next_id = RUNS_AT_ONCE
+        self._next_id = runs_at_once
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="churn", daemon=True)
@@ -120,7 +128,7 @@ class Churn:
         if victim is not None:
             self.evict(victim, victim in active)
             unfinished.remove(victim)
-        for _ in range(max(1, RUNS_AT_ONCE - len(unfinished))):
+        for _ in range(max(1, self.runs_at_once - len(unfinished))):
             self.add()
 
     def evict(self, run_id: str, was_active: bool) -> None:

@@ -1,7 +1,7 @@
 """One load benchmark, from `up` to `down`, and its report.
 
 1. `workbench up --headless --detach` on the load recipe (`churn.load_recipe`) in a scratch
-   directory; wait until the trainer holds all 4 slots.
+   directory; wait until the trainer holds all its slots (4 by default).
 2. Attach the TUI (headless, in this process) and, for `duration_s`, churn runs while
    pressing keys in the TUI and timing them (`keys`); every 2 s, note the slot problems of
    the moment (how long a freed slot stays unused is a figure, not a failure). The churn
@@ -65,14 +65,19 @@ def run_load_benchmark(
     recipe: Path = SHIPPED_RECIPE,
     keep_outputs: bool = False,
     results_dir: Path = RESULTS_DIR,
+    runs_at_once: int = RUNS_AT_ONCE,
+    slots: int = SLOTS,
 ) -> dict[str, Any]:
     duration = duration_s or (QUICK_DURATION_S if quick else DURATION_S)
     scratch = Path(tempfile.mkdtemp(prefix="workbench-load-"))
     exp = FaultExperiment(
-        scratch, int(RUN_SETTINGS["max_steps"]), 10, recipe_text=load_recipe(recipe)
+        scratch,
+        int(RUN_SETTINGS["max_steps"]),
+        10,
+        recipe_text=load_recipe(recipe, runs_at_once, slots),
     )
     try:
-        payload = asyncio.run(measure(exp, duration, interval_s, seed))
+        payload = asyncio.run(measure(exp, duration, interval_s, seed, runs_at_once, slots))
     finally:
         exp.kill_leftovers()
         if not keep_outputs:
@@ -86,12 +91,19 @@ def run_load_benchmark(
 
 
 async def measure(
-    exp: FaultExperiment, duration_s: float, interval_s: float, seed: int
+    exp: FaultExperiment,
+    duration_s: float,
+    interval_s: float,
+    seed: int,
+    runs_at_once: int = RUNS_AT_ONCE,
+    slots: int = SLOTS,
 ) -> dict[str, Any]:
     load_start = load_average()
-    startup_s = await _start_and_fill_slots(exp)
-    say_on_stderr(f"load: {SLOTS} slots held after {startup_s:.0f} s; churn for {duration_s:g} s")
-    tui, churn_log, transient = await _churn_under_the_tui(exp, duration_s, interval_s, seed)
+    startup_s = await _start_and_fill_slots(exp, slots)
+    say_on_stderr(f"load: {slots} slots held after {startup_s:.0f} s; churn for {duration_s:g} s")
+    tui, churn_log, transient = await _churn_under_the_tui(
+        exp, duration_s, interval_s, seed, runs_at_once
+    )
     say_on_stderr(f"load: {churn_log.ticks} ticks, {len(churn_log.added)} runs; checking")
     final = await asyncio.to_thread(settle_and_check, exp, churn_log)
     say_on_stderr("load: down")
@@ -99,11 +111,11 @@ async def measure(
     payload = {
         "duration_s": duration_s,
         "interval_s": interval_s,
-        "runs_at_once": RUNS_AT_ONCE,
-        "slots": SLOTS,
+        "runs_at_once": runs_at_once,
+        "slots": slots,
         "run_settings": RUN_SETTINGS,
         "startup_s": round(startup_s, 1),
-        "churn": churn_report(churn_log),
+        "churn": churn_report(churn_log, runs_at_once),
         "slot_problems_longest_s": transient,
         **final,
         "after_down": after_down,
@@ -117,7 +129,7 @@ async def measure(
     return payload
 
 
-async def _start_and_fill_slots(exp: FaultExperiment) -> float:
+async def _start_and_fill_slots(exp: FaultExperiment, slots: int) -> float:
     """`up`, then wait until the trainer holds every slot; the seconds that took."""
     started = time.monotonic()
     say_on_stderr(f"load: up in {exp.scratch}")
@@ -125,22 +137,22 @@ async def _start_and_fill_slots(exp: FaultExperiment) -> float:
     if up.returncode != 0:
         raise LoadBenchError(f"up failed: {(up.stdout + up.stderr).strip()[-600:]}")
     full = await asyncio.to_thread(
-        exp.wait, lambda: _slots_held(exp.path) >= SLOTS, STARTUP_TIMEOUT_S, 1.0
+        exp.wait, lambda: _slots_held(exp.path) >= slots, STARTUP_TIMEOUT_S, 1.0
     )
     if not full:
-        raise LoadBenchError(f"the trainer did not fill its {SLOTS} slots in time")
+        raise LoadBenchError(f"the trainer did not fill its {slots} slots in time")
     return time.monotonic() - started
 
 
 async def _churn_under_the_tui(
-    exp: FaultExperiment, duration_s: float, interval_s: float, seed: int
+    exp: FaultExperiment, duration_s: float, interval_s: float, seed: int, runs_at_once: int
 ) -> tuple[dict[str, Any], ChurnLog, float]:
     """Keys pressed in the TUI for `duration_s` while runs are added, stopped and evicted
     around it; the TUI's report, the churn's log and its longest slot problems."""
     app = FrameTimedApp(exp.path)
-    background = BackgroundLoad(exp.path, interval_s, seed)
+    background = BackgroundLoad(exp.path, interval_s, seed, runs_at_once)
     async with app.run_test(size=TUI_SIZE) as pilot:
-        await wait_for_runs(app, RUNS_AT_ONCE, 60.0)
+        await wait_for_runs(app, runs_at_once, 60.0)
         stop = asyncio.Event()
         cpu_before, wall_before = time.process_time(), time.perf_counter()
         background.start()
@@ -229,10 +241,10 @@ def settle_and_check(exp: FaultExperiment, log: ChurnLog) -> dict[str, Any]:
     }
 
 
-def churn_report(log: ChurnLog) -> dict[str, Any]:
+def churn_report(log: ChurnLog, runs_at_once: int = RUNS_AT_ONCE) -> dict[str, Any]:
     return {
         "ticks": log.ticks,
-        "added": len(log.added) - RUNS_AT_ONCE,
+        "added": len(log.added) - runs_at_once,  # beyond the recipe's own
         "evicted_active": len(log.evicted_active),
         "evicted_waiting": len(log.evicted_waiting),
         "errors": log.errors[:20],
@@ -304,7 +316,7 @@ def format_table(payload: dict[str, Any]) -> str:
     load = payload["load_average_start"][0]
     lines = [
         f"load: {payload['duration_s']:g} s, a run evicted and runs added every "
-        f"{payload['interval_s']:g} s, {RUNS_AT_ONCE} runs on {SLOTS} slots "
+        f"{payload['interval_s']:g} s, {payload['runs_at_once']} runs on {payload['slots']} slots "
         f"(load average at start {load:.2f})"
     ]
     for row in payload["summary"]:
