@@ -58,17 +58,32 @@ def inference_nice(small_machine: bool) -> int:
 
 
 def run_as_batch(nice: int | None = None, pid: int = 0) -> None:
-    """Raise the nice value of process `pid` (0: this one) and of its session's autogroup to
-    `nice` (default: `batch_nice()`); a value already higher is kept; failures change
-    nothing. The supervisor does it for each child as soon as it is started, so that the
-    child's imports (half a second of CPU for an orchestrator, which starts with every run)
-    are batch work too; the child does it again itself, which costs nothing."""
+    """Raise the nice value of process `pid` (0: this one) and, where it leads its session,
+    of that session's autogroup to `nice` (default: `batch_nice()`); a value already higher
+    is kept; failures change nothing. The supervisor does it for each child as soon as it is
+    started, so that the child's imports (half a second of CPU for an orchestrator, which
+    starts with every run) are batch work too; the child does it again itself, which costs
+    nothing. A process started in someone else's session (an orchestrator or a trainer run
+    by hand from a shell, a test's) leaves that session's autogroup alone: raising it would
+    lower the priority of the shell, and of a TUI started from it later, as well."""
     nice = batch_nice() if nice is None else nice
     with contextlib.suppress(OSError):
         if os.getpriority(os.PRIO_PROCESS, pid) < nice:
             os.setpriority(os.PRIO_PROCESS, pid, nice)
+    if not _leads_its_session(pid):
+        return
     autogroup = AUTOGROUP if pid == 0 else Path(f"/proc/{pid}/autogroup")
     with contextlib.suppress(OSError, ValueError, IndexError):
         # "/autogroup-123 nice 0": this session's group and its nice value.
         if int(autogroup.read_text().split()[-1]) < nice:
             autogroup.write_text(str(nice))
+
+
+def _leads_its_session(pid: int) -> bool:
+    """Whether process `pid` (0: this one) is its session's leader: a session workbench
+    started for it (`start_new_session`), whose autogroup is the process's own."""
+    own = pid or os.getpid()
+    try:
+        return os.getsid(own) == own
+    except OSError:
+        return False
