@@ -50,8 +50,8 @@ SUPERVISOR_SILENT_S = 6 * STATE_HEARTBEAT_S
 # How often a running agent's supervisor is looked at.
 WATCH_S = 1.0
 # Stopped by a signal, the agent is given this long to leave by itself when node 0 stops
-# too (scancel and `workbench down` signal every node): node 0's trainer checkpoints what it
-# has trained, and every rank then leaves together. Killed before, this node's ranks would
+# too (scancel signals every node at once): node 0's trainer checkpoints what it has
+# trained, and every rank then leaves together. Killed before, this node's ranks would
 # break the collective node 0 checkpoints after. Under Slurm's KillWait (30 s by default).
 STOP_GRACE_S = 20.0
 # A join stopped alone (node 0 still running after this long) has its ranks killed at once.
@@ -290,7 +290,7 @@ def join(
                 "failed", "stopped by a signal (Ctrl-C, SIGTERM, scancel); its ranks were killed"
             )
         else:
-            report.set("left", "stopped by a signal with node 0 (scancel, `workbench down`)")
+            report.set("left", "stopped by a signal with node 0 (scancel)")
         raise
     except KeyboardInterrupt:
         report.set("failed", "stopped by a signal (Ctrl-C, SIGTERM, scancel)")

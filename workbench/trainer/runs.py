@@ -450,12 +450,14 @@ class MultiRunManager:
 
     def get_state_dict_for_run(self, idx: int, *, copy: bool = True) -> dict[str, torch.Tensor]:
         """The run's adapter, peft-named; with `copy=False` views of its slot (see
-        `LoRAModule.state_dict_for_adapter`)."""
+        `LoRAModule.state_dict_for_adapter`; a module written for prime-rl's protocol,
+        which has no `copy`, is asked for copies as there)."""
         self._check_idx(idx)
+        views = {} if copy else {"copy": False}
         return {
             f"{name}.{key}": tensor
             for name, module in self._lora_modules.items()
-            for key, tensor in module.state_dict_for_adapter(idx, copy=copy).items()
+            for key, tensor in module.state_dict_for_adapter(idx, **views).items()
         }
 
     def reset_run_parameters(self, idx: int) -> None:
