@@ -73,8 +73,9 @@ def _all_norms_finite(tensors: Mapping[str, torch.Tensor]) -> bool:
     """Whether every floating tensor's 2-norm is finite, which it is when all its values are,
     unless they are so large (1e19 and up in float32) that the sum of squares overflows:
     then the exact test decides. One fused pass per device reading each tensor once, where
-    `isfinite(...).all()` writes a mask of the tensor first: 8x faster on 32 Qwen3-0.6B-sized
-    adapters (1.3 GB) on a CPU. `torch._foreach_norm` is what `clip_grad_norm_` runs."""
+    `isfinite(...).all()` writes a mask of the tensor first: 0.05 s against 0.40 s for 8
+    Qwen3-0.6B-shaped rank-16 adapters (320 MB) on one CPU thread. `torch._foreach_norm` is
+    what `clip_grad_norm_` runs."""
     floating: dict[torch.device, list[torch.Tensor]] = {}
     for tensor in tensors.values():
         if tensor.is_floating_point() and tensor.numel():
