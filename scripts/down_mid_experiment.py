@@ -7,8 +7,8 @@ Runs in a scratch copy of RECIPE's directory layout (the recipe is copied into a
 directory; its `output_dir` lands there). After `down`, for every run:
 
 - the trainer's last logged update is in its newest checkpoint (what it trained, it kept);
-- no checkpoint or broadcast is left half-written (no staging directory);
-- no process of the experiment is left.
+- nothing is left half-written (`bench.faults.invariants.half_written`);
+- `workbench down` exited 0, which it does once nothing the supervisor started is left.
 
 After `up` again, to the end: every run's trainer logged each update 1..max_steps exactly
 once (none skipped, none trained twice) and every run finished. Prints a JSON summary;
@@ -26,35 +26,29 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
+from workbench.bench.faults import invariants
 from workbench.files import layout
-from workbench.files.metrics import read_metrics
 
 WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 
 
-def trainer_steps(run: Path) -> list[int]:
-    return [record["step"] for record in read_metrics(run, "trainer")]
-
-
-def staging_left(run: Path) -> list[str]:
-    found = []
-    for folder in (layout.checkpoints_dir(run), layout.broadcasts_dir(run)):
-        if folder.is_dir():
-            found += [str(p) for p in folder.iterdir() if p.name.startswith(".")]
-    return found
-
-
-def wait_for_steps(runs: list[Path], steps: int, up: subprocess.Popen, timeout_s: float) -> None:
+def wait_until(ready, up: subprocess.Popen, what: str, timeout_s: float):
+    """Poll `ready()` every 2 s until it returns something true; that value. Stops the
+    script if `up` exits or `timeout_s` passes first."""
     deadline = time.monotonic() + timeout_s
-    while min((max(trainer_steps(run), default=0) for run in runs), default=0) < steps:
+    while not (value := ready()):
         if up.poll() is not None:
-            raise SystemExit(f"workbench up exited with {up.returncode} before step {steps}")
+            raise SystemExit(f"workbench up exited with {up.returncode} before {what}")
         if time.monotonic() > deadline:
-            raise SystemExit(f"not every run reached step {steps} in {timeout_s:.0f} s")
+            raise SystemExit(f"not {what} in {timeout_s:.0f} s")
         time.sleep(2)
+    return value
+
+
+def trained_to(run: Path) -> int:
+    return max(invariants.trained_steps(run), default=0)
 
 
 def main() -> int:
@@ -70,13 +64,16 @@ def main() -> int:
     up_cmd = [*WORKBENCH, "up", str(recipe), "--headless", "--max-steps", str(args.max_steps)]
     log = open(scratch / "up.log", "w")  # noqa: SIM115 - open for both starts
     up = subprocess.Popen(up_cmd, cwd=scratch, stdout=log, stderr=subprocess.STDOUT)
-    experiment = next(iter((scratch / "outputs").glob("*")), None)
-    while experiment is None:
-        time.sleep(1)
-        experiment = next(iter((scratch / "outputs").glob("*")), None)
-    while not (runs := sorted(experiment.glob("run_*"))):
-        time.sleep(1)
-    wait_for_steps(runs, args.after_steps, up, timeout_s=1800)
+    experiment = wait_until(
+        lambda: next(iter((scratch / "outputs").glob("*")), None), up, "an experiment", 300
+    )
+    runs = wait_until(lambda: sorted(experiment.glob("run_*")), up, "its runs", 300)
+    wait_until(
+        lambda: min(trained_to(run) for run in runs) >= args.after_steps,
+        up,
+        f"every run at step {args.after_steps}",
+        1800,
+    )
 
     started = time.monotonic()
     down = subprocess.run([*WORKBENCH, "down", str(experiment)], capture_output=True, text=True)
@@ -87,26 +84,23 @@ def main() -> int:
         problems.append(f"workbench down exited {down.returncode}: {down.stderr[-500:]}")
     at_down = {}
     for run in runs:
-        trained = max(trainer_steps(run), default=0)
+        trained = trained_to(run)
         kept = layout.latest_checkpoint_step(run, "trainer") or 0
         at_down[run.name] = {"trained": trained, "checkpoint": kept}
         if kept != trained:
             problems.append(f"{run.name}: trained to step {trained}, newest checkpoint {kept}")
-        problems += [f"{run.name}: half-written {path}" for path in staging_left(run)]
+    problems += [f"half-written: {path}" for path in invariants.half_written(experiment, set())]
 
     up = subprocess.Popen(up_cmd, cwd=scratch, stdout=log, stderr=subprocess.STDOUT)
     resumed_ok = up.wait(timeout=3600) == 0
     if not resumed_ok:
         problems.append(f"the second workbench up exited {up.returncode} (see {scratch}/up.log)")
     for run in runs:
-        counts = Counter(trainer_steps(run))
-        wrong = {
-            step: counts.get(step, 0)
-            for step in range(1, args.max_steps + 1)
-            if counts.get(step, 0) != 1
-        }
-        if wrong:
-            problems.append(f"{run.name}: updates logged other than once (step: times) {wrong}")
+        missing = sorted(set(range(1, args.max_steps + 1)) - set(invariants.trained_steps(run)))
+        if missing:
+            problems.append(f"{run.name}: updates never logged: {missing}")
+        if twice := invariants.recomputed_steps(run):
+            problems.append(f"{run.name}: {twice} update(s) logged more than once")
     summary = {
         "runs": len(runs),
         "down_s": round(down_s, 1),
