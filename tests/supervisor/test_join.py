@@ -4,6 +4,7 @@ tests/trainer/rl/test_multi_node.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -227,7 +228,7 @@ def agent_that_leaves_after(experiment: Path, seconds: float) -> JoiningNode:
         f"time.sleep({seconds}); pathlib.Path({str(left)!r}).touch()"
     )
     node = agent_standing_in(experiment, 0)
-    return JoiningNode(**{**node.__dict__, "argv": [sys.executable, "-c", script]})
+    return dataclasses.replace(node, argv=[sys.executable, "-c", script])
 
 
 def interrupt() -> bool:
