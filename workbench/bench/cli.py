@@ -740,7 +740,9 @@ def load(
     ] = 16,
     slots: Annotated[
         int,
-        typer.Option(min=1, help="Trainer slots ([trainer] max_concurrent_runs); at most --runs."),
+        typer.Option(
+            min=1, help="Trainer slots (\\[trainer] max_concurrent_runs); at most --runs."
+        ),
     ] = 4,
 ) -> None:
     """The supervisor, trainer and TUI under runs coming and going, and the TUI's latency.
