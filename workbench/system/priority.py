@@ -16,7 +16,9 @@ Against an interactive process they yield. Among themselves they keep the shares
 all being at the same value, except that on a machine of two CPUs vLLM takes a value a
 little higher, to leave the trainer its core (`inference_nice`). Raising a nice value needs
 no privilege, and where there is no autogroup (`/proc/self/autogroup` missing, or a kernel
-without it) the process's own nice value does the work.
+without it) or the process's session never left the boot session's group (the file is empty,
+as for a child of a container's init that never called setsid) the process's own nice value
+does the work.
 """
 
 from __future__ import annotations
