@@ -30,6 +30,8 @@ from workbench.supervisor.process import (
 )
 from workbench.system.procfs import process_cmdline, process_is_alive
 
+AUTOGROUP = Path("/proc/self/autogroup")
+
 
 @pytest.fixture
 def spawned():
@@ -109,6 +111,22 @@ def test_a_child_runs_in_its_own_session_and_process_group(tmp_path: Path, spawn
     assert os.getsid(proc.pid) != os.getsid(0)
 
 
+def test_a_child_without_a_session_of_its_own_leads_a_group_in_the_supervisors(
+    tmp_path: Path, spawned, monkeypatch
+):
+    # An orchestrator: out of reach of the terminal's Ctrl-C, but no autogroup of its own,
+    # so a run added does not make the experiment weigh more against the user's TUI.
+    monkeypatch.setenv("WORKBENCH_NICE", "9")
+    ours = Path("/proc/self/autogroup").read_text() if AUTOGROUP.exists() else None
+    proc = start(spawned, standin(tmp_path, "import time; time.sleep(30)", own_session=False))
+    assert os.getpgid(proc.pid) == proc.pid != os.getpgrp()
+    assert os.getsid(proc.pid) == os.getsid(0)
+    assert os.getpriority(os.PRIO_PROCESS, proc.pid) >= 9
+    if ours is not None:  # its session's scheduling group is ours, left as it was
+        assert Path(f"/proc/{proc.pid}/autogroup").read_text() == ours
+        assert Path("/proc/self/autogroup").read_text() == ours
+
+
 def test_a_child_is_batch_work_from_its_start_without_asking(tmp_path: Path, spawned, monkeypatch):
     # An orchestrator starts with every run and spends half a second of CPU importing
     # before it could lower its own priority: the supervisor lowers it at the start.
@@ -155,9 +173,13 @@ time.sleep(600)
 """
 
 
-def test_stop_terminates_the_whole_group_and_leaves_no_orphans(tmp_path: Path, spawned):
+@pytest.mark.parametrize("own_session", [True, False], ids=["own session", "group only"])
+def test_stop_terminates_the_whole_group_and_leaves_no_orphans(
+    tmp_path: Path, spawned, own_session: bool
+):
     pid_file = tmp_path / "grandchild.pid"
-    proc = start(spawned, standin(tmp_path, GRANDPARENT.format(pid_file=str(pid_file))))
+    code = GRANDPARENT.format(pid_file=str(pid_file))
+    proc = start(spawned, standin(tmp_path, code, own_session=own_session))
     deadline = time.monotonic() + 10
     while not pid_file.exists() or not pid_file.read_text():
         assert time.monotonic() < deadline

@@ -391,6 +391,9 @@ def orchestrator_spec(run_id: str, run_dir: Path, env: dict[str, str] | None = N
         restart=ORCHESTRATOR_RESTART,
         stop_timeout_s=ORCHESTRATOR_STOP_TIMEOUT_S,
         preflight=_module_preflight(ORCHESTRATOR_MODULE),
+        # In the supervisor's session, so that runs do not each add an autogroup that
+        # outweighs the user's TUI (`ProcessSpec.own_session`).
+        own_session=False,
     )
 
 

@@ -7,9 +7,13 @@ after `stop_timeout_s`). Its state is its `Lifecycle` (`workbench.supervisor.lif
 the process reports what happened to its OS process (spawned, ready, exited) as events
 and carries out the `terminate` the table asks for; the supervisor sends the others.
 
-Every child is a session and process-group leader (`start_new_session=True`), so a
-signal to its group reaches the workers it spawned (torchrun's ranks, vLLM's engine) and
-a Ctrl-C in the user's terminal never reaches it. Membership is read from /proc
+Every child leads a process group of its own, so a signal to its group reaches the
+workers it spawned (torchrun's ranks, vLLM's engine) and a Ctrl-C in the user's terminal
+never reaches it. vLLM and the trainer each lead a session too (`start_new_session`);
+orchestrators share the supervisor's (`ProcessSpec.own_session`), because on Linux each
+session is a scheduling group of its own (autogroup, `workbench.system.priority`): a session
+per run would make the experiment weigh more against the user's TUI and shell with every
+run added. Membership is read from /proc
 (`workbench.system.procfs`), where zombies (dead, waiting to be reaped by someone else) do not
 count as alive.
 """
@@ -104,6 +108,9 @@ class ProcessSpec:
     preflight: returns why the process cannot start (a missing module), or None.
     exit_cause: given its log and where this start's lines begin, what its log says ended it
         (vLLM's engine error), or None; an exit with a cause is a failure, even with status 0.
+    own_session: start it in a session of its own (True) or only in a process group of its
+        own inside the supervisor's session (False: orchestrators, so that the experiment is a
+        handful of autogroups whatever the number of runs).
     """
 
     name: str
@@ -120,6 +127,7 @@ class ProcessSpec:
     stop_timeout_s: float = 10.0
     preflight: Callable[[], str | None] | None = None
     exit_cause: Callable[[Path, int], str | None] | None = None
+    own_session: bool = True
 
 
 def describe_exit(
@@ -250,15 +258,16 @@ class SupervisedProcess:
                     stderr=subprocess.STDOUT,
                     cwd=spec.cwd,
                     env=env,
-                    start_new_session=True,
+                    start_new_session=spec.own_session,
+                    process_group=None if spec.own_session else 0,
                     close_fds=True,
                 )
         except OSError as err:
             problem = f"cannot run {spec.argv[0]!r}: {err.strerror or err}"
             self._append_log(f"cannot start {spec.name}: {problem}")
             return self._failed_start(problem, now)
-        # Batch work from its first import on: the child runs in a session of its own, so
-        # its autogroup is its own too (`workbench.system.priority`).
+        # Batch work from its first import on; a child in a session of its own has an
+        # autogroup of its own too, raised with it (`workbench.system.priority`).
         run_as_batch(pid=self._popen.pid)
         if self._spawn_count:
             self.restarts += 1

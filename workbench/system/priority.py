@@ -4,9 +4,11 @@ On a machine where the experiment's processes fill every core (a CPU-only machin
 the TUI, a shell over SSH or an editor must still answer. A process's nice value alone does
 not do it on Linux: with autogroup (on by default in most distributions) the scheduler first
 shares the CPU between sessions, equally, and a nice value acts only among the processes of
-one session. Every child of the supervisor runs in a session of its own (so a closed
-terminal never reaches it), and torchrun starts each trainer worker in another, so the
-experiment is some twenty sessions to the TUI's one: the TUI gets a twentieth of the CPU.
+one session. The supervisor runs in a session of its own (so a closed terminal never
+reaches it), vLLM and the trainer in others, and torchrun starts each trainer worker in
+another: five sessions or so to the TUI's one, which would get a sixth of the CPU. (The
+orchestrators share the supervisor's session: with a session each, the TUI's share would
+shrink with every run, to a thirty-fifth at 32 runs.)
 
 So each of workbench's long-running processes raises its session's autogroup nice value and
 its own nice value to `$WORKBENCH_NICE` (10 unless set where `workbench up` runs, whose
