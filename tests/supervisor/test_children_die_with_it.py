@@ -1,7 +1,7 @@
 """The real plan's children stop when the supervisor is killed with SIGKILL.
 
-They run in sessions of their own (a closed terminal must not reach them), so nothing else
-would stop them: they would train and generate on, unsupervised, until someone ran
+They run in sessions or process groups of their own (a closed terminal must not reach
+them), so nothing else would stop them: they would train and generate on, unsupervised, until someone ran
 `workbench down`. The supervisor here is a stand-in parent that builds the real plan and
 spawns its trainer and an orchestrator exactly as the daemon does.
 """
@@ -26,7 +26,9 @@ PARENT = textwrap.dedent(
     from pathlib import Path
     from workbench.supervisor.plan import plan_from_recipe
     from workbench.supervisor.process import SupervisedProcess
+    from workbench.system.priority import run_as_batch
 
+    run_as_batch()  # as the daemon does, in its session of its own
     experiment = Path(sys.argv[1])
     plan = plan_from_recipe(experiment)
     trainer = plan.processes[1]
@@ -58,6 +60,7 @@ def start_children(tmp_path: Path, env: dict[str, str] | None = None):
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
+        start_new_session=True,  # as `up` starts the daemon: the orchestrators share it
     )
     return parent, [int(parent.stdout.readline()), int(parent.stdout.readline())]
 
@@ -108,6 +111,11 @@ def test_the_trainer_its_worker_and_orchestrators_run_as_batch_work_and_the_user
         assert wait(lambda: all(batch(pid) for pid in family)), {
             pid: (os.getpriority(os.PRIO_PROCESS, pid), autogroup_nice(pid)) for pid in family
         }
+        # The orchestrator leads its group in the supervisor's session: runs add no
+        # session, so no share of the CPU against the TUI's; the trainer has its own.
+        orchestrator = children[1]
+        assert os.getpgid(orchestrator) == orchestrator
+        assert os.getsid(orchestrator) == parent.pid != os.getsid(trainer)
         # This process stands for the user's terminal (the TUI, a shell): untouched.
         assert (os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice(os.getpid())) == mine
     finally:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from workbench.supervisor.daemon import run_daemon
 from workbench.supervisor.plan import DEFAULT_PLAN
+from workbench.system.priority import run_as_batch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         help="MODULE:FUNCTION or FILE.py:FUNCTION building the processes (tests use stand-ins)",
     )
     args = parser.parse_args(argv)
+    # `up` has done it already; a supervisor started otherwise in a session of its own gets
+    # it too, for the orchestrators share its session (`workbench.system.priority`).
+    run_as_batch()
     return run_daemon(args.experiment, plan=args.plan, exit_when_done=args.exit_when_done)
 
 
