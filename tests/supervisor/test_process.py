@@ -272,6 +272,20 @@ EXECS_INTO_A_SERVER = (
 )
 
 
+def test_down_after_a_killed_supervisor_stops_a_child_without_a_session_of_its_own(
+    tmp_path: Path, spawned
+):
+    # An orchestrator that outlived its supervisor: it leads its group, not a session.
+    pid_file = tmp_path / "grandchild.pid"
+    code = GRANDPARENT.format(pid_file=str(pid_file))
+    proc = start(spawned, standin(tmp_path, code, own_session=False))
+    wait_for(lambda: pid_file.exists() and pid_file.read_text(), what="the grandchild")
+    write_state(tmp_path, {"processes": {"run_a": proc.to_json()}})
+
+    assert kill_leftovers(tmp_path, timeout_s=5) == [proc.pid]
+    assert family_members(proc.pid) == []
+
+
 def test_down_after_a_killed_supervisor_stops_a_child_that_replaced_itself_by_exec(
     tmp_path: Path, spawned
 ):

@@ -174,7 +174,8 @@ def kill_leftovers(experiment: Path, timeout_s: float = 10.0) -> list[int]:
     """Stop the process groups recorded in state.json whose supervisor is gone.
 
     Only call this when no supervisor runs for the experiment. A recorded pid counts only
-    if it is still the session leader we started: pids are reused. That is the process
+    if it is still the process-group leader we started (every child leads its group; an
+    orchestrator leads no session): pids are reused. That is the process
     that started at the recorded time (`start_ticks`, which survives exec: vLLM's server
     replaces `python -m workbench.inference` in the same process), or, for a state.json
     written without it, one with the recorded command line. Returns the leaders stopped.
@@ -199,7 +200,7 @@ def kill_leftovers(experiment: Path, timeout_s: float = 10.0) -> list[int]:
 
 def _is_the_recorded_leader(pid: int, record: dict) -> bool:
     stat = read_stat(pid)
-    if stat is None or stat.session != pid:
+    if stat is None or stat.pgrp != pid:
         return False
     start_ticks = record.get("start_ticks")
     if isinstance(start_ticks, int):

@@ -115,6 +115,7 @@ def plan(experiment: Path) -> Plan:
             requires_ready=tuple(orchestrator.get("requires_ready", ["inference"])),
             restart=RestartPolicy(**orchestrator.get("restart", {})),
             stop_timeout_s=orchestrator.get("stop_timeout_s", 5.0),
+            own_session=False,  # as the real plan's orchestrators
         )
 
     early_stopping = tracking = None
