@@ -24,6 +24,17 @@ def age_files(root: Path, seconds: float = 60.0) -> None:
         os.utime(path, (past, past))
 
 
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of process `pid`'s session's autogroup; None without autogroup, and
+    for a process of the boot session's group (no setsid since boot: a CI runner's, a
+    container's init), whose file is empty and whose priority no process can change."""
+    try:
+        fields = Path(f"/proc/{pid}/autogroup").read_text().split()
+    except OSError:
+        return None
+    return int(fields[-1]) if fields else None
+
+
 def make_tiny_llama(directory: Path, seed: int = 0, *, tie_word_embeddings: bool = False) -> Path:
     """A randomly initialised Llama small enough for CPU tests (no download); with tied
     embeddings the LM head is the embedding matrix, as in Qwen3's smaller models."""

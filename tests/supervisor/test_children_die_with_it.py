@@ -1,8 +1,8 @@
 """The real plan's children stop when the supervisor is killed with SIGKILL.
 
 They run in sessions or process groups of their own (a closed terminal must not reach
-them), so nothing else would stop them: they would train and generate on, unsupervised, until someone ran
-`workbench down`. The supervisor here is a stand-in parent that builds the real plan and
+them), so nothing else would stop them: they would train and generate on, unsupervised,
+until someone ran `workbench down`. The supervisor here is a stand-in parent that builds the real plan and
 spawns its trainer and an orchestrator exactly as the daemon does.
 """
 
@@ -16,7 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from tests.helpers import make_run
+from tests.helpers import autogroup_nice, make_run
 from workbench.files import layout
 from workbench.system.procfs import child_pids, process_is_alive
 
@@ -83,14 +83,6 @@ def test_the_trainer_its_worker_and_orchestrators_stop_when_the_supervisor_is_ki
         for pid in [*children, *child_pids(trainer)]:
             if process_is_alive(pid):
                 os.kill(pid, signal.SIGKILL)
-
-
-def autogroup_nice(pid: int) -> int | None:
-    """The nice value of the process's session's autogroup; None without autogroup."""
-    try:
-        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def test_the_trainer_its_worker_and_orchestrators_run_as_batch_work_and_the_user_does_not(

@@ -9,19 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import autogroup_nice
+
 AUTOGROUP = Path("/proc/self/autogroup")
 RUN_AS_BATCH = (
     "import os; from workbench.system.priority import run_as_batch; run_as_batch(7); "
     "print(os.getpriority(os.PRIO_PROCESS, 0), open('/proc/self/autogroup').read().split()[-1])"
 )
-
-
-def autogroup_nice(pid: int) -> int | None:
-    """The nice value of process `pid`'s autogroup; None for a process of the boot
-    session's group (no setsid since boot: a CI runner's, a container's init), whose file is
-    empty and whose priority no process can change."""
-    fields = Path(f"/proc/{pid}/autogroup").read_text().split()
-    return int(fields[-1]) if fields else None
 
 
 @pytest.mark.skipif(not AUTOGROUP.exists(), reason="a kernel without autogroup")
