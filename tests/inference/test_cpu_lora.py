@@ -12,9 +12,10 @@ from vllm.lora.layers.utils import LoRAMapping  # noqa: E402
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU  # noqa: E402
 
 from workbench.inference.cpu_lora import (  # noqa: E402
+    BATCHED_ROWS,
     MIN_PRODUCT_ROWS,
     SlotMatmulPunicaWrapperCPU,
-    tokens_by_slot,
+    plan_products,
 )
 
 SLOTS, RANK, WIDTH = 4, 8, 48
@@ -90,37 +91,71 @@ def _not_vllms_path(*args, **kwargs):
     raise AssertionError("vLLM's own LoRA product ran")
 
 
-def test_tokens_are_grouped_by_slot_and_one_slot_with_every_token_needs_no_gather():
-    slots = [2, 0, -1] + [2] * (MIN_PRODUCT_ROWS - 1) + [0]
-    groups = tokens_by_slot(torch.tensor(slots))
-    twos = [i for i, slot in enumerate(slots) if slot == 2]
-    assert [(g.slot, g.rows.tolist(), g.count) for g in groups] == [
-        (0, [1, len(slots) - 1], 2),
-        (2, twos, MIN_PRODUCT_ROWS),
+def _plan(slots: list[int]):
+    return [
+        (
+            b.slots.tolist(),
+            b.width,
+            None if b.gather is None else b.gather.tolist(),
+            None if b.kept is None else b.kept.tolist(),
+            None if b.rows is None else b.rows.tolist(),
+        )
+        for b in plan_products(torch.tensor(slots))
     ]
-    # too few rows for the products' usual kernel: padded with the last row
-    assert groups[0].gather.tolist() == [1] + [len(slots) - 1] * (MIN_PRODUCT_ROWS - 1)
-    assert groups[1].gather.tolist() == twos
-    (alone,) = tokens_by_slot(torch.tensor([3] * MIN_PRODUCT_ROWS))
-    assert (alone.slot, alone.rows, alone.gather) == (3, None, None)
-    (few,) = tokens_by_slot(torch.tensor([3, 3]))
-    assert (few.rows, few.gather.tolist(), few.count) == (None, [0] + [1] * 15, 2)
-    assert tokens_by_slot(torch.tensor([-1, -1])) == []
+
+
+def test_every_slots_tokens_go_in_one_batched_product_padded_to_the_same_rows():
+    m = MIN_PRODUCT_ROWS
+    slots = [2, 0, -1] + [2] * (m - 1) + [0]
+    twos = [i for i, slot in enumerate(slots) if slot == 2]
+    zeros = [1, len(slots) - 1]
+    # slot 0's two tokens padded with its last to m rows; slot 2's m tokens as they are
+    ((batch_slots, width, gather, kept, rows),) = _plan(slots)
+    assert (batch_slots, width) == ([0, 2], m)
+    assert gather == zeros + [zeros[-1]] * (m - 2) + twos
+    assert kept == [0, 1, *range(m, 2 * m)]
+    assert rows == zeros + twos
+    # one slot with every token, enough of them: the step's rows as they are
+    assert _plan([3] * m) == [([3], m, None, None, None)]
+    # too few: padded, and only the real rows kept
+    assert _plan([3, 3]) == [([3], m, [0] + [1] * (m - 1), [0, 1], None)]
+    assert _plan([-1, -1]) == []
+
+
+def test_a_slot_with_far_more_tokens_than_the_others_is_multiplied_on_its_own():
+    # a prompt's prefill beside decoding runs: padding the others to it would be waste
+    m = MIN_PRODUCT_ROWS
+    slots = [0] * m + [1] * m + [2] * (5 * m)
+    batches = _plan(slots)
+    assert [(b[0], b[1]) for b in batches] == [([0, 1], m), ([2], 5 * m)]
+    assert batches[1][4] == list(range(2 * m, 7 * m))
+    # slots with many tokens each: a product of their own pays its fixed cost once anyway
+    many = BATCHED_ROWS + 1
+    assert [(b[0], b[1]) for b in _plan([0] * many + [1] * many)] == [([0], many), ([1], many)]
 
 
 def test_a_tokens_delta_is_bit_for_bit_the_same_however_many_tokens_its_adapter_has():
     # What a run's curve not depending on the other runs rests on: the same token through
-    # the same adapter, once as its adapter's only token in the step, once among many.
+    # the same adapter, as its adapter's only token in the step, among many of its
+    # adapter's, alone in the step, beside other slots in one batched product, and in a
+    # product of its own beside a slot with many more tokens.
     generator = torch.Generator().manual_seed(2)
     lora_a = (torch.randn(SLOTS, 1, RANK, WIDTH, generator=generator),)
     lora_b = (torch.randn(SLOTS, 1, WIDTH, RANK, generator=generator),)
     tokens = 3 * MIN_PRODUCT_ROWS
     x = torch.randn(tokens, WIDTH, generator=generator)
+    steps = (
+        [11] + [12] * (tokens - 1),
+        [11] * tokens,
+        [11] * 5 + [12] * 7 + [13] * (tokens - 12),
+        [11] * 4 + [13] * 4 + [12] * (tokens - 8),
+    )
     deltas = []
-    for token_ids in ([11] + [12] * (tokens - 1), [11] * tokens):
+    for token_ids in steps:
         (_, ours) = _wrappers(token_ids, is_prefill=False)
         deltas.append(_linear_lora(ours, x, lora_a, lora_b, (WIDTH,))[0])
-    assert torch.equal(deltas[0], deltas[1])
+    for delta in deltas[1:]:
+        assert torch.equal(delta, deltas[0])
 
 
 def test_a_token_without_an_adapter_is_left_as_the_base_model_made_it():
