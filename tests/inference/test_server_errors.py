@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -170,6 +171,29 @@ def test_the_recipes_batch_is_passed_as_given_and_extra_args_still_come_last(tmp
         assert value_after(command, "--max-num-seqs") == "256"
     cpu = server.build_vllm_command(config, tmp_path, 8000, on_cpu=True)
     assert value_after(cpu, "--max-num-batched-tokens") == "16384"
+
+
+def test_on_a_cpu_vllm_runs_its_own_kernels_unless_the_recipe_says_how_to_compile(
+    tmp_path: Path,
+):
+    config = InferenceConfig(output_dir=tmp_path, model=ModelSection(base="m"))
+    cpu = server.build_vllm_command(config, tmp_path, 8000, on_cpu=True)
+    assert json.loads(value_after(cpu, "--compilation-config")) == {"custom_ops": ["all"]}
+    gpu = server.build_vllm_command(config, tmp_path, 8000, on_cpu=False)
+    assert "--compilation-config" not in gpu
+    for own in (
+        ["-O0"],
+        ["--compilation-config", "{}"],
+        ["--compilation-config={}"],
+        ["-cc", "{}"],
+    ):
+        section = InferenceSection(extra_args=own)
+        config = InferenceConfig(
+            output_dir=tmp_path, model=ModelSection(base="m"), inference=section
+        )
+        command = server.build_vllm_command(config, tmp_path, 8000, on_cpu=True)
+        assert '{"custom_ops": ["all"]}' not in command
+        assert command[-len(own) :] == own
 
 
 def test_a_step_smaller_than_its_sequences_is_refused_naming_both_keys():

@@ -149,7 +149,13 @@ class InferenceSection(StrictModel):
         return self
 
     extra_args: list[str] = Field(
-        default_factory=list, description="passed to vLLM's server as they are"
+        default_factory=list,
+        description=(
+            "passed to vLLM's server as they are, after workbench's own flags (vLLM takes "
+            "the last of a flag given twice). On a CPU workbench turns vLLM's C++ kernels "
+            "on (--compilation-config '{\"custom_ops\": [\"all\"]}') unless these set "
+            "-O, -cc or --compilation-config"
+        ),
     )
 
 

@@ -192,8 +192,28 @@ def build_vllm_command(
         "--disable-log-stats",
         *parallel_args(inference.tensor_parallel_size, inference.data_parallel_size),
         *batch_args(inference, on_cpu),
+        *cpu_kernel_args(inference.extra_args, on_cpu),
         *inference.extra_args,
     ]
+
+
+# vLLM's flags that set how it compiles the model and which of its own kernels it runs.
+COMPILATION_FLAGS = ("--compilation-config", "-cc", "-O", "--optimization-level")
+
+
+def cpu_kernel_args(extra_args: list[str], on_cpu: bool) -> list[str]:
+    """On a CPU, vLLM's C++ kernels for the model's small ops (rotary embedding, SiLU and
+    multiply, ...), unless the recipe's `extra_args` say how to compile.
+
+    vLLM's CPU platform turns compilation off when LoRA is on, but keeps the custom-op
+    choice made for compiling ("none": leave the small ops to the compiler to fuse), so the
+    model runs them as chains of PyTorch ops: the rotary embedding alone was 5 % of the
+    engine's thread in a 32-run experiment (py-spy). With every custom op on, 32 adapters'
+    completions took 5-8 % less time (workbench's 2-core machine, 2026-11-27)."""
+    # A prefix, for the forms vLLM reads too: `-O3`, `--compilation-config={...}`, `-cc.mode=0`.
+    if not on_cpu or any(arg.startswith(COMPILATION_FLAGS) for arg in extra_args):
+        return []
+    return ["--compilation-config", '{"custom_ops": ["all"]}']
 
 
 def batch_args(inference: InferenceSection, on_cpu: bool) -> list[str]:
