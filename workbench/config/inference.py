@@ -153,7 +153,7 @@ class InferenceSection(StrictModel):
         description=(
             "passed to vLLM's server as they are, after workbench's own flags (vLLM takes "
             "the last of a flag given twice). On a CPU workbench turns vLLM's C++ kernels "
-            "on (--compilation-config '{\"custom_ops\": [\"all\"]}') unless these set "
+            'on (--compilation-config \'{"custom_ops": ["all"]}\') unless these set '
             "-O, -cc or --compilation-config"
         ),
     )
