@@ -1,12 +1,17 @@
-"""The optimizer part of a shared-trainer update at N runs: each run's `clip_grad_norm_` and
-`AdamW.step()` one after another (the trainer before `workbench.trainer.multi_adamw`) against
-all runs at once (`clip_grad_norms_together` + `adamw_step_together`), alternately in one
-process, on adapters of a model shape's real LoRA shapes with random gradients.
+"""The optimizer part of a shared-trainer update at N runs, three ways, alternately in one
+process, on adapters of a model shape's real LoRA shapes with random gradients:
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/optimizer_step_bench.py tiny:1,8,32 qwen3-0.6b:1,8
+- `one_by_one`: each run's `clip_grad_norm_` and `AdamW.step()` one after another (the
+  trainer before `workbench.trainer.multi_adamw`);
+- `together`: all runs at once (`clip_grad_norms_together` + `adamw_step_together`'s
+  foreach operations; the trainer's way on a GPU);
+- `fused`: clipping together, then each run's AdamW with torch's fused kernel (the
+  trainer's way on the CPU, `workbench.trainer.optim.fused_on`).
+
+    PYTHONPATH=$PWD .venv/bin/python scripts/optimizer_step_bench.py tiny:1,8,32,64 qwen3-0.6b:1,8
 
 Writes benchmarks/results/optimizer-step-<time>.json: per shape and N, the median seconds of
-each way over `REPEATS` alternations, and their ratio.
+each way over `REPEATS` alternations, and their ratios.
 """
 
 from __future__ import annotations
@@ -58,12 +63,25 @@ def together(runs, optimizers) -> None:
     adamw_step_together(optimizers)
 
 
+def fused(runs, optimizers) -> None:
+    """The trainer on the CPU: clipping together, then each run's fused AdamW.step()."""
+    clip_grad_norms_together(dict(enumerate(runs)), {i: 1.0 for i in range(len(runs))})
+    for optimizer in optimizers:
+        optimizer.step()
+
+
 def measure(shape: str, count: int) -> dict:
     runs = runs_of(shape, count)
-    optimizers = [AdamW(params, lr=1e-3 * (1 + i)) for i, params in enumerate(runs)]
-    timings: dict[str, list[float]] = {"one_by_one_s": [], "together_s": []}
+    plain = [AdamW(params, lr=1e-3 * (1 + i)) for i, params in enumerate(runs)]
+    fused_ones = [AdamW(params, lr=1e-3 * (1 + i), fused=True) for i, params in enumerate(runs)]
+    ways = (
+        ("one_by_one_s", one_by_one, plain),
+        ("together_s", together, plain),
+        ("fused_s", fused, fused_ones),
+    )
+    timings: dict[str, list[float]] = {name: [] for name, _, _ in ways}
     for repeat in range(REPEATS + 1):  # the first of each warms up (state is made)
-        for name, way in (("one_by_one_s", one_by_one), ("together_s", together)):
+        for name, way, optimizers in ways:
             give_gradients(runs)
             started = time.perf_counter()
             way(runs, optimizers)
@@ -72,6 +90,7 @@ def measure(shape: str, count: int) -> dict:
     row = {key: round(statistics.median(values), 5) for key, values in timings.items()}
     row |= {"model": shape, "runs": count, "rank": DEFAULT_RANK[shape]}
     row["speedup"] = round(row["one_by_one_s"] / row["together_s"], 2)
+    row["fused_vs_together"] = round(row["together_s"] / row["fused_s"], 2)
     print(row, flush=True)
     return row
 

@@ -195,6 +195,43 @@ def test_optimizer_and_scheduler_state_round_trips_per_run(tmp_path: Path):
         torch.testing.assert_close(loaded[param_id]["exp_avg_sq"], state["exp_avg_sq"])
 
 
+def test_on_the_cpu_each_run_steps_as_torchs_fused_adamw(tmp_path: Path):
+    trainer = build_trainer(
+        tmp_path / "exp", {"run_a": "lr = 2e-3\n[optim]\nweight_decay = 0.1\nmax_norm = 1e9\n"}
+    )
+    params = [param for _, param in trainer.manager.get_named_parameters_for_run(0)]
+    reference_params = [torch.nn.Parameter(param.detach().clone()) for param in params]
+    reference = torch.optim.AdamW(reference_params, lr=2e-3, weight_decay=0.1, fused=True)
+    for step in range(3):
+        fill_grads(trainer, 0, 0.01 * (step + 1))
+        for param in reference_params:
+            param.grad = torch.full_like(param, 0.01 * (step + 1))
+        trainer.manager.ready_to_update[0] = True
+        trainer.optimizer.step()
+        reference.step()
+    assert trainer.optimizer.optimizers[0].param_groups[0]["fused"] is True
+    for param, expected in zip(params, reference_params, strict=True):
+        assert torch.equal(param, expected)
+
+
+def test_a_checkpoint_from_an_unfused_optimizer_resumes_fused(tmp_path: Path):
+    trainer = build_trainer(tmp_path / "exp", {"run_a": ""})
+    fill_grads(trainer, 0, 0.01)
+    trainer.manager.ready_to_update[0] = True
+    trainer.optimizer.step()
+    saved = trainer.optimizer.state_dict_for_run(0)
+    for group in saved["param_groups"]:
+        group["fused"] = None  # as checkpoints written before the CPU stepped fused
+
+    trainer.optimizer.load_state_dict_for_run(0, saved)
+
+    assert trainer.optimizer.optimizers[0].param_groups[0]["fused"] is True
+    fill_grads(trainer, 0, 0.01)
+    trainer.optimizer.step()
+    state = trainer.optimizer.state_dict_for_run(0)["state"]
+    assert all(value["step"].item() == 2 for value in state.values())
+
+
 @pytest.mark.parametrize(
     ("kind", "expected"),
     [

@@ -124,6 +124,13 @@ class MultiRunManager:
         self._published: str | None = None
 
         self._lora_modules: dict[str, LoRAModule] = {}
+        # Each slot's named adapter parameters, listed once: the training loop asks for them
+        # several times an update per run (rows, clipping, zeroing, all-reduce), and listing
+        # them each time grew with the runs. A slot's parameters are the
+        # same objects for the trainer's life (its optimizer holds them; a new run resets
+        # them in place; FSDP leaves them out of its sharding), so only registering another
+        # module changes the lists.
+        self._named_parameters: dict[int, list[tuple[str, torch.nn.Parameter]]] = {}
         self._discovered_hooks: list[DiscoveredHook] = []
         self._forgotten_hooks: list[RunHook] = []
         self._creation_hooks: list[RunHook] = []
@@ -439,14 +446,20 @@ class MultiRunManager:
         if name in self._lora_modules:
             raise ValueError(f"a LoRA module named {name!r} is already registered")
         self._lora_modules[name] = module
+        self._named_parameters.clear()
 
     def get_named_parameters_for_run(self, idx: int) -> list[tuple[str, torch.nn.Parameter]]:
-        self._check_idx(idx)
-        return [
-            (f"{name}.{param_name}", param)
-            for name, module in self._lora_modules.items()
-            for param_name, param in module.named_parameters_for_adapter(idx)
-        ]
+        """Slot `idx`'s adapter parameters, peft-named; a new list each call, of the same
+        parameters."""
+        listed = self._named_parameters.get(idx)
+        if listed is None:
+            self._check_idx(idx)
+            listed = self._named_parameters[idx] = [
+                (f"{name}.{param_name}", param)
+                for name, module in self._lora_modules.items()
+                for param_name, param in module.named_parameters_for_adapter(idx)
+            ]
+        return list(listed)
 
     def get_state_dict_for_run(self, idx: int, *, copy: bool = True) -> dict[str, torch.Tensor]:
         """The run's adapter, peft-named; with `copy=False` views of its slot (see

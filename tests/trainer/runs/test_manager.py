@@ -373,6 +373,12 @@ def test_registered_lora_modules_serve_per_run_parameters_and_resets(experiment:
     assert torch.all(layer.lora_A[0] == 0) and torch.all(layer.lora_A[1] == 1)
     with pytest.raises(ValueError, match="already registered"):
         manager.register_lora_module("model.layers.0.q_proj", layer)
+    # A module registered after the slot's parameters were listed is in the next list.
+    manager.register_lora_module("model.layers.0.v_proj", TinyLoRA(2))
+    names = [name for name, _ in manager.get_named_parameters_for_run(1)]
+    assert names == ["model.layers.0.q_proj.lora_A", "model.layers.0.v_proj.lora_A"]
+    with pytest.raises(IndexError):
+        manager.get_named_parameters_for_run(2)
 
 
 def test_master_publishes_slots_and_progress_for_the_cli(experiment: Path):
