@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The trainer's CUDA checks, in one call on a GPU machine, from the project's root; results
 # under $OUT (default /tmp/gpu-out). Carry the wheels the machine lacks in .gpu/. Sized
-# for about six minutes: every CUDA test of the trainer
+# for about eight minutes: every CUDA test of the trainer
 # (`-k cuda`: the device-parametrised ones), then the anchor's shape with 1 and 4 runs
-# against peft, 8 runs, 4 runs with flex attention, and 4 runs with each layer compiled.
+# against peft, 8 runs, 4 runs with flex attention, 4 runs with each layer compiled, and
+# 16, 32 and 64 runs.
 # Each measurement is its own command with its own time limit and JSON, so one that hangs
 # leaves the others their time and their results.
 set -u
@@ -38,4 +39,7 @@ measure varlen 100 --runs 1,4
 measure varlen-8 60 --runs 8 --no-peft
 measure flex 60 --runs 4 --no-peft --attention flex
 measure compile 90 --runs 4 --no-peft --compile
+# Issue 44's sweep: tokens per update fixed, what grows with the runs (targets: 8 runs
+# >= 0.95x and 64 runs >= 0.85x one run's tokens/s).
+measure runs-16-64 120 --runs 16,32,64 --no-peft
 grep -hE "^  (peft|shared)" "$OUT"/bench-*.txt
