@@ -155,9 +155,10 @@ def fused_on(device: torch.device) -> bool | None:
     """Whether a run's AdamW steps with torch's fused kernel on `device`.
 
     On the CPU, yes: one pass over each tensor instead of the eight foreach operations of
-    `multi_adamw.adamw_step_together`, whose cost per tensor grows with the runs (an
-    update's step at 64 runs of the built-in model: 34 ms against 186 ms, one thread,
-    docs/guides/scaling.md). On a GPU None: the runs step together in a handful of
+    `multi_adamw.adamw_step_together`, whose cost per tensor grows with the runs (the
+    optimizer part of a 64-run update of the built-in model, clipping included: 0.058 s
+    against 0.157 s, one thread, `scripts/optimizer_step_bench.py`, docs/guides/scaling.md).
+    On a GPU None: the runs step together in a handful of
     foreach kernels, whatever their number; the fused kernel, one launch set per run, has
     not been measured against that there. The two give the same update up to rounding,
     and a run steps the same way whether it shares the trainer or not."""
