@@ -58,14 +58,18 @@ def one_by_one(runs, optimizers) -> None:
         optimizer.step()
 
 
-def together(runs, optimizers) -> None:
+def clip_together(runs) -> None:
     clip_grad_norms_together(dict(enumerate(runs)), {i: 1.0 for i in range(len(runs))})
+
+
+def together(runs, optimizers) -> None:
+    clip_together(runs)
     adamw_step_together(optimizers)
 
 
 def fused(runs, optimizers) -> None:
     """The trainer on the CPU: clipping together, then each run's fused AdamW.step()."""
-    clip_grad_norms_together(dict(enumerate(runs)), {i: 1.0 for i in range(len(runs))})
+    clip_together(runs)
     for optimizer in optimizers:
         optimizer.step()
 

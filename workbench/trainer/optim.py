@@ -5,10 +5,9 @@ own AdamW over its own adapter parameters, made by a manager creation hook and d
 deletion hook, and its own schedule. `step()` touches only the runs with data this step
 (`manager.ready_to_update_idxs`): on a GPU all of them in one set of foreach calls
 (`workbench.trainer.multi_adamw`), on the CPU each with torch's fused AdamW (`fused_on`).
-Each run's gradient is clipped by its own norm with its
-own `max_norm`, so a run with a huge loss cannot shrink another run's update: that, the
-per-run loss normalisation (`loss.py`) and the separate parameters are what keep runs
-isolated.
+Each run's gradient is clipped by its own norm with its own `max_norm`, so a run with a
+huge loss cannot shrink another run's update: that, the per-run loss normalisation
+(`loss.py`) and the separate parameters are what keep runs isolated.
 """
 
 from __future__ import annotations

@@ -126,10 +126,10 @@ class MultiRunManager:
         self._lora_modules: dict[str, LoRAModule] = {}
         # Each slot's named adapter parameters, listed once: the training loop asks for them
         # several times an update per run (rows, clipping, zeroing, all-reduce), and listing
-        # them each time grew with the runs. A slot's parameters are the
-        # same objects for the trainer's life (its optimizer holds them; a new run resets
-        # them in place; FSDP leaves them out of its sharding), so only registering another
-        # module changes the lists.
+        # them each time grew with the runs. A slot's parameters are the same objects for
+        # the trainer's life (its optimizer holds them; a new run resets them in place;
+        # FSDP leaves them out of its sharding), so only registering another module
+        # changes the lists.
         self._named_parameters: dict[int, list[tuple[str, torch.nn.Parameter]]] = {}
         self._discovered_hooks: list[DiscoveredHook] = []
         self._forgotten_hooks: list[RunHook] = []
