@@ -16,6 +16,7 @@ from workbench.bench.separate import (
     SeparateBenchError,
     at_once_plan,
     compare_curves,
+    curves_pass,
     run_id_for,
     speedups,
     verdict_of,
@@ -65,18 +66,21 @@ def curves(*runs):
     return {run_id: {"curve": curve} for run_id, curve in runs}
 
 
-def test_a_curve_far_from_the_shared_one_with_the_same_adapter_fails():
+def test_a_curve_far_from_the_shared_one_with_the_same_adapter_is_a_split_that_fails_alone():
     shared = curves(("a", [[0, 0.5, 0], [1, 0.6, 0], [2, 0.7, 1]]))
     same = {"shared": {"runs": shared}, "one_after_another": {"runs": shared}}
     result = compare_curves(same, async_level=1)
     assert result["identical"] and not result["failures"] and not result["drift"]
-    assert verdict_of(result) == "identical"
+    assert verdict_of(result) == "identical" and curves_pass(result)
     other = curves(("a", [[0, 0.5, 0], [1, 0.7, 0], [2, 0.7, 1]]))
     result = compare_curves({"shared": {"runs": shared}, "at_once": {"runs": other}}, 1)
-    assert not result["identical"] and result["failures"] == [
-        "a step 1 in at_once: shared [0.6, 0] vs [0.7, 0]"
-    ]
+    assert not result["identical"] and not result["failures"]
+    assert result["splits"] == ["a step 1 in at_once: shared [0.6, 0] vs [0.7, 0]"]
+    assert result["split_runs"] == ["a"]
+    # Without a seed control to say otherwise, a split fails the benchmark.
+    assert not curves_pass(result)
     assert verdict_of(result).startswith("DIFFERENT: a step 1 in at_once")
+    assert "no seed control run" in verdict_of(result)
 
 
 def test_a_curve_that_drifts_within_the_tolerance_is_reported_not_failed():

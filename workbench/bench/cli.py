@@ -549,6 +549,13 @@ def e2e(
             "figures are known)."
         ),
     ] = True,
+    seed_control: Annotated[
+        bool,
+        typer.Option(
+            help="With --vs separate: train a run whose curve split from its twin's alone "
+            "under 2 other seeds, and pass it if it ends where it does alone."
+        ),
+    ] = True,
 ) -> None:
     """Reward vs wall-clock for RECIPE: `workbench up RECIPE --headless`, for real.
 
@@ -564,11 +571,11 @@ def e2e(
     the whole process trees (and by role), peak memory, each run's time to its first and
     last step, and where the time went (trainer, orchestrators, vLLM: busy, waiting,
     starting); the speedups over the shared setup; and whether every run's curve is the
-    same in every setup (exit status 1 if not). benchmarks/results/e2e-separate-latest.json
-    and .png.
+    same in every setup (exit status 1 if not; a run that split, alone under other seeds
+    too). benchmarks/results/e2e-separate-latest.json and .png.
     """
     if vs is not None:
-        _e2e_vs_separate(recipe, vs, runs, max_steps, at_once, keep_outputs, separate)
+        _e2e_vs_separate(recipe, vs, runs, max_steps, at_once, keep_outputs, separate, seed_control)
         return
     from workbench.bench.e2e import run_e2e_benchmark
 
@@ -588,6 +595,7 @@ def _e2e_vs_separate(
     at_once: bool,
     keep_outputs: bool,
     separate: bool,
+    seed_control: bool,
 ) -> None:
     from workbench.bench.separate import SeparateBenchError, run_separate_benchmark
 
@@ -601,6 +609,7 @@ def _e2e_vs_separate(
             at_once=at_once,
             keep_outputs=keep_outputs,
             separate=separate,
+            seed_control=seed_control,
         )
     except SeparateBenchError as err:
         raise typer.BadParameter(str(err)) from None

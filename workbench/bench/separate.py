@@ -25,10 +25,12 @@ Each run's curve (reward_mean and policy version of every orchestrator step) mus
 same in every setup. Bit for bit it need not be: packed beside other runs, a run's tokens
 go through matmuls of other shapes than alone, so its adapter differs in the last bits, and
 sooner or later one sampled token differs. So the result says whether the curves are
-identical, or from which step they drift and by how much; a step that sampled with the
-same adapter version and is more than `CURVE_TOLERANCE` off fails the benchmark, as does a
-step sampled with another adapter when `async_level = 0`. Above 0, timing may pick which
-adapter a step samples with: from the first step that did, the curves are not compared.
+identical, or from which step they drift and by how much. A step that sampled with the
+same adapter version and is more than `CURVE_TOLERANCE` off splits the run: the seed
+control (`workbench.bench.seed_control`) then trains it alone under other seeds, and the
+benchmark fails if its shared outcome lies outside what it does alone. A step sampled with
+another adapter when `async_level = 0` fails it. Above 0, timing may pick which adapter a
+step samples with: from the first step that did, the curves are not compared.
 
 Results: `benchmarks/results/e2e-separate-*.json` and `e2e-separate-latest.png`.
 """
@@ -108,44 +110,62 @@ class Experiment:
 def write_recipes(recipe: Path, runs: int, scratch: Path) -> dict[str, list[Experiment]]:
     """The recipes of every setup, written under `scratch`: one experiment of the N runs,
     and N of one run each (the same experiments serve both separate setups)."""
-    from workbench.config import parse_toml
-
     if not 1 <= runs <= len(LEARNING_RATES):
         raise SeparateBenchError(f"--runs must be 1 to {len(LEARNING_RATES)}, not {runs}")
-    text = recipe.read_text(encoding="utf-8")
-    if "sweep" in parse_toml(text, recipe):
-        raise SeparateBenchError(f"{recipe}: a [sweep] recipe; give one with plain [[runs]]")
-    lrs = LEARNING_RATES[:runs]
-
-    def experiment(name: str, chosen: tuple[float, ...], directory: Path) -> Experiment:
-        import tomlkit
-
-        document = parse_toml(text, recipe)
-        document.setdefault("experiment", tomlkit.table())
-        document["experiment"]["name"] = name
-        document["experiment"]["output_dir"] = f"outputs/{name}"
-        for section, key, value in (("trainer", "max_concurrent_runs", runs),
-                                    ("inference", "max_loras", 2 * runs)):  # fmt: skip
-            table = document.setdefault(section, tomlkit.table())
-            table[key] = max(int(table.get(key, 0)), value)
-        tables = tomlkit.aot()
-        for lr in chosen:
-            table = tomlkit.table()
-            table["id"] = run_id_for(lr)
-            table["lr"] = lr
-            tables.append(table)
-        document["runs"] = tables
-        directory.mkdir(parents=True)
-        path = directory / f"{name}.toml"
-        path.write_text(document.as_string(), encoding="utf-8")
-        return Experiment(name, path, directory, tuple(run_id_for(lr) for lr in chosen))
-
+    every_run = [BenchRun(run_id_for(lr), lr) for lr in LEARNING_RATES[:runs]]
     base = recipe.stem
     separate = [
-        experiment(f"{base}_{run_id_for(lr)}", (lr,), scratch / "separate" / run_id_for(lr))
-        for lr in lrs
+        write_experiment(recipe, f"{base}_{run.id}", [run], runs, scratch / "separate" / run.id)
+        for run in every_run
     ]
-    return {"shared": [experiment(f"{base}_shared", lrs, scratch / "shared")], "separate": separate}
+    shared = write_experiment(recipe, f"{base}_shared", every_run, runs, scratch / "shared")
+    return {"shared": [shared], "separate": separate}
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One `[[runs]]` table of a benchmark experiment: the recipe's run, but its id, its
+    learning rate and (for a seed control) its seed."""
+
+    id: str
+    lr: float
+    seed: int | None = None
+
+
+def write_experiment(
+    recipe: Path, name: str, runs: list[BenchRun], slots: int, directory: Path
+) -> Experiment:
+    """RECIPE with `runs` for its `[[runs]]`, under `directory`. Every experiment of one
+    benchmark gets the slots and adapters of its largest (`slots` runs): vLLM's adapter
+    batch and the trainer's slots are then the same, so a run is the same run everywhere."""
+    import tomlkit
+
+    from workbench.config import parse_toml
+
+    text = recipe.read_text(encoding="utf-8")
+    document = parse_toml(text, recipe)
+    if "sweep" in document:
+        raise SeparateBenchError(f"{recipe}: a [sweep] recipe; give one with plain [[runs]]")
+    document.setdefault("experiment", tomlkit.table())
+    document["experiment"]["name"] = name
+    document["experiment"]["output_dir"] = f"outputs/{name}"
+    for section, key, value in (("trainer", "max_concurrent_runs", slots),
+                                ("inference", "max_loras", 2 * slots)):  # fmt: skip
+        table = document.setdefault(section, tomlkit.table())
+        table[key] = max(int(table.get(key, 0)), value)
+    tables = tomlkit.aot()
+    for run in runs:
+        table = tomlkit.table()
+        table["id"] = run.id
+        table["lr"] = run.lr
+        if run.seed is not None:
+            table["seed"] = run.seed
+        tables.append(table)
+    document["runs"] = tables
+    directory.mkdir(parents=True)
+    path = directory / f"{name}.toml"
+    path.write_text(document.as_string(), encoding="utf-8")
+    return Experiment(name, path, directory, tuple(run.id for run in runs))
 
 
 # ---------------------------------------------------------------- running a setup
@@ -323,11 +343,13 @@ def compare_curves(setups: dict[str, dict[str, Any]], async_level: int) -> dict[
 
     `identical`: every step the same. Otherwise `drift` lists each run's first step that
     differs (same adapter version, a reward a little off) and `max_drift` the largest gap
-    from there on; the curves fail only where a step that sampled with the same adapter is
-    more than `CURVE_TOLERANCE` off (`failures`), or a step is missing.
+    within the tolerance. A step that sampled with the same adapter and is more than
+    `CURVE_TOLERANCE` off is a split (`splits`, its runs in `split_runs`): the seed control
+    judges it. A missing step, or another adapter when `async_level = 0`, is a failure.
     """
     reference = setups["shared"]["runs"]
-    failures, timing, drift = [], [], []
+    failures, splits, timing, drift = [], [], [], []
+    split_runs: set[str] = set()
     max_drift = 0.0
     for setup, result in setups.items():
         if setup == "shared" or "runs" not in result:
@@ -343,20 +365,26 @@ def compare_curves(setups: dict[str, dict[str, Any]], async_level: int) -> dict[
                 if mine == theirs:
                     continue
                 where = f"{run_id} step {mine[0]} in {setup}: shared {mine[1:]} vs {theirs[1:]}"
-                if mine[2] != theirs[2] and async_level > 0:
-                    timing.append(where + " (sampled with another adapter: not compared on)")
+                if mine[2] != theirs[2]:
+                    if async_level > 0:
+                        timing.append(where + " (sampled with another adapter: not compared on)")
+                    else:
+                        failures.append(where + " (sampled with another adapter)")
                     break
-                gap = abs(mine[1] - theirs[1]) if mine[2] == theirs[2] else math.inf
+                gap = abs(mine[1] - theirs[1])
                 if gap > CURVE_TOLERANCE:
-                    failures.append(where)
+                    splits.append(where)
+                    split_runs.add(run_id)
                     break
                 if not drifted:
                     drift.append(where)
                     drifted = True
                 max_drift = max(max_drift, gap)
     return {
-        "identical": not (failures or timing or drift),
+        "identical": not (failures or splits or timing or drift),
         "failures": failures,
+        "splits": splits,
+        "split_runs": sorted(split_runs),
         "timing": timing,
         "drift": drift,
         "max_drift": max_drift,
@@ -417,9 +445,11 @@ def run_separate_benchmark(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     keep_outputs: bool = False,
     separate: bool = True,
+    seed_control: bool = True,
 ) -> dict[str, Any]:
-    """Every setup in turn, then the comparison, JSON, plot and table; `exit_code` 1 when a
-    setup had problems or a curve differs."""
+    """Every setup in turn, then the comparison (and the seed control of any split run),
+    JSON, plot and table; `exit_code` 1 when a setup had problems, a curve differs, or a
+    split run ends outside what it does alone under other seeds."""
     from workbench.bench.results import RESULTS_DIR, write_result
     from workbench.recipe import load_recipe
 
@@ -433,6 +463,14 @@ def run_separate_benchmark(
     setups = _run_setups(experiments, max_steps, timeout_s, at_once, separate)
     curves = compare_curves(setups, loaded.defaults.async_level)
     problems = [p for result in setups.values() for p in result.get("problems", [])]
+    if curves["split_runs"] and seed_control:
+        from workbench.bench.seed_control import run_seed_control
+
+        curves["seed_control"] = run_seed_control(
+            recipe, curves["split_runs"], setups, run_seed=loaded.defaults.seed, slots=runs,
+            scratch=scratch, max_steps=max_steps, timeout_s=timeout_s,
+        )  # fmt: skip
+        problems += curves["seed_control"]["problems"]
     report: dict[str, Any] = {
         "recipe": str(recipe),
         "runs": runs,
@@ -447,7 +485,7 @@ def run_separate_benchmark(
         "process's own time as last sampled from /proc (twice a second)",
         "peak_rss_measured_as": "the largest sum of the RSS of every process of the setup's "
         "trees at one sample (shared pages count once per process)",
-        "exit_code": 1 if problems or curves["failures"] else 0,
+        "exit_code": 1 if problems or not curves_pass(curves) else 0,
     }
     report["summary"] = summary_rows(report)
     json_path = write_result("e2e-separate", report, results_dir=RESULTS_DIR)
@@ -510,13 +548,37 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+def curves_pass(curves: dict[str, Any]) -> bool:
+    """No failure, and every split run within what it does alone under other seeds."""
+    from workbench.bench.seed_control import explained
+
+    return not curves["failures"] and explained(curves)
+
+
 def verdict_of(curves: dict[str, Any]) -> str:
-    """The curves' comparison in a line: identical, within the tolerance, or different."""
-    if curves["failures"]:
-        return "DIFFERENT: " + "; ".join(curves["failures"] + curves["timing"])
+    """The curves' comparison in a line: identical, within the tolerance, split but within
+    the seed control's spread, or different."""
+    from workbench.bench.seed_control import describe
+
+    control = curves.get("seed_control")
+    if not curves_pass(curves):
+        said = "DIFFERENT: " + "; ".join(curves["failures"] + curves["splits"] + curves["timing"])
+        if control:
+            said += f"; seed control: {describe(control)}"
+        elif curves["splits"]:
+            said += "; no seed control run (--no-seed-control)"
+        return said
     if curves["identical"]:
         return "identical"
-    said = [f"within {CURVE_TOLERANCE} of the shared curves"]
+    said = []
+    if curves["splits"]:
+        said.append(
+            f"{len(curves['split_runs'])} split past {CURVE_TOLERANCE} and end where they do "
+            f"alone ({'; '.join(curves['splits'])}; seed control: {describe(control)})"  # type: ignore[arg-type]
+        )
+    said.append(
+        f"{'the others' if said else 'every run'} within {CURVE_TOLERANCE} of the shared curves"
+    )
     if curves["drift"]:
         said.append(
             f"largest gap {curves['max_drift']:.4f} from the first step that differs: "
@@ -580,7 +642,7 @@ def render(report: dict[str, Any]) -> bytes:
     walls, curves, breakdown = figure.subplots(1, 3)
 
     _draw_wall_times(walls, report, setups)
-    _draw_curves(curves, setups)
+    _draw_curves(curves, setups, report["curves"].get("seed_control"))
     _draw_time_breakdown(breakdown, setups)
     figure.suptitle(f"{Path(report['recipe']).stem}: one experiment vs separate experiments")
     buffer = io.BytesIO()
@@ -600,11 +662,18 @@ def _draw_wall_times(walls: Any, report: dict[str, Any], setups: dict[str, Any])
     walls.set_title(f"{report['runs']} runs x {report['max_steps']} steps")
 
 
-def _draw_curves(curves: Any, setups: dict[str, Any]) -> None:
+def _draw_curves(curves: Any, setups: dict[str, Any], control: dict[str, Any] | None) -> None:
+    from workbench.bench.seed_control import split_run_of
     from workbench.curves import run_colours
 
     run_ids = sorted({run_id for r in setups.values() for run_id in r["runs"]})
     colours = run_colours(run_ids)
+    for run_id, curve in (control or {}).get("curves", {}).items():
+        split_run = split_run_of(run_id)
+        points = [(step, reward) for step, reward, _ in curve]
+        if points and split_run in colours:
+            steps, rewards = zip(*points, strict=True)
+            curves.plot(steps, rewards, "-.", color=colours[split_run], linewidth=0.8)
     styles = {"shared": "-", "one_after_another": "--", "at_once": ":"}
     for name, result in setups.items():
         for run_id, run in result["runs"].items():
@@ -615,7 +684,10 @@ def _draw_curves(curves: Any, setups: dict[str, Any]) -> None:
                 curves.plot(
                     steps, rewards, styles.get(name, "-"), color=colours[run_id], label=label
                 )
-    curves.set_xlabel("step (solid: shared, dashed: one after another, dotted: at once)")
+    curves.set_xlabel(
+        "step (solid: shared, dashed: one after another, dotted: at once, "
+        "dash-dot: alone under another seed)"
+    )
     curves.set_ylabel("mean reward of the step's batch")
     curves.set_title("every run's curve in every setup")
     if curves.lines:

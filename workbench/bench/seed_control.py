@@ -1,0 +1,166 @@
+"""The seed control of `bench e2e --vs separate`: does a run whose curve split from its lone
+twin still learn as it does alone?
+
+Packed beside other runs, a run's tokens go through matmuls of other shapes than alone, so
+its adapter differs from its twin's in the last bits. A run that learns steadily shrugs
+that off (its curves stay within `CURVE_TOLERANCE`). A run near the edge of stability (the
+built-in recipe above lr 8e-3) does not: one token sampled differently sends shared and
+alone down different paths, and a later step's rewards can be further apart than the
+tolerance. Any perturbation would split such a run; another seed is a far larger one. So
+the curves alone cannot tell the shared trainer changing a run from a run that is chaotic.
+
+What can: the run trained alone again under other seeds. Its outcome, the mean reward of
+its last `OUTCOME_STEPS` steps, is compared with the outcomes alone (its twin, same seed,
+and `CONTROL_SEEDS` other seeds, each its own experiment). The split run passes when its
+shared outcome lies within `CURVE_TOLERANCE` of the range its outcomes alone span: it ends
+where the same run alone ends under some seed. It fails when sharing takes it outside
+that: then the shared trainer, not chance, changed how it learns.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from workbench.bench import separate
+from workbench.bench.separate import (
+    CURVE_TOLERANCE,
+    LEARNING_RATES,
+    BenchRun,
+    Experiment,
+    run_id_for,
+    write_experiment,
+)
+
+CONTROL_SEEDS = 2  # other seeds per split run: with its twin, three outcomes alone
+OUTCOME_STEPS = 5
+SEED_MARK = "-seed"  # a control run's id: the split run's, this, the seed
+
+
+def outcome(curve: list[list[Any]]) -> float | None:
+    """The mean reward of a curve's last `OUTCOME_STEPS` steps (None without steps)."""
+    rewards = [point[1] for point in curve[-OUTCOME_STEPS:]]
+    return statistics.fmean(rewards) if rewards else None
+
+
+def control_seeds(run_seed: int, count: int = CONTROL_SEEDS) -> tuple[int, ...]:
+    return tuple(run_seed + i for i in range(1, count + 1))
+
+
+def control_run_id(run_id: str, seed: int) -> str:
+    return f"{run_id}{SEED_MARK}{seed}"
+
+
+def split_run_of(control_id: str) -> str:
+    """The split run a control run trains alone: `lr8p5e-3` for `lr8p5e-3-seed1`."""
+    return control_id.rsplit(SEED_MARK, 1)[0]
+
+
+def write_controls(
+    recipe: Path, split_runs: list[str], seeds: tuple[int, ...], slots: int, scratch: Path
+) -> list[Experiment]:
+    """One experiment of one run per split run and seed, with the benchmark's slots."""
+    lr_of = {run_id_for(lr): lr for lr in LEARNING_RATES}
+    return [
+        write_experiment(
+            recipe,
+            f"{recipe.stem}_{control_run_id(run_id, seed)}",
+            [BenchRun(control_run_id(run_id, seed), lr_of[run_id], seed)],
+            slots,
+            scratch / "seed_control" / control_run_id(run_id, seed),
+        )
+        for run_id in split_runs
+        for seed in seeds
+    ]
+
+
+def judge(
+    split_runs: list[str],
+    setups: dict[str, dict[str, Any]],
+    control: dict[str, Any],
+    seeds: tuple[int, ...],
+) -> dict[str, dict[str, Any]]:
+    """Per split run: its outcome shared, alone (its twins by setup, the controls by seed),
+    and whether the shared one lies within `CURVE_TOLERANCE` of the range alone."""
+    verdicts = {}
+    for run_id in split_runs:
+        shared = outcome(setups["shared"]["runs"][run_id]["curve"])
+        twins = {
+            name: outcome(result["runs"][run_id]["curve"])
+            for name, result in setups.items()
+            if name != "shared" and run_id in result.get("runs", {})
+        }
+        controls = {
+            str(seed): outcome(
+                control.get("runs", {}).get(control_run_id(run_id, seed), {}).get("curve", [])
+            )
+            for seed in seeds
+        }
+        alone = [value for value in (*twins.values(), *controls.values()) if value is not None]
+        complete = shared is not None and None not in controls.values() and bool(twins)
+        low, high = (min(alone), max(alone)) if alone else (None, None)
+        within = (
+            complete and low - CURVE_TOLERANCE <= shared <= high + CURVE_TOLERANCE  # type: ignore[operator]
+        )
+        verdicts[run_id] = {
+            "shared": _rounded(shared),
+            "twins": {name: _rounded(value) for name, value in twins.items()},
+            "other_seeds": {seed: _rounded(value) for seed, value in controls.items()},
+            "alone_range": [_rounded(low), _rounded(high)],
+            "within_spread": bool(within),
+        }
+    return verdicts
+
+
+def run_seed_control(
+    recipe: Path,
+    split_runs: list[str],
+    setups: dict[str, dict[str, Any]],
+    *,
+    run_seed: int,
+    slots: int,
+    scratch: Path,
+    max_steps: int,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Train each split run alone under other seeds, one experiment after another, and
+    judge it (see the module docstring)."""
+    seeds = control_seeds(run_seed)
+    experiments = write_controls(recipe, split_runs, seeds, slots, scratch)
+    control = separate.run_setup(
+        "seed_control", experiments, max_steps=max_steps, timeout_s=timeout_s
+    )
+    return {
+        "outcome": f"mean reward of the last {OUTCOME_STEPS} steps",
+        "seeds": list(seeds),
+        "runs": judge(split_runs, setups, control, seeds),
+        "curves": {run_id: run["curve"] for run_id, run in control["runs"].items()},
+        "wall_s": control["wall_s"],
+        "cpu_s": control["cpu_s"],
+        "problems": control["problems"],
+    }
+
+
+def explained(curves: dict[str, Any]) -> bool:
+    """Every split run (if any) is within its seed spread."""
+    verdicts = (curves.get("seed_control") or {}).get("runs", {})
+    return all(verdicts.get(run_id, {}).get("within_spread") for run_id in curves["split_runs"])
+
+
+def describe(control: dict[str, Any]) -> str:
+    """The seed control in a line: each split run's outcome shared against alone."""
+    parts = []
+    for run_id, verdict in control["runs"].items():
+        low, high = verdict["alone_range"]
+        where = "within" if verdict["within_spread"] else "OUTSIDE"
+        parts.append(
+            f"{run_id} ends at {verdict['shared']} shared, {low} to {high} alone "
+            f"(seeds {', '.join(map(str, control['seeds']))} and its twin): {where} "
+            f"{CURVE_TOLERANCE} of that"
+        )
+    return "; ".join(parts)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
