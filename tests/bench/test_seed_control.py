@@ -72,6 +72,10 @@ def test_a_control_that_did_not_finish_explains_nothing():
     control = control_with(s1=curve(0.7, 0.79, 0.81))  # seed 2's experiment left no steps
     verdict = judge(["lr8p5e-3"], setups_with(shared, twin), control, (1, 2))["lr8p5e-3"]
     assert not verdict["within_spread"] and verdict["other_seeds"]["2"] is None
+    # Stopped after 2 of 3 steps: its last steps are not the run's outcome.
+    control = control_with(s1=curve(0.7, 0.79, 0.81), s2=curve(0.7, 0.8))
+    verdict = judge(["lr8p5e-3"], setups_with(shared, twin), control, (1, 2))["lr8p5e-3"]
+    assert not verdict["within_spread"] and verdict["other_seeds"]["2"] is None
 
 
 def test_controls_are_the_split_run_alone_with_its_settings_but_the_seed(tmp_path: Path):

@@ -44,6 +44,11 @@ def outcome(curve: list[list[Any]]) -> float | None:
     return statistics.fmean(rewards) if rewards else None
 
 
+def finished_outcome(curve: list[list[Any]], steps: int) -> float | None:
+    """The outcome of a curve of `steps` steps; None for one cut short."""
+    return outcome(curve) if len(curve) == steps else None
+
+
 def control_seeds(run_seed: int, count: int = CONTROL_SEEDS) -> tuple[int, ...]:
     return tuple(run_seed + i for i in range(1, count + 1))
 
@@ -82,23 +87,28 @@ def judge(
     seeds: tuple[int, ...],
 ) -> dict[str, dict[str, Any]]:
     """Per split run: its outcome shared, alone (its twins by setup, the controls by seed),
-    and whether the shared one lies within `CURVE_TOLERANCE` of the range alone."""
+    and whether the shared one lies within `CURVE_TOLERANCE` of the range alone. A curve
+    alone with fewer steps than the shared one (an experiment that did not finish) has no
+    outcome, and the run is then not judged within."""
     verdicts = {}
     for run_id in split_runs:
-        shared = outcome(setups["shared"]["runs"][run_id]["curve"])
+        shared_curve = setups["shared"]["runs"][run_id]["curve"]
+        steps = len(shared_curve)
+        shared = outcome(shared_curve)
         twins = {
-            name: outcome(result["runs"][run_id]["curve"])
+            name: finished_outcome(result["runs"][run_id]["curve"], steps)
             for name, result in setups.items()
             if name != "shared" and run_id in result.get("runs", {})
         }
         controls = {
-            str(seed): outcome(
-                control.get("runs", {}).get(control_run_id(run_id, seed), {}).get("curve", [])
+            str(seed): finished_outcome(
+                control.get("runs", {}).get(control_run_id(run_id, seed), {}).get("curve", []),
+                steps,
             )
             for seed in seeds
         }
         alone = [value for value in (*twins.values(), *controls.values()) if value is not None]
-        complete = shared is not None and None not in controls.values() and bool(twins)
+        complete = shared is not None and len(alone) == len(twins) + len(controls) and bool(twins)
         low, high = (min(alone), max(alone)) if alone else (None, None)
         within = (
             complete and low - CURVE_TOLERANCE <= shared <= high + CURVE_TOLERANCE  # type: ignore[operator]
