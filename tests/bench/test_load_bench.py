@@ -100,6 +100,21 @@ def test_every_run_added_is_finished_evicted_training_or_queued_else_lost():
     ]
 
 
+def test_a_run_whose_orchestrator_waits_for_inference_is_not_started_unless_inference_is_up():
+    # A starved machine: vLLM still starting when the load ends. Its runs are queued, their
+    # orchestrators wait for it: not started, not lost. With vLLM ready, a waiting
+    # orchestrator is one the supervisor failed to start: lost.
+    runs = statuses(run_a="active", run_w="waiting")
+    queue = trainer({0: "run_a"}, ("run_w",))
+    waiting = {"run_a": "waiting", "run_w": "waiting"}
+    assert checks.lost_runs(["run_a", "run_w"], runs, queue, waiting, "starting") == []
+    assert checks.not_started(["run_a", "run_w", "run_x"], waiting) == ["run_a", "run_w"]
+    assert checks.lost_runs(["run_a", "run_w"], runs, queue, waiting, "ready") == [
+        "run_a: active, its orchestrator waiting",
+        "run_w: waiting, its orchestrator waiting",
+    ]
+
+
 def finished_run(tmp_path: Path, trained: list[int], written: list[int]) -> Path:
     run = make_run(tmp_path, "run_a", "max_steps = 4\n")
     for step in written:

@@ -4,7 +4,9 @@ tests build the files by hand).
 - no leaked slot: every slot the trainer holds (`trainer/runs.json`) belongs to a run that
   may train (not evicted, finished, rejected or gone), and no slot is free while a run waits;
 - no lost run: every run ever added is finished, evicted, training in a slot, or waiting
-  in the trainer's queue, and every run that may train has a live orchestrator;
+  in the trainer's queue, and every run that may train has a live orchestrator, or one
+  that waits for inference to be ready (a starved machine's vLLM may still be starting at
+  the end: such runs are not started yet, and counted apart);
 - complete metrics: a finished run's `metrics.jsonl` has the trainer's record of every step
   1..max_steps and the orchestrator's record of every batch it wrote for them; no run has a
   gap in its trained steps;
@@ -22,7 +24,7 @@ from workbench.files import layout
 from workbench.files.metrics import read_metrics
 from workbench.orchestrator.__main__ import EXIT_EVICTED
 from workbench.status import RunStatus
-from workbench.supervisor.lifecycle import STARTED_STATES
+from workbench.supervisor.lifecycle import STARTED_STATES, UP_STATES, ProcessState
 
 ENDED = ("evicted", "diverged", "finished", "rejected")
 # How an orchestrator may end by itself: done, or evicted (it saw control/evicted.txt).
@@ -53,8 +55,11 @@ def lost_runs(
     statuses: list[RunStatus],
     trainer: dict[str, Any] | None,
     orchestrators: dict[str, str],
+    inference: str | None = None,
 ) -> list[str]:
-    """Runs added that are nowhere: `orchestrators` maps run ids to their process state."""
+    """Runs added that are nowhere: `orchestrators` maps run ids to their process state,
+    `inference` is inference's. An orchestrator waiting while inference is not up is not
+    started yet (`not_started`); waiting while inference is up, it is lost."""
     by_id = {status.id: status for status in statuses}
     queued = set((trainer or {}).get("waiting") or [])
     lost = []
@@ -69,9 +74,16 @@ def lost_runs(
             lost.append(f"{run_id}: {status.status}: {status.reason}")
         elif status.status == "waiting" and run_id not in queued:
             lost.append(f"{run_id}: waiting, but not in the trainer's queue")
+        elif orchestrators.get(run_id) == ProcessState.WAITING and inference not in UP_STATES:
+            continue  # not started yet: the supervisor starts it once inference is ready
         elif orchestrators.get(run_id) not in STARTED_STATES:
             lost.append(f"{run_id}: {status.status}, its orchestrator {orchestrators.get(run_id)}")
     return lost
+
+
+def not_started(added: list[str], orchestrators: dict[str, str]) -> list[str]:
+    """Runs added whose orchestrator waits for a process it needs to be ready."""
+    return [run_id for run_id in added if orchestrators.get(run_id) == ProcessState.WAITING]
 
 
 def metrics_problems(run: Path, finished: bool) -> list[str]:

@@ -201,29 +201,35 @@ def _slots_held(experiment: Path) -> int:
 def settle_and_check(exp: FaultExperiment, log: ChurnLog) -> dict[str, Any]:
     """The checks, once the trainer has caught up with the last changes (or its time is up)."""
 
-    def current() -> tuple[list[str], list[str]]:
+    def current() -> tuple[list[str], list[str], list[str]]:
+        """Slot problems, lost runs, runs not started (see `checks.lost_runs`)."""
         statuses = run_statuses(exp.path)
         trainer = read_trainer_state(exp.path)
+        processes = exp.state().get("processes") or {}
         orchestrators = {
             name: str(record.get("state"))
-            for name, record in (exp.state().get("processes") or {}).items()
+            for name, record in processes.items()
             if isinstance(record, dict) and record.get("kind") == "orchestrator"
         }
-        slots = checks.slot_problems(statuses, trainer)
-        return slots, checks.lost_runs(log.added, statuses, trainer, orchestrators)
+        inference = (processes.get("inference") or {}).get("state")
+        return (
+            checks.slot_problems(statuses, trainer),
+            checks.lost_runs(log.added, statuses, trainer, orchestrators, inference),
+            checks.not_started(log.added, orchestrators),
+        )
 
     # Runs go on finishing while this looks, so a slot may be seen held by a run that
     # finished a moment ago: what counts is the reading that settled, or the last one.
-    readings: list[tuple[list[str], list[str]]] = []
+    readings: list[tuple[list[str], list[str], list[str]]] = []
 
     def settled() -> bool:
         readings.append(current())
-        return readings[-1] == ([], [])
+        return readings[-1][:2] == ([], [])
 
     settle_started = time.monotonic()
     exp.wait(settled, SETTLE_TIMEOUT_S, 1.0)
     settled_s = time.monotonic() - settle_started
-    slots, lost = readings[-1]
+    slots, lost, waiting = readings[-1]
     statuses = run_statuses(exp.path)
     counts = {name: sum(s.status == name for s in statuses) for name in STATUSES}
     metrics = []
@@ -232,7 +238,7 @@ def settle_and_check(exp: FaultExperiment, log: ChurnLog) -> dict[str, Any]:
         metrics += checks.metrics_problems(run, run_control.is_finished(run))
     return {
         "settled_s": round(settled_s, 1),
-        "runs": {"added": len(log.added), **counts, "lost": lost},
+        "runs": {"added": len(log.added), **counts, "lost": lost, "not_started": waiting},
         "slot_problems": slots,
         "supervisor_alive": exp.supervisor_pid() is not None,
         "crashes": checks.crash_problems(exp.state()),
@@ -282,7 +288,8 @@ def summary_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     keys, poll = tui["keys"], tui["poll"]
     return [
         _row("runs added / evicted", f"{runs['added']} / {churn['evicted_active'] + churn['evicted_waiting']}"),
-        _row("runs finished / lost", f"{runs['finished']} / {len(runs['lost'])}"),
+        _row("runs finished / not started (inference not ready) / lost",
+             f"{runs['finished']} / {len(runs.get('not_started', []))} / {len(runs['lost'])}"),
         _row("leaked slots, crashes", f"{len(payload['slot_problems'])}, {len(payload['crashes'])}"),
         _row("incomplete metrics", len(payload["metrics_problems"])),
         _row("processes left after down", len(payload["after_down"]["orphans"])),
