@@ -553,7 +553,8 @@ def e2e(
         bool,
         typer.Option(
             help="With --vs separate: train a run whose curve split from its twin's alone "
-            "under 2 other seeds, and pass it if it ends where it does alone."
+            "under 4 other seeds, and pass it if it ends where it ends alone (a 95 % "
+            "prediction interval)."
         ),
     ] = True,
 ) -> None:

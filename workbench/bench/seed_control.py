@@ -10,15 +10,22 @@ tolerance. Any perturbation would split such a run; another seed is a far larger
 the curves alone cannot tell the shared trainer changing a run from a run that is chaotic.
 
 What can: the run trained alone again under other seeds. Its outcome, the mean reward of
-its last `OUTCOME_STEPS` steps, is compared with the outcomes alone (its twin, same seed,
-and `CONTROL_SEEDS` other seeds, each its own experiment). The split run passes when its
-shared outcome lies within `CURVE_TOLERANCE` of the range its outcomes alone span: it ends
-where the same run alone ends under some seed. It fails when sharing takes it outside
-that: then the shared trainer, not chance, changed how it learns.
+its last `OUTCOME_STEPS` steps, is compared with its outcomes alone: its twin's (same
+seed) and those of `CONTROL_SEEDS` other seeds, each its own experiment. From these n
+outcomes alone, a 95 % prediction interval for one more run alone (Student's t with n - 1
+degrees of freedom: mean +- t * sd * sqrt(1 + 1/n)), never narrower than
+`CURVE_TOLERANCE` on each side. The split run passes when its shared outcome lies inside:
+it ends where the run ends alone. Outside, sharing changed how it learns (or, 1 time in
+20, chance did: the benchmark can be run again).
+
+The check is only as sharp as the run's own spread: for a run whose outcome alone moves
+0.05 from seed to seed it cannot see a change of 0.05. The result says what the spread
+was (`alone`, `interval`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -33,8 +40,13 @@ from workbench.bench.separate import (
     write_experiment,
 )
 
-CONTROL_SEEDS = 2  # other seeds per split run: with its twin, three outcomes alone
+# Other seeds per split run: with its twin, 5 outcomes alone (6 with an at-once twin). A
+# prediction interval from 3 would be +-5 sd wide (t = 4.30), from 5 +-3 sd.
+CONTROL_SEEDS = 4
 OUTCOME_STEPS = 5
+# Student's t, two-sided 95 % (the 0.975 quantile), by degrees of freedom: the standard
+# table's values (scipy.stats.t.ppf(0.975, df) gives the same to 3 decimals).
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 SEED_MARK = "-seed"  # a control run's id: the split run's, this, the seed
 
 
@@ -80,6 +92,15 @@ def write_controls(
     ]
 
 
+def prediction_interval(alone: list[float]) -> tuple[float, float]:
+    """Where one more outcome alone falls 95 times in 100 (see the module docstring)."""
+    n = len(alone)
+    mean = statistics.fmean(alone)
+    half = T_975[n - 1] * statistics.stdev(alone) * math.sqrt(1 + 1 / n)
+    half = max(half, CURVE_TOLERANCE)
+    return mean - half, mean + half
+
+
 def judge(
     split_runs: list[str],
     setups: dict[str, dict[str, Any]],
@@ -87,9 +108,9 @@ def judge(
     seeds: tuple[int, ...],
 ) -> dict[str, dict[str, Any]]:
     """Per split run: its outcome shared, alone (its twins by setup, the controls by seed),
-    and whether the shared one lies within `CURVE_TOLERANCE` of the range alone. A curve
+    the prediction interval from those alone, and whether the shared one is inside. A curve
     alone with fewer steps than the shared one (an experiment that did not finish) has no
-    outcome, and the run is then not judged within."""
+    outcome, and the run is then not judged inside."""
     verdicts = {}
     for run_id in split_runs:
         shared_curve = setups["shared"]["runs"][run_id]["curve"]
@@ -108,17 +129,20 @@ def judge(
             for seed in seeds
         }
         alone = [value for value in (*twins.values(), *controls.values()) if value is not None]
-        complete = shared is not None and len(alone) == len(twins) + len(controls) and bool(twins)
-        low, high = (min(alone), max(alone)) if alone else (None, None)
-        within = (
-            complete and low - CURVE_TOLERANCE <= shared <= high + CURVE_TOLERANCE  # type: ignore[operator]
+        complete = (
+            shared is not None
+            and len(alone) == len(twins) + len(controls)
+            and 2 <= len(alone) <= len(T_975) + 1
         )
+        low, high = prediction_interval(alone) if complete else (None, None)
         verdicts[run_id] = {
             "shared": _rounded(shared),
             "twins": {name: _rounded(value) for name, value in twins.items()},
             "other_seeds": {seed: _rounded(value) for seed, value in controls.items()},
-            "alone_range": [_rounded(low), _rounded(high)],
-            "within_spread": bool(within),
+            "alone_mean": _rounded(statistics.fmean(alone)) if alone else None,
+            "alone_sd": _rounded(statistics.stdev(alone)) if len(alone) > 1 else None,
+            "interval": [_rounded(low), _rounded(high)],
+            "within_spread": complete and low <= shared <= high,  # type: ignore[operator]
         }
     return verdicts
 
@@ -162,12 +186,14 @@ def describe(control: dict[str, Any]) -> str:
     """The seed control in a line: each split run's outcome shared against alone."""
     parts = []
     for run_id, verdict in control["runs"].items():
-        low, high = verdict["alone_range"]
-        where = "within" if verdict["within_spread"] else "OUTSIDE"
+        low, high = verdict["interval"]
+        alone = [*verdict["twins"].values(), *verdict["other_seeds"].values()]
+        where = "inside" if verdict["within_spread"] else "OUTSIDE"
         parts.append(
-            f"{run_id} ends at {verdict['shared']} shared, {low} to {high} alone "
-            f"(seeds {', '.join(map(str, control['seeds']))} and its twin): {where} "
-            f"{CURVE_TOLERANCE} of that"
+            f"{run_id} ends at {verdict['shared']} shared, alone at "
+            f"{', '.join(map(str, alone))} (its twin; seeds "
+            f"{', '.join(map(str, control['seeds']))}): {where} the 95 % interval "
+            f"{low} to {high}"
         )
     return "; ".join(parts)
 
