@@ -637,7 +637,7 @@ def render(report: dict[str, Any]) -> bytes:
     from matplotlib.figure import Figure
 
     setups = {name: r for name, r in report["setups"].items() if "skipped" not in r}
-    figure = Figure(figsize=(18, 5), dpi=100)
+    figure = Figure(figsize=(18, 5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     walls, curves, breakdown = figure.subplots(1, 3)
 
@@ -662,13 +662,20 @@ def _draw_wall_times(walls: Any, report: dict[str, Any], setups: dict[str, Any])
     walls.set_title(f"{report['runs']} runs x {report['max_steps']} steps")
 
 
+LEGEND_MAX_RUNS = 10  # more runs' names hide the curves: then only the split runs'
+
+
 def _draw_curves(curves: Any, setups: dict[str, Any], control: dict[str, Any] | None) -> None:
     from workbench.bench.seed_control import split_run_of
     from workbench.curves import run_colours
 
     run_ids = sorted({run_id for r in setups.values() for run_id in r["runs"]})
     colours = run_colours(run_ids)
-    for run_id, curve in (control or {}).get("curves", {}).items():
+    control_curves = (control or {}).get("curves", {})
+    named = {split_run_of(run_id) for run_id in control_curves}
+    if len(run_ids) <= LEGEND_MAX_RUNS:
+        named = set(run_ids)
+    for run_id, curve in control_curves.items():
         split_run = split_run_of(run_id)
         points = [(step, reward) for step, reward, _ in curve]
         if points and split_run in colours:
@@ -680,17 +687,17 @@ def _draw_curves(curves: Any, setups: dict[str, Any], control: dict[str, Any] | 
             points = [(step, reward) for step, reward, _ in run["curve"]]
             if points:
                 steps, rewards = zip(*points, strict=True)
-                label = run_id if name == "shared" else None
+                label = run_id if name == "shared" and run_id in named else None
                 curves.plot(
                     steps, rewards, styles.get(name, "-"), color=colours[run_id], label=label
                 )
     curves.set_xlabel(
-        "step (solid: shared, dashed: one after another, dotted: at once, "
-        "dash-dot: alone under another seed)"
+        "step (solid: shared; dashed: one after another; dotted: at once;\n"
+        "dash-dot: a split run alone under another seed)"
     )
     curves.set_ylabel("mean reward of the step's batch")
     curves.set_title("every run's curve in every setup")
-    if curves.lines:
+    if any(line.get_label() in named for line in curves.lines):
         curves.legend(fontsize="small")
 
 
