@@ -236,6 +236,36 @@ def test_a_thread_sharing_its_cpu_with_a_busy_process_is_seen_waiting_for_it():
     assert parts.cpu_s + parts.cpu_wait_s == pytest.approx(parts.wall_s, abs=0.1)
 
 
+def test_a_thread_blocked_while_another_runs_python_sees_the_other_thread_run():
+    # The poll worker's case: blocked, neither running nor ready, while the event loop's
+    # thread runs. Here this thread waits while another spins for 0.4 s of CPU; the
+    # spinner stays alive until the reading (a thread that has ended takes its time with it).
+    import threading
+
+    spun, release = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        deadline = time.thread_time() + 0.4
+        while time.thread_time() < deadline:
+            pass
+        spun.set()
+        release.wait()
+
+    meter = StallMeter()
+    mark = meter.mark()
+    other = threading.Thread(target=spin)
+    other.start()
+    spun.wait()
+    parts = meter.since(mark)
+    release.set()
+    other.join()
+    meter.close()
+    assert parts.cpu_s < 0.1, "this thread only waited"
+    assert parts.others_cpu_s is not None
+    # The spinner's 0.4 s, and whatever the process's other threads ran meanwhile.
+    assert 0.38 <= parts.others_cpu_s < 1.0, parts
+
+
 # ---------------------------------------------------------------- the churn's process
 
 

@@ -300,8 +300,10 @@ def summary_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
         _row(f"TUI poll p50 / p95 ({tui['runs_shown_at_end']} runs)",
              f"{poll['p50_ms']:.0f} / {poll['p95_ms']:.0f}", "ms"),
         _row("TUI process CPU", tui["process_cpu_percent"], "% core"),
-        _row("slowest 5 % of keys: ran / waited for CPU / rest (gc)", _parts(tui["key_tail"]), "ms"),
-        _row("slowest 5 % of polls: ran / waited for CPU / rest (gc)", _parts(tui["poll_tail"]), "ms"),
+        _row("slowest 5 % of keys: ran / waited for CPU / rest (gc) [other threads ran]",
+             _parts(tui["key_tail"]), "ms"),
+        _row("slowest 5 % of polls: ran / waited for CPU / rest (gc) [other threads ran]",
+             _parts(tui["poll_tail"]), "ms"),
         _row("all checks passed", "yes" if payload["ok"] else "NO"),
     ]  # fmt: skip
 
@@ -311,7 +313,12 @@ def _parts(tail: dict[str, Any] | None) -> str:
     if tail is None:
         return "none"
     wait = "?" if tail["cpu_wait_ms"] is None else f"{tail['cpu_wait_ms']:.0f}"
-    return f"{tail['cpu_ms']:.0f} / {wait} / {tail['other_ms']:.0f} ({tail['gc_ms']:.0f})"
+    others = tail.get("others_cpu_ms")
+    others_ran = "?" if others is None else f"{others:.0f}"
+    return (
+        f"{tail['cpu_ms']:.0f} / {wait} / {tail['other_ms']:.0f} ({tail['gc_ms']:.0f})"
+        f" [{others_ran}]"
+    )
 
 
 def _row(metric: str, value: Any, unit: str | None = None) -> dict[str, Any]:
