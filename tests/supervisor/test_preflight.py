@@ -22,10 +22,16 @@ from typer.testing import CliRunner
 
 from tests.helpers import make_run
 from workbench.cli import app
-from workbench.config import MAX_EVAL_PROMPTS, ConfigError, TrainerSection
+from workbench.config import (
+    MAX_EVAL_PROMPTS,
+    ConfigError,
+    TrainerSection,
+    load_orchestrator_config,
+    model_to_toml,
+)
 from workbench.envs import Environment
 from workbench.experiment import create_experiment
-from workbench.files import run_control
+from workbench.files import layout, run_control
 from workbench.models.char_tokenizer import build_char_tokenizer, save_char_tokenizer
 from workbench.supervisor import plan as supervisor_plan
 from workbench.supervisor.client import running_supervisor_pid
@@ -273,6 +279,24 @@ def test_runs_add_checks_the_new_run_against_the_experiment(tmp_path: Path):
     run_control.write_eviction(experiment / "run_a", "made room", by="user")
     assert new_run_config(experiment, "c", {})[0] == "run_c"
     assert not (experiment / "run_c").exists()
+
+
+def test_runs_add_reads_a_runs_changed_settings_again(tmp_path: Path):
+    # add_run remembers what each run's orch.toml said while the file does not change; a
+    # run whose settings changed counts with its new ones.
+    text = recipe_text(tmp_path).replace("[inference]", "[inference]\nmax_loras = 4")
+    text = text.replace("max_concurrent_runs = 2", "max_concurrent_runs = 3")
+    document, recipe = read_recipe(write(tmp_path, text))
+    experiment = create_experiment(recipe, document)
+    with pytest.raises(ControlError, match="6 in flight"):
+        new_run_config(experiment, "c", {})
+    # Both runs' evals turned off (as a user editing orch.toml would): one adapter each.
+    for run_id in ("run_a", "run_b"):
+        path = layout.orch_config_path(experiment / run_id)
+        config = load_orchestrator_config(path)
+        config.eval.interval = 0
+        path.write_text(model_to_toml(config), encoding="utf-8")
+    assert new_run_config(experiment, "c", {})[0] == "run_c"
 
 
 # ---------------------------------------------------------------- numbers

@@ -32,7 +32,6 @@ imports nothing of the supervisor.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -243,7 +242,7 @@ def check_new_run(
         ]
     finally:
         checker.close()
-    live = [other.adapters_in_flight for other in _runs_that_may_train(experiment)]
+    live = _adapters_in_flight_of_open_runs(experiment)
     loras = max_loras_problem(
         recipe.max_loras,
         recipe.trainer.max_concurrent_runs,
@@ -483,15 +482,33 @@ def _tokenizer(base: str) -> tuple[Any | None, str | None]:
         return None, f"cannot load its tokenizer: {type(err).__name__}: {err}"
 
 
-def _runs_that_may_train(experiment: Path) -> Iterable[OrchestratorConfig]:
-    """The configs of the experiment's runs that may still take a trainer slot."""
+# Each run's `adapters_in_flight` by its orch.toml, with the file's identity when read.
+# The supervisor answers add_run on its one thread, and parsing every run's orch.toml
+# (tomlkit: ~11 ms each) made an add_run beside 48 runs on a busy 2-core machine take
+# 9-14 s, past the client's timeout. A file replaced (workbench writes whole files under
+# a new inode) or edited in place has another (inode, mtime, size).
+_IN_FLIGHT: dict[Path, tuple[tuple[int, int, int], int]] = {}
+
+
+def _adapters_in_flight_of_open_runs(experiment: Path) -> list[int]:
+    """`adapters_in_flight` of each of the experiment's runs that may still take a trainer
+    slot; each orch.toml parsed once while it does not change."""
+    counts = []
     for run in layout.list_run_dirs(experiment):
         if run_control.run_condition(run).kind is not run_control.Condition.OPEN:
             continue
+        path = layout.orch_config_path(run)
         try:
-            yield load_orchestrator_config(layout.orch_config_path(run))
+            stat = path.stat()
+            identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            known = _IN_FLIGHT.get(path)
+            if known is None or known[0] != identity:
+                known = (identity, load_orchestrator_config(path).adapters_in_flight)
+                _IN_FLIGHT[path] = known
         except (ConfigError, OSError):
             continue  # rejected at discovery: it takes no slot
+        counts.append(known[1])
+    return counts
 
 
 class _KeyLocator:
