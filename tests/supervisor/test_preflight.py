@@ -299,6 +299,30 @@ def test_runs_add_reads_a_runs_changed_settings_again(tmp_path: Path):
     assert new_run_config(experiment, "c", {})[0] == "run_c"
 
 
+def test_a_prompt_is_tokenized_once_however_many_runs_add_it(tmp_path: Path, monkeypatch):
+    # The supervisor measures each added run's prompts on its one thread: a run added like
+    # the last one (same environment, same seed) has the same prompts, measured already.
+    from workbench.models.resolve import prompt_tokenizer
+    from workbench.supervisor import preflight
+
+    document, recipe = read_recipe(write(tmp_path, recipe_text(tmp_path)))
+    experiment = create_experiment(recipe, document)
+    tokenizer = prompt_tokenizer("builtin:tiny-reverse")
+    rendered = []
+    render = tokenizer.apply_chat_template
+    monkeypatch.setattr(
+        tokenizer, "apply_chat_template", lambda *a, **k: rendered.append(1) or render(*a, **k)
+    )
+    monkeypatch.setattr(preflight, "_PROMPT_TOKENS", preflight.OrderedDict())
+    new_run_config(experiment, "c", {})
+    first = len(rendered)
+    assert first > 0
+    new_run_config(experiment, "d", {})
+    assert len(rendered) == first
+    new_run_config(experiment, "e", {"seed": 7})  # other prompts: measured
+    assert len(rendered) > first
+
+
 # ---------------------------------------------------------------- numbers
 
 

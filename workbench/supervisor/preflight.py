@@ -32,6 +32,8 @@ imports nothing of the supervisor.
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -468,10 +470,18 @@ class RunChecker:
         return longest
 
     def _prompt_tokens(self, messages: list[dict[str, str]]) -> int:
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return len(ids)
+        key = (self.recipe.model.base, json.dumps(messages, sort_keys=True, default=str))
+        tokens = _PROMPT_TOKENS.get(key)
+        if tokens is None:
+            tokens = len(
+                self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            )
+            _PROMPT_TOKENS[key] = tokens
+            if len(_PROMPT_TOKENS) > PROMPT_TOKENS_REMEMBERED:
+                _PROMPT_TOKENS.popitem(last=False)
+        return tokens
 
 
 def _tokenizer(base: str) -> tuple[Any | None, str | None]:
@@ -481,6 +491,14 @@ def _tokenizer(base: str) -> tuple[Any | None, str | None]:
     except Exception as err:  # vLLM would fail on the same files
         return None, f"cannot load its tokenizer: {type(err).__name__}: {err}"
 
+
+# Prompts' token counts as the model's chat template renders them, by (model, messages).
+# Every add_run measures its run's first prompts, and a run added like the last one has
+# the same prompts (its environment and seed): under the load of 48 runs on 2 cores,
+# tokenizing them again took the supervisor's one thread seconds per add_run. Keyed by
+# the prompt itself, so nothing goes stale; the oldest forgotten past the bound.
+PROMPT_TOKENS_REMEMBERED = 4096
+_PROMPT_TOKENS: OrderedDict[tuple[str, str], int] = OrderedDict()
 
 # Each run's `adapters_in_flight` by its orch.toml, with the file's identity when read.
 # The supervisor answers add_run on its one thread, and parsing every run's orch.toml
