@@ -20,7 +20,7 @@ it ends where the run ends alone. Outside, sharing changed how it learns (or, 1 
 
 The check is only as sharp as the run's own spread: for a run whose outcome alone moves
 0.05 from seed to seed it cannot see a change of 0.05. The result says what the spread
-was (`alone`, `interval`).
+was (`alone_mean`, `alone_sd`, `interval`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from workbench.bench.separate import (
 CONTROL_SEEDS = 4
 OUTCOME_STEPS = 5
 # Student's t, two-sided 95 % (the 0.975 quantile), by degrees of freedom: the standard
-# table's values (scipy.stats.t.ppf(0.975, df) gives the same to 3 decimals).
+# table's values, to 3 decimals.
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 SEED_MARK = "-seed"  # a control run's id: the split run's, this, the seed
 
@@ -177,7 +177,7 @@ def run_seed_control(
 
 
 def explained(curves: dict[str, Any]) -> bool:
-    """Every split run (if any) is within its seed spread."""
+    """Every split run (if any) ends inside its interval alone."""
     verdicts = (curves.get("seed_control") or {}).get("runs", {})
     return all(verdicts.get(run_id, {}).get("within_spread") for run_id in curves["split_runs"])
 
