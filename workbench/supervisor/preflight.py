@@ -32,6 +32,7 @@ imports nothing of the supervisor.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict
 from pathlib import Path
@@ -65,6 +66,7 @@ from workbench.supervisor import plan as supervisor_plan
 from workbench.supervisor.devices import device_problems
 from workbench.supervisor.slots import SlotSizing
 from workbench.sweep.checks import read_params
+from workbench.system.file_change import OnFileChange
 
 # Training prompts measured per run (at least a step's worth): the first ones it will use.
 TRAINING_PROMPTS_MEASURED = 256
@@ -500,12 +502,11 @@ def _tokenizer(base: str) -> tuple[Any | None, str | None]:
 PROMPT_TOKENS_REMEMBERED = 4096
 _PROMPT_TOKENS: OrderedDict[tuple[str, str], int] = OrderedDict()
 
-# Each run's `adapters_in_flight` by its orch.toml, with the file's identity when read.
-# The supervisor answers add_run on its one thread, and parsing every run's orch.toml
+# Each run's `adapters_in_flight`, derived again only when its orch.toml changes. The
+# supervisor answers add_run on its one thread, and parsing every run's orch.toml
 # (tomlkit: ~11 ms each) made an add_run beside 48 runs on a busy 2-core machine take
-# 9-14 s, past the client's timeout. A file replaced (workbench writes whole files under
-# a new inode) or edited in place has another (inode, mtime, size).
-_IN_FLIGHT: dict[Path, tuple[tuple[int, int, int], int]] = {}
+# 9-14 s, past the client's timeout.
+_IN_FLIGHT: dict[Path, OnFileChange[int | None]] = {}
 
 
 def _adapters_in_flight_of_open_runs(experiment: Path) -> list[int]:
@@ -516,17 +517,19 @@ def _adapters_in_flight_of_open_runs(experiment: Path) -> list[int]:
         if run_control.run_condition(run).kind is not run_control.Condition.OPEN:
             continue
         path = layout.orch_config_path(run)
-        try:
-            stat = path.stat()
-            identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-            known = _IN_FLIGHT.get(path)
-            if known is None or known[0] != identity:
-                known = (identity, load_orchestrator_config(path).adapters_in_flight)
-                _IN_FLIGHT[path] = known
-        except (ConfigError, OSError):
-            continue  # rejected at discovery: it takes no slot
-        counts.append(known[1])
+        if path not in _IN_FLIGHT:
+            _IN_FLIGHT[path] = OnFileChange(path, functools.partial(_in_flight_of, path))
+        count = _IN_FLIGHT[path].get()
+        if count is not None:  # else rejected at discovery: it takes no slot
+            counts.append(count)
     return counts
+
+
+def _in_flight_of(orch_config: Path) -> int | None:
+    try:
+        return load_orchestrator_config(orch_config).adapters_in_flight
+    except (ConfigError, OSError):
+        return None
 
 
 class _KeyLocator:
