@@ -108,11 +108,15 @@ def test_a_run_whose_orchestrator_waits_for_inference_is_not_started_unless_infe
     queue = trainer({0: "run_a"}, ("run_w",))
     waiting = {"run_a": "waiting", "run_w": "waiting"}
     assert checks.lost_runs(["run_a", "run_w"], runs, queue, waiting, "starting") == []
-    assert checks.not_started(["run_a", "run_w", "run_x"], waiting) == ["run_a", "run_w"]
+    assert checks.not_started(["run_a", "run_w", "run_x"], waiting, "starting") == [
+        "run_a",
+        "run_w",
+    ]
     assert checks.lost_runs(["run_a", "run_w"], runs, queue, waiting, "ready") == [
         "run_a: active, its orchestrator waiting",
         "run_w: waiting, its orchestrator waiting",
     ]
+    assert checks.not_started(["run_a", "run_w"], waiting, "ready") == []  # lost, above
 
 
 def finished_run(tmp_path: Path, trained: list[int], written: list[int]) -> Path:

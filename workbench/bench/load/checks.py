@@ -81,8 +81,13 @@ def lost_runs(
     return lost
 
 
-def not_started(added: list[str], orchestrators: dict[str, str]) -> list[str]:
-    """Runs added whose orchestrator waits for a process it needs to be ready."""
+def not_started(
+    added: list[str], orchestrators: dict[str, str], inference: str | None = None
+) -> list[str]:
+    """Runs added whose orchestrator waits for inference, which is not up (`lost_runs`
+    counts one that waits while inference is up as lost, not here)."""
+    if inference in UP_STATES:
+        return []
     return [run_id for run_id in added if orchestrators.get(run_id) == ProcessState.WAITING]
 
 

@@ -215,7 +215,7 @@ def settle_and_check(exp: FaultExperiment, log: ChurnLog) -> dict[str, Any]:
         return (
             checks.slot_problems(statuses, trainer),
             checks.lost_runs(log.added, statuses, trainer, orchestrators, inference),
-            checks.not_started(log.added, orchestrators),
+            checks.not_started(log.added, orchestrators, inference),
         )
 
     # Runs go on finishing while this looks, so a slot may be seen held by a run that
