@@ -108,10 +108,15 @@ def test_inference_summary_gives_each_configuration_its_ratio_to_the_base_model(
     for configuration in configurations:
         configuration.ratio_vs_base = configuration.median_tokens_per_s / base
     rows = summary_rows(
-        {"server_startup_s": 12.3, "configurations": [c.to_json() for c in configurations]}
+        {
+            "server_startup_s": 12.3,
+            "first_pass_s": 0.25,
+            "configurations": [c.to_json() for c in configurations],
+        }
     )
     assert rows == [
         {"metric": "inference: server startup", "value": "12.3 s"},
+        {"metric": "inference: first pass after startup", "value": "0.25 s"},
         {"metric": "inference: base model", "value": "1000 tok/s"},
         {"metric": "inference: 2 adapters", "value": "500 tok/s (0.50x base)"},
     ]

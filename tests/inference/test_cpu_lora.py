@@ -10,6 +10,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e
 
 from vllm.lora.layers.utils import LoRAMapping  # noqa: E402
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU  # noqa: E402
+from vllm.v1.sample import sampler  # noqa: E402
 
 from workbench.inference.cpu_lora import (  # noqa: E402
     BATCHED_ROWS,
@@ -209,6 +210,8 @@ def test_the_plugin_swaps_the_cpu_lora_wrapper_only_in_a_server_workbench_starte
     from workbench.inference import vllm_plugin
 
     monkeypatch.setattr(CpuPlatform, "get_punica_wrapper", CpuPlatform.get_punica_wrapper)
+    # register() also swaps the sampler's rank count (test_eager_ranks): undone after.
+    monkeypatch.setattr(sampler, "batched_count_greater_than", sampler.batched_count_greater_than)
     monkeypatch.setattr(vllm.platforms, "current_platform", CpuPlatform())
     if workbench_server:
         monkeypatch.setenv(vllm_plugin.SERVER_ENV, "1")

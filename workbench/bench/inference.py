@@ -22,7 +22,9 @@ Every configuration gets one untimed warm-up pass, then the repetitions are inte
 (base, 1, 2, 4, 8, base, 1, ...) so a change in the machine's background load spreads over
 all configurations instead of biasing the last ones. The median over repetitions is
 reported, with its ratio to the base model's median. Server startup (spawn to health) and
-adapter loading times are recorded too.
+adapter loading times are recorded too, and the wall time of the first pass after startup
+(`first_pass_s`, the base model's warm-up: what vLLM builds at its first sampling, every
+experiment's first rollouts wait for) beside the base model's median pass.
 """
 
 from __future__ import annotations
@@ -256,7 +258,9 @@ def run_inference_benchmark(quick: bool = False) -> dict[str, Any]:
         ]
         server = start_server(scratch)
         try:
-            configurations, adapter_load_s = _measure(server, adapter_dirs, chats, workload)
+            configurations, adapter_load_s, first_pass = _measure(
+                server, adapter_dirs, chats, workload
+            )
         finally:
             stop_local_server(server.process)
 
@@ -276,6 +280,7 @@ def run_inference_benchmark(quick: bool = False) -> dict[str, Any]:
         },
         "server_startup_s": round(server.startup_s, 2),
         "adapter_load_s_median": round(statistics.median(adapter_load_s), 3),
+        "first_pass_s": round(first_pass.wall_s, 2),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "configurations": [c.to_json() for c in configurations],
@@ -291,7 +296,9 @@ def _measure(
     adapter_dirs: list[Path],
     chats: list[list[dict[str, str]]],
     workload: Workload,
-) -> tuple[list[Configuration], list[float]]:
+) -> tuple[list[Configuration], list[float], Pass]:
+    """The configurations' passes, each adapter's load time and the first pass (untimed in
+    the configurations: a warm-up)."""
     adapter_names = [f"bench_adapter_{i}" for i in range(len(adapter_dirs))]
     configurations = [Configuration(adapters=0)] + [Configuration(n) for n in ADAPTER_COUNTS]
     with httpx.Client(
@@ -313,18 +320,26 @@ def _measure(
         def models_for(configuration: Configuration) -> list[str]:
             return adapter_names[: configuration.adapters] or [BASE_MODEL]
 
-        for configuration in configurations:  # warm-up, untimed
+        warm_ups = [  # untimed in the configurations
             run_pass(http, server, chats, models_for(configuration), workload)
+            for configuration in configurations
+        ]
         for _ in range(workload.repetitions):
             for configuration in configurations:
                 configuration.passes.append(
                     run_pass(http, server, chats, models_for(configuration), workload)
                 )
-    return configurations, adapter_load_s
+    return configurations, adapter_load_s, warm_ups[0]
 
 
 def summary_rows(report: dict[str, Any]) -> list[dict[str, str]]:
-    rows = [{"metric": "inference: server startup", "value": f"{report['server_startup_s']:.1f} s"}]
+    rows = [
+        {"metric": "inference: server startup", "value": f"{report['server_startup_s']:.1f} s"},
+        {
+            "metric": "inference: first pass after startup",
+            "value": f"{report['first_pass_s']:.2f} s",
+        },
+    ]
     for configuration in report["configurations"]:
         value = f"{configuration['median_tokens_per_s']:.0f} tok/s"
         if configuration["adapters"]:
@@ -360,7 +375,8 @@ def print_table(report: dict[str, Any]) -> None:
     console.print(table)
     console.print(
         f"server startup {report['server_startup_s']:.1f} s, adapter load "
-        f"{report['adapter_load_s_median']:.2f} s (median), load average "
+        f"{report['adapter_load_s_median']:.2f} s (median), first pass "
+        f"{report['first_pass_s']:.2f} s, load average "
         f"{report['load_average_before'][0]:.2f} before / {report['load_average_after'][0]:.2f} after",
         highlight=False,
     )

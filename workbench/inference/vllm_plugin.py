@@ -7,8 +7,10 @@ left as it is. On a CPU it
 - rewinds a seeded request's generator the CPU's way when its prefill is split across engine
   steps (`workbench.inference.seeded_sampling`; vLLM's own rewind crashes on the CPU);
 - with `WORKBENCH_VLLM_CPU_LORA=slot-matmul` (the default) makes vLLM's multi-LoRA layers use
-  `workbench.inference.cpu_lora` instead of vLLM's per-token products; `vllm` keeps vLLM's own.
-Both patch vLLM internals, so it refuses an engine of a release it was not tested against
+  `workbench.inference.cpu_lora` instead of vLLM's per-token products; `vllm` keeps vLLM's own;
+- counts the ranks of sampled tokens without compiling a kernel at the first sampling
+  (`workbench.inference.eager_ranks`).
+These patch vLLM internals, so it refuses an engine of a release it was not tested against
 (`workbench.inference.engine_version`).
 """
 
@@ -40,9 +42,10 @@ def register() -> None:
     problem = engine_version_problem()
     if problem is not None:
         raise UntestedEngineError(problem)
-    from workbench.inference import seeded_sampling
+    from workbench.inference import eager_ranks, seeded_sampling
 
     seeded_sampling.install_on_cpu_runner()
+    eager_ranks.install()
     if os.environ.get(CPU_LORA_ENV) == SLOT_MATMUL:
         # vLLM asks its platform which class wraps the LoRA kernels
         # (`vllm.lora.punica_wrapper.punica_selector`); the CPU platform names its own.
