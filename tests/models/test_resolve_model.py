@@ -153,3 +153,18 @@ def test_two_processes_resolving_at_once_build_only_once(
     assert paths == {str(builtin_model_dir("builtin:tiny-reverse", small_spec))}
     builds = sum(stderr.count("building builtin:tiny-reverse (first use") for _, stderr in outputs)
     assert builds == 1, outputs
+
+
+def test_a_cached_builtin_resolves_without_importing_torch_or_transformers(cache_dir: Path):
+    # vLLM's launcher resolves the model before every start; importing the build's stack
+    # for a model already in the cache cost it 6-8 s on the 2-core machine.
+    cached = resolve_model("builtin:tiny-reverse", show_progress=False)  # the shipped weights
+    script = (
+        "import sys; from workbench.models import resolve_model; "
+        "print(resolve_model('builtin:tiny-reverse')); "
+        "print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.splitlines() == [str(cached), "[]"], result.stderr

@@ -9,6 +9,7 @@
 - `cpu_lora`: vLLM's multi-LoRA product on the CPU as two matrix products per adapter, and
   `vllm_plugin`, which vLLM loads in each of its processes and which installs it in a server
   workbench starts; `seeded_sampling`, seeded sampling kept when a prefill is split;
+  `eager_ranks`, the sampled tokens' ranks counted without a kernel compiled at startup;
 - `engine_version`: the vLLM release those patches were tested against, checked at start;
 - `engine_errors`: what killed vLLM's engine, read from the server's log.
 """

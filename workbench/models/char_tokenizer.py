@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import string
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<bos>"
@@ -50,6 +51,11 @@ CHAT_TEMPLATE = (
 
 def build_char_tokenizer(model_max_length: int = 1024) -> PreTrainedTokenizerFast:
     """The character tokenizer, ready to `save_char_tokenizer`; ids are fixed by construction."""
+    # Imported here: the constants above are what a cached model's identity needs
+    # (`workbench.trainer.tiny_reverse`), and transformers takes seconds to import.
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *SUPPORTED_CHARACTERS))}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     # `[\s\S]` matches any single character, newline included, so every character is its own

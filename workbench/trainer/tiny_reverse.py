@@ -29,25 +29,21 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from workbench.envs import get_environment
 from workbench.models import char_tokenizer, shipped
 from workbench.models.resolve import ModelResolutionError, StepCallback, ignore_steps
 from workbench.models.shipped import BUILD_INFO_FILE, read_build_info
-from workbench.trainer.row_threads import torch_threads
-from workbench.trainer.sft import (
-    SFTConfig,
-    evaluate_greedy,
-    hf_progress_bars_disabled,
-    load_model,
-    train_sft,
-)
+
+# torch, transformers and the training code are imported by the functions that build: a
+# model already in the cache is found from its spec's hash alone, and each process that
+# resolves it (vLLM's launcher before every start, among them) would otherwise spend 5-11 s
+# of a 2-core machine importing them.
+if TYPE_CHECKING:
+    from transformers import LlamaConfig
 
 # Bump when the build changes in a way `TinyReverseSpec` does not capture (new training code,
 # a different initialisation): the cache hash changes and the next use rebuilds.
@@ -166,6 +162,8 @@ class TinyReverse:
         # The seeded initial weights go to a scratch directory next to the target (so a killed
         # build's scratch is found and removed by the next one); the warmed-up model goes to
         # `target`, which the caller renames into the cache once this returns.
+        from workbench.trainer.sft import SFTConfig, train_sft
+
         scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.init.", dir=target.parent))
         try:
             on_step(1, steps, f"initial weights from seed {spec.seed}")
@@ -206,6 +204,8 @@ class TinyReverse:
 
 
 def llama_config(spec: TinyReverseSpec) -> LlamaConfig:
+    from transformers import LlamaConfig
+
     special_id = char_tokenizer.SPECIAL_TOKENS.index  # special tokens take the first ids
     return LlamaConfig(
         vocab_size=char_tokenizer.vocab_size(),
@@ -226,6 +226,11 @@ def llama_config(spec: TinyReverseSpec) -> LlamaConfig:
 
 def write_initial_model(directory: Path, spec: TinyReverseSpec) -> None:
     """The seeded, untrained model with its tokenizer and generation config."""
+    import torch
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    from workbench.trainer.sft import hf_progress_bars_disabled
+
     tokenizer = char_tokenizer.build_char_tokenizer(spec.max_position_embeddings)
     config = llama_config(spec)
     assert tokenizer.bos_token_id == config.bos_token_id
@@ -245,6 +250,10 @@ def write_initial_model(directory: Path, spec: TinyReverseSpec) -> None:
 def measure_rewards(model_dir: Path, spec: TinyReverseSpec) -> dict[str, float]:
     """Greedy `reverse_text` reward on held-out prompts: the warm-up lengths and the default
     (RL) lengths."""
+    from workbench.envs import get_environment
+    from workbench.trainer.row_threads import torch_threads
+    from workbench.trainer.sft import evaluate_greedy, load_model
+
     tokenizer, model = load_model(model_dir)
     model.eval()
     distributions = {
