@@ -505,23 +505,27 @@ _PROMPT_TOKENS: OrderedDict[tuple[str, str], int] = OrderedDict()
 # Each run's `adapters_in_flight`, derived again only when its orch.toml changes. The
 # supervisor answers add_run on its one thread, and parsing every run's orch.toml
 # (tomlkit: ~11 ms each) made an add_run beside 48 runs on a busy 2-core machine take
-# 9-14 s, past the client's timeout.
-_IN_FLIGHT: dict[Path, OnFileChange[int | None]] = {}
+# 9-14 s, past the client's timeout. Per experiment, only its open runs' files: a run
+# that closed or left is forgotten at the next add_run.
+_IN_FLIGHT: dict[Path, dict[Path, OnFileChange[int | None]]] = {}
 
 
 def _adapters_in_flight_of_open_runs(experiment: Path) -> list[int]:
     """`adapters_in_flight` of each of the experiment's runs that may still take a trainer
     slot; each orch.toml parsed once while it does not change."""
+    known = _IN_FLIGHT.get(experiment, {})
+    watched: dict[Path, OnFileChange[int | None]] = {}
     counts = []
     for run in layout.list_run_dirs(experiment):
         if run_control.run_condition(run).kind is not run_control.Condition.OPEN:
             continue
         path = layout.orch_config_path(run)
-        if path not in _IN_FLIGHT:
-            _IN_FLIGHT[path] = OnFileChange(path, functools.partial(_in_flight_of, path))
-        count = _IN_FLIGHT[path].get()
+        watch = known.get(path) or OnFileChange(path, functools.partial(_in_flight_of, path))
+        watched[path] = watch
+        count = watch.get()
         if count is not None:  # else rejected at discovery: it takes no slot
             counts.append(count)
+    _IN_FLIGHT[experiment] = watched
     return counts
 
 
