@@ -18,6 +18,7 @@ from workbench.inference.cpu_lora import (  # noqa: E402
     SlotMatmulPunicaWrapperCPU,
     plan_products,
 )
+from workbench.inference.eager_ranks import count_greater_or_equal  # noqa: E402
 
 SLOTS, RANK, WIDTH = 4, 8, 48
 # Three adapters in slots 0-2 (LoRA ids 11-13); slot 3 holds none.
@@ -202,7 +203,7 @@ def test_an_adapter_written_into_its_slot_is_the_one_used_from_then_on(inference
     ("workbench_server", "kernel"),
     [(True, "slot-matmul"), (True, "vllm"), (False, "slot-matmul"), (False, None)],
 )
-def test_the_plugin_swaps_the_cpu_lora_wrapper_only_in_a_server_workbench_started(
+def test_the_plugin_patches_vllm_only_in_a_server_workbench_started(
     workbench_server, kernel, monkeypatch
 ):
     from vllm.platforms.cpu import CpuPlatform
@@ -210,8 +211,8 @@ def test_the_plugin_swaps_the_cpu_lora_wrapper_only_in_a_server_workbench_starte
     from workbench.inference import vllm_plugin
 
     monkeypatch.setattr(CpuPlatform, "get_punica_wrapper", CpuPlatform.get_punica_wrapper)
-    # register() also swaps the sampler's rank count (test_eager_ranks): undone after.
-    monkeypatch.setattr(sampler, "batched_count_greater_than", sampler.batched_count_greater_than)
+    compiled_count = sampler.batched_count_greater_than
+    monkeypatch.setattr(sampler, "batched_count_greater_than", compiled_count)
     monkeypatch.setattr(vllm.platforms, "current_platform", CpuPlatform())
     if workbench_server:
         monkeypatch.setenv(vllm_plugin.SERVER_ENV, "1")
@@ -227,3 +228,6 @@ def test_the_plugin_swaps_the_cpu_lora_wrapper_only_in_a_server_workbench_starte
         assert wrapper == "workbench.inference.cpu_lora.SlotMatmulPunicaWrapperCPU"
     else:
         assert wrapper == "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
+    # The sampled tokens' ranks are counted eagerly in any server workbench started.
+    ranks = count_greater_or_equal if workbench_server else compiled_count
+    assert sampler.batched_count_greater_than is ranks

@@ -7,10 +7,8 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 
-from vllm.v1.sample import sampler  # noqa: E402
 from vllm.v1.sample.ops.logprobs import batched_count_greater_than  # noqa: E402
 
-from workbench.inference import vllm_plugin  # noqa: E402
 from workbench.inference.eager_ranks import count_greater_or_equal  # noqa: E402
 
 
@@ -26,21 +24,3 @@ def test_the_counts_are_vllms_ranks_ties_included():
     # The most likely token is rank 1; one tied with two others counts all three.
     rows = torch.tensor([[0.0, -1.0, -2.0], [-1.0, -1.0, -1.0]])
     assert count_greater_or_equal(rows, torch.tensor([[0.0], [-1.0]])).tolist() == [1, 3]
-
-
-@pytest.mark.parametrize("workbench_server", [True, False])
-def test_the_plugin_swaps_the_compiled_count_only_in_a_server_workbench_started(
-    workbench_server, monkeypatch
-):
-    from vllm.platforms.cpu import CpuPlatform
-
-    monkeypatch.setattr(CpuPlatform, "get_punica_wrapper", CpuPlatform.get_punica_wrapper)
-    monkeypatch.setattr(sampler, "batched_count_greater_than", batched_count_greater_than)
-    monkeypatch.setattr(vllm.platforms, "current_platform", CpuPlatform())
-    if workbench_server:
-        monkeypatch.setenv(vllm_plugin.SERVER_ENV, "1")
-    else:
-        monkeypatch.delenv(vllm_plugin.SERVER_ENV, raising=False)
-    vllm_plugin.register()
-    expected = count_greater_or_equal if workbench_server else batched_count_greater_than
-    assert sampler.batched_count_greater_than is expected
