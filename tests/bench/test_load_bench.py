@@ -191,9 +191,17 @@ def test_each_key_is_timed_to_the_frame_that_shows_its_effect(tmp_path: Path):
 # ---------------------------------------------------------------- where a stall went
 
 
+def stolen_s() -> float:
+    """The virtual machine's CPUs' time taken by its host so far, all CPUs (/proc/stat's
+    steal, in clock ticks): neither this thread running nor waiting in its run queue."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_collection_is_counted_as_the_collectors_time():
     meter = StallMeter()
     try:
+        stolen_before = stolen_s()
         mark = meter.mark()
         garbage = [[] for _ in range(200_000)]
         for item in garbage:
@@ -201,14 +209,19 @@ def test_a_collection_is_counted_as_the_collectors_time():
         del garbage, item
         gc.collect()
         parts = meter.since(mark)
+        stolen = stolen_s() - stolen_before
     finally:
         meter.close()
     assert parts.gc_s > 0
     assert parts.cpu_s <= parts.wall_s and parts.gc_s <= parts.wall_s
     # This thread collected: the collection's wall time is this thread running or, on a
     # busy machine, ready to run while another process ran (its run-queue delay). 5 ms
-    # covers the collector callbacks' own time around the clock reads.
-    assert parts.gc_s <= parts.cpu_s + (parts.cpu_wait_s or 0.0) + 0.005
+    # covers the collector callbacks' own time around the clock reads. On a virtual
+    # machine whose host took its CPUs meanwhile (steal, counted in whole ticks), that
+    # time is neither: it is allowed, a tick per CPU more for the counting.
+    if stolen > 0:
+        stolen += os.cpu_count() / os.sysconf("SC_CLK_TCK")
+    assert parts.gc_s <= parts.cpu_s + (parts.cpu_wait_s or 0.0) + 0.005 + stolen
     full = [c for c in parts.collections if c.generation == 2]
     assert full and full[-1].collected >= 200_000, "the collection that freed the cycles"
 
