@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,10 +57,12 @@ class WandbRun:
 def wandb_runs(directory: Path, run_id: str = "*") -> dict[str, WandbRun]:
     """Every wandb run under `directory` (a `dir` given to wandb.init), or the one whose id
     is `run_id`, by display name; the sessions of a resumed run are joined in the order
-    they started. A run still open may not have written its records yet."""
+    they started. A session whose log holds no run record yet is left out: wandb writes
+    the log from its own service process, which may not have flushed it yet."""
     runs: dict[str, WandbRun] = {}
     for log in sorted((directory / "wandb").glob(f"offline-run-*/run-{run_id}.wandb")):
         session_finished = False
+        run: WandbRun | None = None
         for record in wandb_records(log):
             kind = record.WhichOneof("record_type")
             if kind == "run":
@@ -80,7 +83,7 @@ def wandb_runs(directory: Path, run_id: str = "*") -> dict[str, WandbRun]:
                 )
                 assert run.id == record.run.run_id, "two wandb runs share a name"
                 run.sessions += 1
-            elif kind == "history":
+            elif kind == "history" and run is not None:
                 row = {
                     item.key or "/".join(item.nested_key): json.loads(item.value_json)
                     for item in record.history.item
@@ -88,8 +91,26 @@ def wandb_runs(directory: Path, run_id: str = "*") -> dict[str, WandbRun]:
                 run.history.append(row)
             elif kind == "exit":
                 session_finished = True
-        run.finished = session_finished
+        if run is not None:
+            run.finished = session_finished
     return runs
+
+
+def wait_for_finished_wandb_run(
+    directory: Path, run_id: str, name: str, timeout_s: float = 60.0
+) -> WandbRun:
+    """The wandb run `name` (id `run_id`) once its last session's log ends with an exit
+    record. `finish()` returns before wandb's service has flushed and closed the log
+    (`inform_finish` is a message the service acts on later), so the log is read until it
+    does or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run = wandb_runs(directory, run_id).get(name)
+        if run is not None and run.finished:
+            return run
+        if time.monotonic() > deadline:
+            raise AssertionError(f"wandb run {name} ({run_id}) not finished after {timeout_s}s")
+        time.sleep(0.1)
 
 
 def wandb_records(path: Path) -> Iterator[Any]:

@@ -20,7 +20,12 @@ from tests.tracking.records import (
     wandb_rows,
     write_steps,
 )
-from tests.tracking.stores import trackio_config, trackio_runs, wandb_runs
+from tests.tracking.stores import (
+    trackio_config,
+    trackio_runs,
+    wait_for_finished_wandb_run,
+    wandb_runs,
+)
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
 from workbench.files import layout, run_control
@@ -212,7 +217,7 @@ def test_a_finished_run_gets_its_wandb_run_finished_and_a_late_record_reopens_it
     run_control.mark_finished(runs["run_a"], step=2)
     forwarder.poll()  # nothing new for run_a, which is over: its wandb run is finished
     wandb_id = read_progress(experiment, "run_a").tracker_id
-    assert wandb_runs(directory, wandb_id)["run_a"].finished
+    wait_for_finished_wandb_run(directory, wandb_id, "run_a")
 
     write_steps(runs["run_a"], range(2, 3))  # the trainer's last line, after the finish
     forwarder.poll()
