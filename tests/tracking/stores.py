@@ -117,6 +117,8 @@ def wandb_records(path: Path) -> Iterator[Any]:
     from wandb.proto import wandb_internal_pb2
 
     data = path.read_bytes()
+    if len(data) < WANDB_HEADER:
+        return  # wandb's service has not flushed the header yet
     assert data[:4] == b":W&B", f"{path} is not a wandb transaction log"
     position, pending = WANDB_HEADER, b""
     while position + CHUNK_HEADER <= len(data):
@@ -126,6 +128,8 @@ def wandb_records(path: Path) -> Iterator[Any]:
             continue
         length, kind = struct.unpack_from("<HB", data, position + 4)
         start = position + CHUNK_HEADER
+        if start + length > len(data):
+            return  # a chunk the service is still writing
         pending += data[start : start + length]
         position = start + length
         if kind in (FULL, LAST):
