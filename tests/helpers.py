@@ -4,7 +4,29 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def wait_for(
+    condition: Callable[[], Any],
+    timeout_s: float = 10.0,
+    what: str = "condition",
+    every_s: float = 0.02,
+) -> Any:
+    """Poll `condition` every `every_s` until it returns something truthy, and return that;
+    fail the test naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(every_s)
 
 
 def make_run(experiment: Path, run_id: str, orch_toml: str = "") -> Path:

@@ -9,11 +9,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_for
 from workbench.config import load_orchestrator_config
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 WORKBENCH = [sys.executable, "-m", "workbench.cli"]
+TEN_MINUTES = 10 * 60.0  # a step of the real experiment on 2 cores takes tens of seconds
 # This checkout's workbench in every child, whichever one the environment installed.
 ENV = {
     **os.environ,
@@ -70,7 +71,12 @@ def test_a_fork_of_a_running_run_starts_at_its_step_with_its_adapter_and_trains_
     try:
         started = workbench("up", str(recipe), "--detach", cwd=tmp_path, timeout=300)
         assert started.returncode == 0, started.stdout + started.stderr
-        wait_until(lambda: layout.checkpoint_steps(source, "trainer"), "a checkpoint of run_a")
+        wait_for(
+            lambda: layout.checkpoint_steps(source, "trainer"),
+            TEN_MINUTES,
+            "a checkpoint of run_a",
+            every_s=0.5,
+        )
         # Its newest kept checkpoint (it trains on meanwhile: a step named here could be
         # pruned by the time the fork copies it, which the fork refuses), and 20 steps past
         # the newest seen now, whatever run_a reached while the command started.
@@ -80,7 +86,7 @@ def test_a_fork_of_a_running_run_starts_at_its_step_with_its_adapter_and_trains_
             "--set", "lr=1e-3", "-e", str(experiment), cwd=tmp_path,
         )  # fmt: skip
         assert forked.returncode == 0, forked.stdout + forked.stderr
-        wait_until(lambda: run_control.is_finished(fork), "run_b finished")
+        wait_for(lambda: run_control.is_finished(fork), TEN_MINUTES, "run_b to finish", every_s=0.5)
     finally:
         if (experiment / "supervisor").exists():
             workbench("down", str(experiment), cwd=tmp_path, timeout=180)
@@ -102,10 +108,3 @@ def test_a_fork_of_a_running_run_starts_at_its_step_with_its_adapter_and_trains_
     runs = {run["id"]: run for run in status["runs"]}
     assert runs["run_b"]["forked_from"] == {"run": "run_a", "step": step}
     assert runs["run_b"]["status"] == "finished" and runs["run_b"]["step"] == max_steps
-
-
-def wait_until(condition, what: str, timeout_s: float = 10 * 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)

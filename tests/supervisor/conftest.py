@@ -12,14 +12,14 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import wait_for
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
 from workbench.supervisor.client import SupervisorClient, read_state
@@ -44,18 +44,6 @@ lr = 0.0003
 # inference is ready 0.3 s after it starts; the trainer has no readiness check.
 DEFAULT_PROCESSES = standins.DEFAULT_PROCESSES
 FAST_RESTART = {"backoff_initial_s": 0.2, "backoff_factor": 2.0, "max_restarts": 3}
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
-    """Poll `condition` until it returns something truthy; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.02)
 
 
 @dataclass(frozen=True)

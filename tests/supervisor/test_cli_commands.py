@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.helpers import make_run
-from tests.supervisor.conftest import StandinExperiment, wait_for
+from tests.helpers import make_run, wait_for
+from tests.supervisor.conftest import StandinExperiment
 from workbench import up
 from workbench.cli import app
 from workbench.config import load_orchestrator_config

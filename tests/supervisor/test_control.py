@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.conftest import StandinExperiment, wait_for
+from tests.helpers import wait_for
+from tests.supervisor.conftest import StandinExperiment
 from workbench.config import load_orchestrator_config
 from workbench.files import layout, run_control
 from workbench.supervisor import paths

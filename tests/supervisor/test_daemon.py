@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_run
-from tests.supervisor.conftest import FAST_RESTART, StandinExperiment, wait_for
+from tests.helpers import make_run, wait_for
+from tests.supervisor.conftest import FAST_RESTART, StandinExperiment
 from workbench.files import run_control
 from workbench.status import run_statuses
 from workbench.supervisor import paths

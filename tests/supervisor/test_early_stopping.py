@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.supervisor.conftest import StandinExperiment, wait_for
+from tests.helpers import wait_for
+from tests.supervisor.conftest import StandinExperiment
 from workbench.cli import app
 from workbench.files import layout, run_control
 from workbench.supervisor.launch import PLAN_ENV

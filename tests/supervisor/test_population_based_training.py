@@ -14,7 +14,8 @@ import json
 import os
 import tomllib
 
-from tests.supervisor.conftest import StandinExperiment, wait_for
+from tests.helpers import wait_for
+from tests.supervisor.conftest import StandinExperiment
 from tests.supervisor.test_early_stopping import curve, slots, with_slots
 from workbench.files import layout, run_control
 from workbench.sweep.files import read_pbt

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.conftest import wait_for
+from tests.helpers import wait_for
 from workbench.inference.engine_errors import engine_fatal_error
 from workbench.supervisor.client import describe_last_exit
 from workbench.supervisor.daemon import write_state

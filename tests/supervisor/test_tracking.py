@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.supervisor.conftest import StandinExperiment, wait_for
+from tests.helpers import wait_for
+from tests.supervisor.conftest import StandinExperiment
 from tests.tracking.records import as_trackio, expected_rows, trackio_rows, wandb_rows, write_steps
 from tests.tracking.stores import trackio_runs, wandb_runs
 from workbench.cli import app

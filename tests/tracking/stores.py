@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.helpers import wait_for
 
 WANDB_BLOCK = 32 * 1024
 WANDB_HEADER = 7  # ":W&B", a 2-byte magic number, a version byte
@@ -103,14 +104,12 @@ def wait_for_finished_wandb_run(
     record. `finish()` returns before wandb's service has flushed and closed the log
     (`inform_finish` is a message the service acts on later), so the log is read until it
     does or `timeout_s` passes."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def finished_run() -> WandbRun | None:
         run = wandb_runs(directory, run_id).get(name)
-        if run is not None and run.finished:
-            return run
-        if time.monotonic() > deadline:
-            raise AssertionError(f"wandb run {name} ({run_id}) not finished after {timeout_s}s")
-        time.sleep(0.1)
+        return run if run is not None and run.finished else None
+
+    return wait_for(finished_run, timeout_s, f"wandb run {name} ({run_id}) to finish", every_s=0.1)
 
 
 def wandb_records(path: Path) -> Iterator[Any]:
