@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from workbench.system.polling import wait_until
+
 
 def wait_for(
     condition: Callable[[], Any],
@@ -17,16 +19,11 @@ def wait_for(
     what: str = "condition",
     every_s: float = 0.02,
 ) -> Any:
-    """Poll `condition` every `every_s` until it returns something truthy, and return that;
-    fail the test naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(every_s)
+    """`wait_until` that fails the test, naming `what`, instead of raising TimeoutError."""
+    try:
+        return wait_until(condition, timeout_s, what, every_s)
+    except TimeoutError as error:
+        pytest.fail(str(error))
 
 
 def make_run(experiment: Path, run_id: str, orch_toml: str = "") -> Path:

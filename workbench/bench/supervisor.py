@@ -47,6 +47,7 @@ from typing import Any
 from workbench.files import layout
 from workbench.supervisor.lifecycle import STARTED_STATES
 from workbench.system.clock import now_iso
+from workbench.system.polling import wait_until
 from workbench.system.procfs import cpu_seconds
 from workbench.testing import standins
 
@@ -161,17 +162,6 @@ def latency_summary(values_ms: list[float]) -> dict[str, float]:
         "p90_ms": round(percentile(values_ms, 0.9), 1),
         "max_ms": round(max(values_ms), 1) if values_ms else float("nan"),
     }
-
-
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def process_record(experiment: Path, name: str) -> dict[str, Any]:
