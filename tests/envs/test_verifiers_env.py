@@ -312,6 +312,8 @@ def test_episodes_run_against_the_server_and_take_the_rubrics_rewards(verifiers_
     assert {r["authorization"] for r in requests} == {"Bearer the-key"}, "the experiment's key"
     assert {r["path"] for r in requests} == {"/v1/chat/completions"}
     assert all(r["return_token_ids"] is True and r["logprobs"] is True for r in requests)
+    # ... with the sampled tokens' log-probs as numbers only (no token decoded for them).
+    assert all(r["vllm_xargs"] == {"workbench_logprobs": "ids"} for r in requests)
     assert {(r["temperature"], r["top_p"], r["max_tokens"]) for r in requests} == {(0.8, 0.9, 5)}
 
     rewards = []

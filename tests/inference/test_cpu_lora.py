@@ -207,6 +207,7 @@ def test_the_plugin_patches_vllm_only_in_a_server_workbench_started(
     workbench_server, kernel, monkeypatch
 ):
     from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.engine.logprobs import LogprobsProcessor
 
     from workbench.inference import vllm_plugin
 
@@ -214,6 +215,9 @@ def test_the_plugin_patches_vllm_only_in_a_server_workbench_started(
     compiled_count = sampler.batched_count_greater_than
     monkeypatch.setattr(sampler, "batched_count_greater_than", compiled_count)
     monkeypatch.setattr(vllm.platforms, "current_platform", CpuPlatform())
+    monkeypatch.setattr(
+        LogprobsProcessor, "from_new_request", LogprobsProcessor.__dict__["from_new_request"]
+    )
     if workbench_server:
         monkeypatch.setenv(vllm_plugin.SERVER_ENV, "1")
     else:
@@ -231,3 +235,6 @@ def test_the_plugin_patches_vllm_only_in_a_server_workbench_started(
     # The sampled tokens' ranks are counted eagerly in any server workbench started.
     ranks = count_greater_or_equal if workbench_server else compiled_count
     assert sampler.batched_count_greater_than is ranks
+    # So are the log-probs of requests that ask for them as token ids.
+    wrapped = getattr(LogprobsProcessor.from_new_request.__func__, "wraps_vllms", False)
+    assert wrapped is workbench_server

@@ -16,6 +16,7 @@ from tests.helpers import random_adapter, served_models
 from workbench.config import SamplingParams
 from workbench.envs import get_environment
 from workbench.inference.client import AdapterVersions, InferenceClient
+from workbench.inference.token_id_logprobs import with_logprobs_as_ids
 from workbench.orchestrator.episodes import run_episodes
 
 pytestmark = pytest.mark.slow
@@ -89,6 +90,53 @@ def test_completions_carry_token_ids_and_logprobs_the_trainer_reproduces(
         n = len(result.prompt_token_ids)
         ours = [float(logprobs[n - 1 + i, tok]) for i, tok in enumerate(completion.token_ids)]
         assert ours == pytest.approx(completion.logprobs, abs=2e-3)
+
+
+def test_logprobs_asked_as_ids_decode_no_token_and_are_the_same_numbers(server):
+    import httpx
+
+    chat = {
+        "model": server.model,
+        "messages": PROMPT,
+        "n": 2,
+        "max_tokens": 12,
+        "seed": 3,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+    completion = {
+        "model": server.model,
+        "prompt": [1, 2, 3, 4],
+        "max_tokens": 12,
+        "seed": 3,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    with httpx.Client(base_url=server.server_url, headers=headers, timeout=120) as http:
+
+        def answer(path: str, body: dict) -> dict:
+            response = http.post(path, json=body)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        plain = answer("/v1/chat/completions", chat)
+        as_ids = answer("/v1/chat/completions", with_logprobs_as_ids(chat))
+        plain_completion = answer("/v1/completions", completion)
+        completion_as_ids = answer("/v1/completions", with_logprobs_as_ids(completion))
+
+    for ours, vllms in zip(as_ids["choices"], plain["choices"], strict=True):
+        assert ours["message"]["content"] == vllms["message"]["content"] != ""
+        assert ours["token_ids"] == vllms["token_ids"]
+        tokens, plain_tokens = ours["logprobs"]["content"], vllms["logprobs"]["content"]
+        assert [t["logprob"] for t in tokens] == [t["logprob"] for t in plain_tokens]
+        assert [t["token"] for t in tokens] == [f"token_id:{i}" for i in ours["token_ids"]]
+        assert all(t["bytes"] is None for t in tokens)
+        assert all(t["bytes"] for t in plain_tokens)  # vLLM's own answer decodes each token
+    ours, vllms = completion_as_ids["choices"][0], plain_completion["choices"][0]
+    assert ours["text"] == vllms["text"] and ours["token_ids"] == vllms["token_ids"]
+    assert ours["logprobs"]["token_logprobs"] == vllms["logprobs"]["token_logprobs"]
+    assert ours["logprobs"]["tokens"] == [f"token_id:{i}" for i in ours["token_ids"]]
 
 
 def test_requests_for_two_adapters_and_the_base_batched_together_each_get_their_own_model(

@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from workbench.inference.token_id_logprobs import with_logprobs_as_ids
 from workbench.testing.local_server import LocalServer, start_local_server, stop_local_server
 
 BASE_MODEL = "builtin:tiny-reverse"
@@ -193,18 +194,20 @@ def request_body(
     messages: list[dict[str, str]], model: str, workload: Workload, seed: int
 ) -> dict[str, Any]:
     """The orchestrator's request (see `InferenceClient.chat`) plus `ignore_eos`."""
-    return {
-        "model": model,
-        "messages": messages,
-        "n": workload.completions_per_prompt,
-        "max_tokens": workload.max_tokens,
-        "temperature": workload.temperature,
-        "top_p": 1.0,
-        "seed": seed,
-        "logprobs": True,
-        "return_token_ids": True,
-        "ignore_eos": True,
-    }
+    return with_logprobs_as_ids(
+        {
+            "model": model,
+            "messages": messages,
+            "n": workload.completions_per_prompt,
+            "max_tokens": workload.max_tokens,
+            "temperature": workload.temperature,
+            "top_p": 1.0,
+            "seed": seed,
+            "logprobs": True,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        }
+    )
 
 
 def run_pass(

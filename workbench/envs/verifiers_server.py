@@ -165,7 +165,10 @@ def _turn_request(body: dict[str, Any]) -> dict[str, Any]:
     tokens' log-probs."""
     request = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
     request.pop("top_logprobs", None)
-    request.update(n=1, logprobs=True, return_token_ids=True)
+    request.update(n=1, logprobs=True, return_token_ids=True, return_tokens_as_token_ids=True)
+    # Log-probs without token strings (`workbench.inference.token_id_logprobs`, which this
+    # process cannot import: it runs in verifiers' venv).
+    request["vllm_xargs"] = {**(request.get("vllm_xargs") or {}), "workbench_logprobs": "ids"}
     return request
 
 

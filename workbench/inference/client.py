@@ -23,6 +23,7 @@ import httpx
 
 from workbench.config import SamplingParams
 from workbench.files.endpoint import Endpoint
+from workbench.inference.token_id_logprobs import with_logprobs_as_ids
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class InferenceClient:
         }
         if seed is not None:
             body["seed"] = seed
-        data = self._post("/v1/chat/completions", body)
+        data = self._post("/v1/chat/completions", with_logprobs_as_ids(body))
         result = ChatResult(prompt_token_ids=list(data.get("prompt_token_ids") or []))
         for choice in sorted(data["choices"], key=lambda c: c["index"]):
             content = (choice.get("logprobs") or {}).get("content") or []
@@ -132,7 +133,7 @@ class InferenceClient:
         }
         if seed is not None:
             body["seed"] = seed
-        choice = self._post("/v1/completions", body)["choices"][0]
+        choice = self._post("/v1/completions", with_logprobs_as_ids(body))["choices"][0]
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
         return Completion(
             text=choice.get("text") or "",

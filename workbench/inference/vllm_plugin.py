@@ -9,7 +9,9 @@ left as it is. On a CPU it
 - with `WORKBENCH_VLLM_CPU_LORA=slot-matmul` (the default) makes vLLM's multi-LoRA layers use
   `workbench.inference.cpu_lora` instead of vLLM's per-token products; `vllm` keeps vLLM's own;
 - counts the ranks of sampled tokens without compiling a kernel at the first sampling
-  (`workbench.inference.eager_ranks`).
+  (`workbench.inference.eager_ranks`);
+- decodes no token of a request's log-probs when the request asks for them as ids only
+  (`workbench.inference.token_id_logprobs`; the orchestrator's requests do).
 These patch vLLM internals, so it refuses an engine of a release it was not tested against
 (`workbench.inference.engine_version`).
 """
@@ -42,10 +44,11 @@ def register() -> None:
     problem = engine_version_problem()
     if problem is not None:
         raise UntestedEngineError(problem)
-    from workbench.inference import eager_ranks, seeded_sampling
+    from workbench.inference import eager_ranks, seeded_sampling, token_id_logprobs
 
     seeded_sampling.install_on_cpu_runner()
     eager_ranks.install()
+    token_id_logprobs.install()
     if os.environ.get(CPU_LORA_ENV) == SLOT_MATMUL:
         # vLLM asks its platform which class wraps the LoRA kernels
         # (`vllm.lora.punica_wrapper.punica_selector`); the CPU platform names its own.
