@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_for
 from workbench.bench.e2e import write_e2e_report
-from workbench.bench.inference import Configuration, Pass, request_body, summary_rows
+from workbench.bench.inference import (
+    Configuration,
+    Pass,
+    descendants_cpu_s,
+    request_body,
+    summary_rows,
+)
 from workbench.bench.inference import Workload as InferenceWorkload
+from workbench.system.procfs import child_pids
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STARTED_AT = 1_700_000_000.0
@@ -103,7 +115,10 @@ def test_e2e_report_summarises_first_and_last_five_steps_and_pace_per_run(
 
 
 def test_inference_summary_gives_each_configuration_its_ratio_to_the_base_model():
-    configurations = [Configuration(0, [Pass(1.0, 1000)]), Configuration(2, [Pass(2.0, 1000)])]
+    configurations = [
+        Configuration(0, [Pass(1.0, 1000, api_server_cpu_s=0.4, engine_cpu_s=0.9)]),
+        Configuration(2, [Pass(2.0, 1000, api_server_cpu_s=0.5, engine_cpu_s=1.9)]),
+    ]
     base = configurations[0].median_tokens_per_s
     for configuration in configurations:
         configuration.ratio_vs_base = configuration.median_tokens_per_s / base
@@ -117,8 +132,11 @@ def test_inference_summary_gives_each_configuration_its_ratio_to_the_base_model(
     assert rows == [
         {"metric": "inference: server startup", "value": "12.3 s"},
         {"metric": "inference: first pass after startup", "value": "0.25 s"},
-        {"metric": "inference: base model", "value": "1000 tok/s"},
-        {"metric": "inference: 2 adapters", "value": "500 tok/s (0.50x base)"},
+        {"metric": "inference: base model", "value": "1000 tok/s, API server 0.40 CPU-s a pass"},
+        {
+            "metric": "inference: 2 adapters",
+            "value": "500 tok/s (0.50x base), API server 0.50 CPU-s a pass",
+        },
     ]
 
 
@@ -128,3 +146,26 @@ def test_inference_requests_force_full_length_completions_so_every_configuration
     assert body["ignore_eos"] is True
     assert (body["n"], body["max_tokens"], body["seed"]) == (3, 16, 7)
     assert workload.completion_tokens == 2 * 3 * 16
+
+
+def test_the_servers_engine_cpu_counts_every_process_below_the_api_server():
+    # A child that spins, with a grandchild that spins: both are the "engine".
+    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    script = (
+        "import subprocess, sys\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {spin!r} + 'time.sleep(30)'])\n"
+        f"exec({spin!r})\n"
+        "print('spun', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    before = descendants_cpu_s(os.getpid())
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "spun"
+        spent = lambda: descendants_cpu_s(os.getpid()) - before >= 0.6  # noqa: E731
+        wait_for(spent, 30, "the child's and the grandchild's 0.6 CPU-seconds")
+    finally:
+        for pid in child_pids(process.pid):
+            os.kill(pid, signal.SIGKILL)
+        process.kill()
+        process.wait()

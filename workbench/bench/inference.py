@@ -24,7 +24,10 @@ all configurations instead of biasing the last ones. The median over repetitions
 reported, with its ratio to the base model's median. Server startup (spawn to health) and
 adapter loading times are recorded too, and the wall time of the first pass after startup
 (`first_pass_s`, the base model's warm-up: what vLLM builds at its first sampling, every
-experiment's first rollouts wait for) beside the base model's median pass.
+experiment's first rollouts wait for) beside the base model's median pass. Each pass also
+records the CPU-seconds of the API server (HTTP, chat templates, detokenizing, writing the
+answers) and of its engine core: on a machine with few cores the API server's share is
+time the engine and the trainer do not get.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any
 import httpx
 
 from workbench.inference.token_id_logprobs import with_logprobs_as_ids
+from workbench.system.procfs import child_pids, cpu_seconds, read_stat
 from workbench.testing.local_server import LocalServer, start_local_server, stop_local_server
 
 BASE_MODEL = "builtin:tiny-reverse"
@@ -76,10 +80,13 @@ QUICK_WORKLOAD = Workload(prompts=8, completions_per_prompt=4, max_tokens=32, re
 
 @dataclass
 class Pass:
-    """One measured pass of the workload."""
+    """One measured pass of the workload, with the CPU-seconds the server's processes used
+    in it: the API server (HTTP, templates, detokenizing, answers) and its engine."""
 
     wall_s: float
     completion_tokens: int
+    api_server_cpu_s: float = float("nan")
+    engine_cpu_s: float = float("nan")
 
     @property
     def tokens_per_s(self) -> float:
@@ -108,6 +115,14 @@ class Configuration:
     def median_wall_s(self) -> float:
         return statistics.median(p.wall_s for p in self.passes)
 
+    @property
+    def median_api_server_cpu_s(self) -> float:
+        return statistics.median(p.api_server_cpu_s for p in self.passes)
+
+    @property
+    def median_engine_cpu_s(self) -> float:
+        return statistics.median(p.engine_cpu_s for p in self.passes)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "label": self.label,
@@ -115,6 +130,8 @@ class Configuration:
             "median_tokens_per_s": round(self.median_tokens_per_s, 1),
             "ratio_vs_base": round(self.ratio_vs_base, 3),
             "median_wall_s": round(self.median_wall_s, 3),
+            "median_api_server_cpu_s": round(self.median_api_server_cpu_s, 3),
+            "median_engine_cpu_s": round(self.median_engine_cpu_s, 3),
             "passes": [
                 {**asdict(p), "tokens_per_s": round(p.tokens_per_s, 1)} for p in self.passes
             ],
@@ -232,10 +249,28 @@ def run_pass(
             )
         return int(response.json()["usage"]["completion_tokens"])
 
+    api_server = server.process.pid
+    api_before, engine_before = cpu_seconds(api_server), descendants_cpu_s(api_server)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=len(chats)) as pool:
         tokens = sum(pool.map(one, range(len(chats))))
-    return Pass(wall_s=time.monotonic() - started, completion_tokens=tokens)
+    return Pass(
+        wall_s=time.monotonic() - started,
+        completion_tokens=tokens,
+        api_server_cpu_s=round(cpu_seconds(api_server) - api_before, 3),
+        engine_cpu_s=round(descendants_cpu_s(api_server) - engine_before, 3),
+    )
+
+
+def descendants_cpu_s(pid: int) -> float:
+    """The CPU-seconds of `pid`'s descendants (vLLM's engine core and its helpers; the
+    launcher execs the API server, so `pid` is the API server itself)."""
+    total, parents = 0.0, [pid]
+    while parents:
+        children = [child for parent in parents for child in child_pids(parent)]
+        total += sum(stat.cpu_seconds for stat in map(read_stat, children) if stat)
+        parents = children
+    return total
 
 
 # ---------------------------------------------------------------------------- the benchmark
@@ -347,6 +382,7 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, str]]:
         value = f"{configuration['median_tokens_per_s']:.0f} tok/s"
         if configuration["adapters"]:
             value += f" ({configuration['ratio_vs_base']:.2f}x base)"
+        value += f", API server {configuration['median_api_server_cpu_s']:.2f} CPU-s a pass"
         rows.append({"metric": f"inference: {configuration['label']}", "value": value})
     return rows
 
@@ -367,12 +403,16 @@ def print_table(report: dict[str, Any]) -> None:
     table.add_column("completion tokens/s", justify="right")
     table.add_column("vs base", justify="right")
     table.add_column("median wall s", justify="right")
+    table.add_column("API server CPU-s", justify="right")
+    table.add_column("engine CPU-s", justify="right")
     for configuration in report["configurations"]:
         table.add_row(
             configuration["label"],
             f"{configuration['median_tokens_per_s']:.0f}",
             f"{configuration['ratio_vs_base']:.2f}x",
             f"{configuration['median_wall_s']:.2f}",
+            f"{configuration['median_api_server_cpu_s']:.2f}",
+            f"{configuration['median_engine_cpu_s']:.2f}",
         )
     console = Console()
     console.print(table)
