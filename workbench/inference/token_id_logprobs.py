@@ -14,8 +14,9 @@ A request that `with_logprobs_as_ids` marked (an entry in its `vllm_xargs`, and
 `return_tokens_as_token_ids`) gets its log-probs with no token decoded: `install()` gives
 its log-prob processor no tokenizer, so each token is named `token_id:N` and its `bytes`
 are null. The completion's text is detokenized as before (environments score it). Any
-other request is answered as vLLM answers it, and a server without the patch answers these
-requests too, only with the strings decoded.
+other request is answered as vLLM answers it. The plugin installs the patch on the CPU
+platform, beside its others; a server without it (vLLM's GPU build here) answers these
+requests too, with the tokens decoded as before.
 """
 
 from __future__ import annotations
