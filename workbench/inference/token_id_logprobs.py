@@ -16,7 +16,7 @@ its log-prob processor no tokenizer, so each token is named `token_id:N` and its
 are null. The completion's text is detokenized as before (environments score it). Any
 other request is answered as vLLM answers it. The plugin installs the patch on the CPU
 platform, beside its others; a server without it (vLLM's GPU build here) answers these
-requests too, with the tokens decoded as before.
+requests too, naming the tokens by id but still decoding them for their bytes.
 """
 
 from __future__ import annotations
