@@ -43,8 +43,9 @@ from typing import Any
 
 import httpx
 
+from workbench.bench.process_trees import tree_members
 from workbench.inference.token_id_logprobs import with_logprobs_as_ids
-from workbench.system.procfs import child_pids, cpu_seconds, read_stat
+from workbench.system.procfs import all_stats, cpu_seconds
 from workbench.testing.local_server import LocalServer, start_local_server, stop_local_server
 
 BASE_MODEL = "builtin:tiny-reverse"
@@ -265,12 +266,8 @@ def run_pass(
 def descendants_cpu_s(pid: int) -> float:
     """The CPU-seconds of `pid`'s descendants (vLLM's engine core and its helpers; the
     launcher execs the API server, so `pid` is the API server itself)."""
-    total, parents = 0.0, [pid]
-    while parents:
-        children = [child for parent in parents for child in child_pids(parent)]
-        total += sum(stat.cpu_seconds for stat in map(read_stat, children) if stat)
-        parents = children
-    return total
+    descendants = tree_members(pid, all_stats() or [])[1:]  # the first member is `pid`
+    return sum(stat.cpu_seconds for stat in descendants)
 
 
 # ---------------------------------------------------------------------------- the benchmark
