@@ -23,7 +23,7 @@ def default_max_loras(max_concurrent_runs: int) -> int:
 # vLLM's engine batch on a CPU with `max_num_seqs = "auto"`. vLLM's CPU defaults (128
 # sequences, 2,048 tokens) are one run's batch of the built-in recipe: with 16 runs (8
 # steps, on the 2-core machine) a step's generation took a median 7.7 s with these against
-# 11.2 s with the defaults, the experiment 122 s against 165 s (docs/guides/scaling.md).
+# 11.2 s with the defaults, the experiment 122 s against 165 s (docs/benchmarks/many-runs.md).
 CPU_BATCH_SEQS = 1024
 CPU_BATCH_TOKENS = 16384
 

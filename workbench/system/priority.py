@@ -58,7 +58,7 @@ def inference_nice(small_machine: bool) -> int:
     82, 69, 64 and 75 s with vLLM at the trainer's nice value; 74, 63, 64 and 72 s with vLLM
     5 above it. At 32 runs vLLM's engine is what the runs wait for instead, and the nice
     values made no difference there: 32 runs x 20 steps took 231.7 and 225.1 s at the
-    trainer's value, 226.2 and 239.0 s at 5 above (docs/guides/scaling.md).
+    trainer's value, 226.2 and 239.0 s at 5 above (docs/benchmarks/many-runs.md).
     """
     return min(19, batch_nice() + INFERENCE_YIELDS_BY) if small_machine else batch_nice()
 

@@ -156,7 +156,7 @@ def fused_on(device: torch.device) -> bool | None:
     On the CPU, yes: one pass over each tensor instead of the eight foreach operations of
     `multi_adamw.adamw_step_together`, whose cost per tensor grows with the runs (the
     optimizer part of a 64-run update of the built-in model, clipping included: 0.058 s
-    against 0.157 s, one thread, `scripts/optimizer_step_bench.py`, docs/guides/scaling.md).
+    against 0.157 s, one thread, `scripts/optimizer_step_bench.py`, docs/benchmarks/many-runs.md).
     On a GPU None: the runs step together in a handful of
     foreach kernels, whatever their number; the fused kernel, one launch set per run, has
     not been measured against that there. The two give the same update up to rounding,
