@@ -42,8 +42,11 @@ def test_an_edited_file_is_named_but_results_and_docs_are_not(checkout: Path):
     (checkout / "benchmarks/results/e2e-latest.json").write_text("v2\n")
     (checkout / "docs/a.md").write_text("v2\n")
     assert code(checkout)["edited"] == []
+    (checkout / "benchmarks/results/e2e-20261206.json").write_text("{}\n")
+    assert code(checkout)["edited"] == []
     (checkout / "workbench/trainer.py").write_text("v2\n")
-    assert code(checkout)["edited"] == ["workbench/trainer.py"]
+    (checkout / "workbench/new_module.py").write_text("v1\n")
+    assert code(checkout)["edited"] == ["workbench/new_module.py", "workbench/trainer.py"]
 
 
 def test_outside_a_checkout_only_the_version_is_known(tmp_path: Path):

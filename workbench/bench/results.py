@@ -49,14 +49,14 @@ def _cpu_model() -> str | None:
 
 def code(checkout: Path = CHECKOUT) -> dict[str, Any]:
     """Which workbench a result measured: its version and, in a git checkout, the commit and
-    the tracked files that differed from it (a local edit measured, named so). Figures from
+    the files that differed from it, new ones included (a local edit measured, named so). Figures from
     one sitting compare only when this says the same code, or names the edit between them."""
     info: dict[str, Any] = {"version": _version()}
     commit = _git(checkout, "rev-parse", "HEAD")
     if commit is None:
         return info
     status = _git(
-        checkout, "status", "--porcelain", "--untracked-files=no", "--", ".",
+        checkout, "status", "--porcelain", "--untracked-files=normal", "--", ".",
         *(f":(exclude){path}" for path in NOT_MEASURED),
     )  # fmt: skip
     changed = sorted(line[3:] for line in (status or "").splitlines() if line.strip())
