@@ -17,6 +17,7 @@ from pathlib import Path
 from workbench.config import InferenceConfig, InferenceSection
 from workbench.config.inference import CPU_BATCH_SEQS, CPU_BATCH_TOKENS
 from workbench.files.endpoint import Endpoint, write_endpoint
+from workbench.inference.engine_fork import FORK_ENGINE_ENV
 from workbench.inference.engine_version import engine_version_problem
 from workbench.inference.vllm_plugin import (
     CPU_LORA_ENV,
@@ -267,4 +268,8 @@ def server_environment(
         # the model thread's 15.5; vLLM alone, 4 adapters x 16 prompts x 8 completions of
         # 10 tokens took 2.55 s and 2.14 CPU-s a pass on two threads, 1.08 s and 0.99 on one.
         env.setdefault("OMP_NUM_THREADS", "1")
+        # With one thread and no workers, the engine core can be forked from the API
+        # server rather than import everything again (workbench.inference.engine_fork).
+        if env["OMP_NUM_THREADS"] == "1" and env[VLLM_MULTIPROCESSING_ENV] == "0":
+            env.setdefault(FORK_ENGINE_ENV, "1")
     return env

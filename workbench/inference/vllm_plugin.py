@@ -11,7 +11,9 @@ left as it is. On a CPU it
 - counts the ranks of sampled tokens without compiling a kernel at the first sampling
   (`workbench.inference.eager_ranks`);
 - decodes no token of a request's log-probs when the request asks for them as ids only
-  (`workbench.inference.token_id_logprobs`; the orchestrator's requests do).
+  (`workbench.inference.token_id_logprobs`; the orchestrator's requests do);
+- with `WORKBENCH_VLLM_FORK_ENGINE=1` (small machines) forks the engine core from the API
+  server instead of spawning it (`workbench.inference.engine_fork`).
 These patch vLLM internals, so it refuses an engine of a release it was not tested against
 (`workbench.inference.engine_version`).
 """
@@ -44,11 +46,13 @@ def register() -> None:
     problem = engine_version_problem()
     if problem is not None:
         raise UntestedEngineError(problem)
-    from workbench.inference import eager_ranks, seeded_sampling, token_id_logprobs
+    from workbench.inference import eager_ranks, engine_fork, seeded_sampling, token_id_logprobs
 
     seeded_sampling.install_on_cpu_runner()
     eager_ranks.install()
     token_id_logprobs.install()
+    if os.environ.get(engine_fork.FORK_ENGINE_ENV) == "1":
+        engine_fork.install(type(current_platform))
     if os.environ.get(CPU_LORA_ENV) == SLOT_MATMUL:
         # vLLM asks its platform which class wraps the LoRA kernels
         # (`vllm.lora.punica_wrapper.punica_selector`); the CPU platform names its own.
