@@ -49,8 +49,9 @@ def _cpu_model() -> str | None:
 
 def code(checkout: Path = CHECKOUT) -> dict[str, Any]:
     """Which workbench a result measured: its version and, in a git checkout, the commit and
-    the files that differed from it, new ones included (a local edit measured, named so). Figures from
-    one sitting compare only when this says the same code, or names the edit between them."""
+    the files that differed from it, new ones included (a local edit measured, named so).
+    Figures from one sitting compare only when this says the same code, or names the edit
+    between them."""
     info: dict[str, Any] = {"version": _version()}
     commit = _git(checkout, "rev-parse", "HEAD")
     if commit is None:
