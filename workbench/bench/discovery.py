@@ -356,19 +356,12 @@ def compare(
 
 
 def _commit(tree: Path) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    dirty = subprocess.run(
-        ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return done.stdout.strip() + (" (uncommitted changes)" if dirty else "")
+    """The tree's commit, short, and whether files beside it were edited (`results.code`)."""
+    from workbench.bench.results import code  # not in the measured children's imports
+
+    state = code(tree)
+    edited = " (uncommitted changes)" if state.get("edited") else ""
+    return state.get("commit", "")[:12] + edited
 
 
 if __name__ == "__main__":  # the child processes of `run_tree` and `discovery_cpu`

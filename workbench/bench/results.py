@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.files import layout
+from workbench.system.procfs import processor_name
 
 RESULTS_DIR = Path("benchmarks/results")
 # The checkout a result measures: where workbench is imported from.
@@ -31,20 +32,11 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
     }
-    if cpu := _cpu_model():
+    if cpu := processor_name():
         info["cpu"] = cpu
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
-
-
-def _cpu_model() -> str | None:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:  # not Linux
-        return None
-    names = (line.partition(":")[2].strip() for line in lines if line.startswith("model name"))
-    return next(names, None)
 
 
 def code(checkout: Path = CHECKOUT) -> dict[str, Any]:

@@ -19,6 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from workbench.system.procfs import processor_name
+
 BUILD_INFO_FILE = "build.json"
 # The folder of the package that holds one directory of weights per shipped builtin.
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -71,13 +73,7 @@ def machine_description() -> dict[str, str]:
 
 
 def _processor_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                return value.strip()
-    return platform.processor() or "unknown"
+    return processor_name() or platform.processor() or "unknown"
 
 
 def record_shipment(model_dir: Path, command: str) -> dict[str, Any]:

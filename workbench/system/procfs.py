@@ -1,6 +1,6 @@
 """Reading processes from /proc: one process's stat fields and command line, every process,
 a parent's children, whether a pid still runs, when it started; the machine's available
-memory.
+memory and its processor's name.
 
 The one reader of /proc for the supervisor (process families, pid checks), the trainer's
 launcher (forwarding a stop to torchrun's workers), vLLM's memory check, the busy records
@@ -153,4 +153,17 @@ def _meminfo_bytes(field: str) -> int | None:
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def processor_name() -> str | None:
+    """The processor's model name (/proc/cpuinfo's first `model name`), or None."""
+    try:
+        text = (PROC / "cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return value.strip()
     return None
