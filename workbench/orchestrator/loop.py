@@ -85,6 +85,7 @@ class Orchestrator:
         self.env = env if env is not None else get_environment(config.env, **config.env_args)
         self.dataset = self.env.dataset(seed=config.seed, split="train")
         self.state = self._resume()
+        self.first_version = first_policy_version(run, config)
         self.rng = self.state.rng(config.seed)
         self.joiner = TurnJoiner(client)  # measures the chat template once, if ever needed
         self.evaluator = PolicyEvaluator(run, config, self.env, client, adapters, self.joiner)
@@ -279,9 +280,12 @@ class Orchestrator:
         return time.monotonic() - started
 
     def _may_generate(self, step: int) -> bool:
-        if self.config.lora.init_from is not None and self.adapters.current_step is None:
-            # Version 0 of a run started from an adapter is that adapter (the trainer
-            # publishes it as broadcast/step_0 when it admits the run), never the base.
+        if self.first_version is not None and (
+            self.adapters.current_step is None or self.adapters.current_step < self.first_version
+        ):
+            # The run's policy starts from an adapter the trainer has yet to publish (see
+            # `first_policy_version`): the base model, or an older adapter, is not this
+            # run's policy, whatever `async_level` would allow.
             return False
         return steps_ahead_allowed(step, self._policy_version(), self.config.async_level)
 
@@ -290,6 +294,20 @@ class Orchestrator:
         while not layout.is_stable(final):
             self.check_evicted()
             self.sleep(self.poll_s)
+
+
+def first_policy_version(run: Path, config: OrchestratorConfig) -> int | None:
+    """The first policy version this run may sample with, when it is not the base model
+    (None: a run from scratch, whose version 0 is the base).
+
+    A run that starts from a trainer checkpoint at step K (a fork, a copied checkpoint, a
+    restart) has no version before K: the trainer restores K when it admits the run and
+    publishes it as `broadcast/step_K` (`workbench.trainer.rl`). A run started from an
+    adapter (`lora.init_from`) has that adapter as version 0, published the same way."""
+    checkpoint = layout.latest_checkpoint_step(run, "trainer")
+    if checkpoint is not None:
+        return checkpoint
+    return 0 if config.lora.init_from is not None else None
 
 
 def log_step(run_id: str, record: dict[str, Any], empty_batches: int) -> None:
