@@ -8,6 +8,7 @@ test_run_from_checkpoint.py and tests/orchestrator/test_resume_from_checkpoint.p
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,40 @@ def test_a_fork_of_a_run_started_from_an_adapter_needs_the_adapter_no_more(
     assert result.exit_code == 0, result.output
     fork = load_orchestrator_config(layout.orch_config_path(experiment / "run_b"))
     assert fork.lora.init_from is None  # it starts from step 10's checkpoint
+
+
+def prune_while_copying(monkeypatch, run: Path, step: int, then_keep: int | None = None):
+    """Make the fork's copy of `run`'s checkpoint of `step` meet the trainer's pruning: the
+    step's directory goes (and, when `then_keep`, a newer checkpoint is written, as the
+    trainer does before it prunes) after the copy has listed its files, before the first
+    is copied. shutil's own copytree does the copying."""
+    real_copytree = shutil.copytree
+    pruned = []
+
+    def copy_then_meet_pruning(src, dst, *args, **kwargs):
+        def copy_file(source, destination, **options):
+            if not pruned and Path(source).is_relative_to(layout.checkpoint_dir(run, step)):
+                pruned.append(step)
+                if then_keep is not None:
+                    keep = layout.checkpoint_part_dir(run, then_keep, "trainer")
+                    with layout.staged_directory(keep) as part:
+                        (part / "progress.json").write_text(json.dumps({"step": then_keep}))
+                shutil.rmtree(layout.checkpoint_dir(run, step))
+            return shutil.copy2(source, destination, **options)
+
+        return real_copytree(src, dst, *args, copy_function=copy_file, **kwargs)
+
+    monkeypatch.setattr(shutil, "copytree", copy_then_meet_pruning)
+    return pruned
+
+
+def test_a_checkpoint_pruned_while_it_is_copied_is_said_so_and_leaves_nothing(
+    cli, experiment: Path, monkeypatch
+):
+    pruned = prune_while_copying(monkeypatch, experiment / "run_a", 20)
+    result = cli("runs", "fork", "run_a@20", "b", "-e", experiment)
+    assert pruned == [20]
+    assert result.exit_code == 1
+    assert "checkpoint of step 20 was pruned by the trainer while it was copied" in result.output
+    assert "Traceback" not in result.output and "shutil.Error" not in result.output
+    assert sorted(p.name for p in experiment.iterdir()) == ["recipe.toml", "run_a"]

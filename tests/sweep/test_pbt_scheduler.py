@@ -170,3 +170,17 @@ def test_the_records_of_a_real_pbt_run_replayed_give_the_decisions_it_made(exper
         "pbt step 3: eval_reward_mean 0.6073, rank 2/2, in the bottom quantile: "
         "run_lr5e-3@3 (eval_reward_mean 0.8118) goes on as run_lr1e-6-pbt1 with lr 0.005 -> 0.004"
     )
+
+
+def test_a_source_checkpoint_pruned_while_it_is_copied_is_forked_at_its_newest_instead(
+    experiment: Path, population: dict[str, Path], monkeypatch
+):
+    from tests.commands.test_fork import prune_while_copying
+
+    # While run_d's fork copies run_a's step 10, run_a saves step 15 and prunes step 10.
+    pruned = prune_while_copying(monkeypatch, population["run_a"], 10, then_keep=15)
+    [eviction] = PopulationBasedTraining(experiment, SPEC, PARAMS, fork=fork_run).poll(TICK)
+    assert pruned == [10] and eviction.run_id == "run_d"
+    config = tomllib.loads(layout.orch_config_path(experiment / "run_d-pbt1").read_text())
+    assert config["forked_from"] == {"run": "run_a", "step": 15}
+    assert read_pbt(experiment).actions == {("run_d", 5): "forked"}  # type: ignore[union-attr]

@@ -31,7 +31,7 @@ from workbench.config import (
 from workbench.experiment import orch_toml_text
 from workbench.files import layout
 from workbench.supervisor.control_socket import ControlError, new_run_config, normalize_overrides
-from workbench.sweep.pbt_scheduler import ForkFailed
+from workbench.sweep.pbt_scheduler import ForkFailed, SourcePruned
 
 TRAINER_PART = "trainer"
 ORCHESTRATOR_PART = "orchestrator"
@@ -56,8 +56,9 @@ class Fork:
     with_orchestrator_state: bool  # the source's data position and seeds came along
 
 
-class CheckpointPruned(ForkError):
-    """The source's checkpoint was pruned by the trainer while the fork copied it."""
+class CheckpointPruned(ForkError, SourcePruned):
+    """The source's checkpoint was pruned by the trainer before or while the fork copied
+    it (population-based training then forks the source's newest instead)."""
 
 
 def parse_source(spec: str) -> tuple[str, int | None]:
@@ -152,7 +153,9 @@ def _kept_step(source: Path, source_id: str, wanted: int | None, config: Orchest
         return kept[-1]
     if wanted not in kept:
         listing = ", ".join(str(step) for step in kept)
-        raise ForkError(
+        # Older than what it keeps: pruned (a newer checkpoint of the same run will do).
+        error = CheckpointPruned if wanted < kept[-1] else ForkError
+        raise error(
             f"{source_id} keeps no checkpoint of step {wanted}; it keeps steps {listing} "
             f"(the trainer keeps the last 3): fork one of those, e.g. {source_id}@{kept[-1]}"
         )
@@ -207,13 +210,34 @@ def _write_fork(
                 stamp = admit_as.stat().st_mtime_ns
                 os.utime(config_path, ns=(stamp, stamp))
         os.rename(staging, layout.run_dir(experiment, run_id))
-    except FileNotFoundError as err:
+    except (FileNotFoundError, shutil.Error) as err:
         shutil.rmtree(staging, ignore_errors=True)
-        raise CheckpointPruned(
-            f"{source.name}'s checkpoint of step {step} went while it was copied (the trainer "
-            f"keeps only its last 3): {err}; fork a newer step"
-        ) from None
+        raise _copy_error(source, step, err) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return ORCHESTRATOR_PART in parts
+
+
+def _copy_error(source: Path, step: int, err: OSError) -> ForkError:
+    """What a failed copy of `source`'s checkpoint of `step` says. `copytree` raises
+    FileNotFoundError when a directory it lists is gone, and `shutil.Error` (every file it
+    could not copy, collected) when files go while it copies: the trainer pruning the
+    checkpoint (it keeps its last 3) in both cases when the files are gone now."""
+    checkpoint = layout.checkpoint_dir(source, step)
+    failed = [Path(src) for src, _, _ in err.args[0]] if isinstance(err, shutil.Error) else []
+    if (
+        not checkpoint.is_dir()
+        or isinstance(err, FileNotFoundError)
+        or (failed and not any(path.exists() for path in failed))
+    ):
+        return CheckpointPruned(
+            f"{source.name}'s checkpoint of step {step} was pruned by the trainer while it "
+            f"was copied (it keeps only its last 3): fork a newer step, e.g. {source.name} "
+            "for its newest"
+        )
+    first = err.args[0][0] if failed else (None, None, str(err))
+    return ForkError(
+        f"could not copy {source.name}'s checkpoint of step {step} ({len(failed) or 1} "
+        f"file(s)); first: {first[0]}: {first[2]}; nothing of the fork was written"
+    )

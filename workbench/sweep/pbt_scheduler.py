@@ -75,6 +75,11 @@ class ForkFailed(Exception):
     """A fork that could not be made; the message says why."""
 
 
+class SourcePruned(ForkFailed):
+    """The source's checkpoint of the asked step went (pruned by the trainer) before or
+    while the fork copied it; a newer one of the same run is there to fork instead."""
+
+
 class PopulationBasedTraining:
     def __init__(
         self,
@@ -180,14 +185,27 @@ class PopulationBasedTraining:
             return "forked"  # made before a restart
         loser = layout.run_dir(self.experiment, decision.run_id)
         overrides = {key: new for key, (_, new) in decision.changes.items()}
+        source = f"{decision.source}@{decision.source_step}"
         try:
-            self.fork(
-                self.experiment,
-                f"{decision.source}@{decision.source_step}",
-                decision.new_run,
-                overrides,
-                admit_as=layout.orch_config_path(loser),
-            )
+            try:
+                self.fork(
+                    self.experiment,
+                    source,
+                    decision.new_run,
+                    overrides,
+                    admit_as=layout.orch_config_path(loser),
+                )
+            except SourcePruned as err:
+                # The winner trains on and prunes as it goes: its newest checkpoint is as
+                # good a source (its lineage in the fork's `forked_from` names the step).
+                log.info("%s: %s; forking its newest checkpoint instead", decision.run_id, err)
+                self.fork(
+                    self.experiment,
+                    decision.source,
+                    decision.new_run,
+                    overrides,
+                    admit_as=layout.orch_config_path(loser),
+                )
         except ForkFailed as err:
             log.warning("%s: pbt could not fork %s: %s", decision.run_id, decision.source, err)
             return f"fork failed: {err}"
