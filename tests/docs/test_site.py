@@ -158,3 +158,14 @@ def test_every_workbench_environment_variable_is_documented():
     undocumented = sorted(name for name in variables if f"`{name}`" not in page)
     assert "WORKBENCH_NICE" in variables, "the scan finds the variables"
     assert undocumented == []
+
+
+def test_ci_runs_the_readmes_test_command():
+    """The README promises two commands on a fresh machine; the second is the test
+    command CI runs, word for word, so a fresh machine passes what CI passes."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in block.strip().splitlines()]
+    assert len(commands) == 2, "the quick start is two commands: run, test"
+    ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert commands[1] in ci_lines, f".ci/run does not run the README's {commands[1]!r}"
