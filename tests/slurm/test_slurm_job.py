@@ -4,7 +4,10 @@ one-host Slurm of `scripts/slurm_one_host.sh`; the rest need no Slurm."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from workbench.slurm.job import SlurmJob
 
 RECIPE = """\
 [experiment]
-name = "two_nodes"
+name = {name}
 output_dir = "outputs/two_nodes"
 [model]
 base = "builtin:tiny-reverse"
@@ -35,13 +38,20 @@ id = "a"
 """
 
 
+def write_recipe(directory: Path, slurm: str = "", nproc: int = 1, name: str = "two_nodes") -> Path:
+    """recipe.toml in `directory`; `name` as a TOML string (JSON's escapes are TOML's)."""
+    path = directory / "recipe.toml"
+    path.write_text(RECIPE.format(slurm=slurm, nproc=nproc, name=json.dumps(name)))
+    return path
+
+
 @pytest.fixture
 def slurm_cli(tmp_path: Path, monkeypatch):
     """`workbench slurm` on a recipe with the given `[slurm]` lines, run in tmp_path."""
     monkeypatch.chdir(tmp_path)
 
     def invoke(*args: str, slurm: str = "", nproc: int = 1):
-        (tmp_path / "recipe.toml").write_text(RECIPE.format(slurm=slurm, nproc=nproc))
+        write_recipe(tmp_path, slurm=slurm, nproc=nproc)
         return CliRunner().invoke(app, ["slurm", "recipe.toml", *args], catch_exceptions=False)
 
     return invoke
@@ -180,3 +190,143 @@ def test_a_node_that_does_not_see_the_submitted_token_stops_before_starting_anyt
         assert f"node {rank} on {slurm_cluster}: " in said
         assert "does not share the experiment directory" in said
     assert not (tmp_path / "outputs" / "two_nodes" / "supervisor").exists(), "nothing started"
+
+
+# ---------------------------------------------------------------- values that reach a shell
+
+# This checkout's workbench in the child, as a user runs it.
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
+    ),
+}
+
+
+def workbench_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "workbench.cli", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=120, env=ENV,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("slurm", "key", "named"),
+    [
+        # A line break would end the `#SBATCH` line: the next is bash's.
+        ('partition = "debug\\nrm -rf ~"', "slurm.partition", "is not a Slurm partition name"),
+        ('account = "$(touch pwned)"', "slurm.account", "is not a Slurm account name"),
+        ('mem = "lots"', "slurm.mem", "is not a Slurm memory size"),
+        ('time = "10\\n"', "slurm.time", "is not a Slurm time limit"),
+        ('extra = ["--qos=high\\rm"]', "slurm.extra", "is not one sbatch option"),
+    ],
+)
+def test_a_recipe_value_outside_slurm_syntax_is_refused_by_the_cli_naming_the_key(
+    tmp_path: Path, slurm: str, key: str, named: str
+):
+    write_recipe(tmp_path, slurm=f"tasks_per_node = 2\n{slurm}")
+    result = workbench_cli("slurm", "recipe.toml", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "recipe.toml, line " in result.stderr and f"{key}: " in result.stderr, result.stderr
+    assert named in result.stderr, result.stderr
+    assert "#SBATCH" not in result.stdout, "no script is printed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.toml"], "nothing is written"
+
+
+def test_a_command_line_value_outside_slurm_syntax_is_refused_naming_the_option(tmp_path: Path):
+    write_recipe(tmp_path, slurm="tasks_per_node = 2")
+    result = workbench_cli("slurm", "recipe.toml", "--account", "rl;id", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 2 and "--account: " in result.stderr, result.stderr
+    result = workbench_cli("slurm", "recipe.toml", "--partition", "a b", cwd=tmp_path)
+    assert result.returncode == 2 and "--partition: " in result.stderr, result.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_name_or_path_no_quoting_carries_into_the_script_is_refused_naming_it(
+    tmp_path: Path,
+):
+    # The recipe's own check: a name on one line.
+    write_recipe(tmp_path, slurm="tasks_per_node = 2", name="two\nnodes")
+    result = workbench_cli("slurm", "recipe.toml", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "experiment.name: 'two\\nnodes' contains control characters" in result.stderr
+    # A working directory with a line break, which the comments of the script name.
+    workdir = tmp_path / "work\nrm -rf ~"
+    workdir.mkdir()
+    write_recipe(workdir, slurm="tasks_per_node = 2")
+    result = workbench_cli("slurm", "recipe.toml", cwd=workdir)
+    assert result.returncode == 2, result.stderr
+    assert "working directory: the working directory " in result.stderr, result.stderr
+    # A backslash where the job's logs go: Slurm's log file names cannot carry one.
+    write_recipe(tmp_path, slurm="tasks_per_node = 2")
+    (tmp_path / "recipe.toml").write_text(
+        (tmp_path / "recipe.toml").read_text().replace("outputs/two_nodes", "out\\\\put")
+    )
+    result = workbench_cli("slurm", "recipe.toml", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "experiment.output_dir: " in result.stderr and "backslash" in result.stderr
+    assert not list(tmp_path.rglob("job.sbatch")), "nothing is written"
+
+
+# Legal, and each of these means something to bash or to sbatch's parser of #SBATCH lines.
+AWKWARD_NAME = 'it\'s "two" nodes #1 $(touch pwned) `id` \\ 50%'
+
+
+def test_legal_values_with_spaces_and_quotes_are_quoted_in_the_script(tmp_path: Path):
+    workdir = tmp_path / "a dir; $(touch pwned) 100%"
+    workdir.mkdir()
+    write_recipe(
+        workdir, name=AWKWARD_NAME,
+        slurm='tasks_per_node = 2\npartition = "gpu,debug"\naccount = "rl-team"\n'
+        'mem = "64G"\ntime = "1-12:00:00"',
+    )  # fmt: skip
+    result = workbench_cli("slurm", "recipe.toml", cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    script_path = workdir / "outputs" / "two_nodes" / "slurm" / "job.sbatch"
+    assert str(script_path) in result.stdout
+    script = script_path.read_text()
+    assert subprocess.run(["bash", "-n", str(script_path)]).returncode == 0, script
+    # In bash, each path is one word; the script's lines of bash are all it runs.
+    assert f"export RECIPE='{workdir}/recipe.toml'\n" in script
+    # In the #SBATCH lines: shlex's quoting, the backslash doubled for sbatch's parser, and
+    # `%` doubled where Slurm reads a file name pattern.
+    assert "\n#SBATCH --job-name='it'\"'\"'s \"two\" nodes #1 $(touch pwned) `id` \\\\ 50%'\n" in (
+        script
+    )
+    assert f"\n#SBATCH --chdir='{workdir}'\n" in script
+    logs = str(workdir).replace("%", "%%") + "/outputs/two_nodes/slurm"
+    assert f"\n#SBATCH --output='{logs}/job-%j.out'\n" in script
+    assert f"srun --ntasks=2 --output='{logs}'/job-%j-node%t.out bash -c run_node\n" in script
+    for line in ("--partition=gpu,debug", "--account=rl-team", "--mem=64G", "--time=1-12:00:00"):
+        assert f"\n#SBATCH {line}\n" in script, line
+    assert not list(tmp_path.rglob("pwned"))
+
+
+def test_a_job_with_spaces_and_quotes_in_its_name_and_paths_runs_under_real_slurm(
+    tmp_path: Path, slurm_cluster: str
+):
+    # As the token test above: each node runs the script's bash up to its token check,
+    # which stops it before anything starts, so the job is quick.
+    workdir = tmp_path / "a dir; $(touch pwned) 100%"
+    workdir.mkdir()
+    write_recipe(workdir, slurm="tasks_per_node = 2", name=AWKWARD_NAME)
+    result = workbench_cli("slurm", "recipe.toml", cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    slurm_dir = workdir / "outputs" / "two_nodes" / "slurm"
+    (slurm_dir / "shared-check").write_text("another submission\n")
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--wait", str(slurm_dir / "job.sbatch")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    assert job_id, submitted.stderr
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
+    first_line = shown.stdout.splitlines()[0]
+    assert first_line.endswith(f"JobName={AWKWARD_NAME}"), shown.stdout
+    assert f"WorkDir={workdir}\n" in shown.stdout + "\n" or f"WorkDir={workdir} " in shown.stdout
+    # The logs went where the script says, in the directory with a space and a `%`.
+    for rank in (0, 1):
+        said = (slurm_dir / f"job-{job_id}-node{rank}.out").read_text()
+        assert "does not share the experiment directory" in said, said
+    assert (slurm_dir / f"job-{job_id}.out").exists()
+    assert not list(tmp_path.rglob("pwned"))

@@ -4,6 +4,7 @@ written (and with --submit, submitted); the job itself is `workbench.slurm`."""
 from __future__ import annotations
 
 import secrets
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,12 @@ from pydantic import ValidationError
 from workbench.commands.common import EXIT_BAD_INPUT, fail, recipe_or_fail, say
 from workbench.config import SlurmSection
 from workbench.recipe import Recipe
-from workbench.slurm.checks import allocation_problems, cluster_problems, filesystem_problem
+from workbench.slurm.checks import (
+    allocation_problems,
+    cluster_problems,
+    filesystem_problem,
+    script_problems,
+)
 from workbench.slurm.job import (
     SlurmJob,
     gpus_the_recipe_lists,
@@ -71,13 +77,14 @@ def slurm(
     Partition, account, time limit, GPUs per node, machines, node ranks per machine and
     extra #SBATCH lines come from the recipe's \\[slurm] section; the options override it.
 
-    Refused before anything is written, naming the key: an allocation smaller than the
-    trainer needs (fewer tasks than \\[trainer] nnodes, fewer GPUs than nproc_per_node), an
-    extra line that sets the node count, an experiment directory on a local file system
-    when the job spans machines; with --submit, also what `sinfo` says the cluster lacks (a
-    partition, enough machines, enough GPUs). Each node checks, before it starts, that it
-    sees the experiment directory (a token written at submission); one that does not stops
-    and says so.
+    Refused before anything is written, naming the key: a partition, account, time limit
+    or memory size not in Slurm's syntax, a name or path with a line break, an allocation
+    smaller than the trainer needs (fewer tasks than \\[trainer] nnodes, fewer GPUs than
+    nproc_per_node), an extra line that sets the node count, an experiment directory on a
+    local file system when the job spans machines; with --submit, also what `sinfo` says
+    the cluster lacks (a partition, enough machines, enough GPUs). Each node checks, before
+    it starts, that it sees the experiment directory (a token written at submission); one
+    that does not stops and says so.
 
     Follow the job with `workbench status EXPERIMENT` (every node: rank, host, state,
     restarts) and `squeue`; `scancel` stops every process, each run keeping its checkpoints
@@ -98,7 +105,7 @@ def slurm(
     path = script_path(job.experiment)
     say(f"wrote {path} ({job.nnodes} trainer node(s) on {job.nodes} machine(s))")
     if not submit:
-        say(f"submit it with:  sbatch {path}")
+        say(f"submit it with:  sbatch {shlex.quote(str(path))}")
         return
     _submit(job)
 
@@ -120,7 +127,7 @@ def _job_settings(
 def _job_problems(job: SlurmJob, resolved: Recipe, submit: bool) -> list[tuple[str, str]]:
     """(key, why) for each reason not to write the job: the allocation, the file system
     and, when it is to be submitted, what the cluster lacks."""
-    problems = allocation_problems(job, gpus_the_recipe_lists(resolved))
+    problems = script_problems(job) + allocation_problems(job, gpus_the_recipe_lists(resolved))
     shared = filesystem_problem(job)
     problems += [shared] if shared else []
     if submit:

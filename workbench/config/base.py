@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workbench.files import layout
 
@@ -41,11 +42,31 @@ def lora_rank_problem(run_rank: int | None, trainer_rank: int) -> str | None:
     )
 
 
+def control_characters(text: str) -> list[str]:
+    """The control characters and line breaks in `text` (newline, tab, escape, ...), as
+    repr()s: in a generated script or a log line, a line break starts a new line (of bash,
+    of an `#SBATCH` option) and an escape rewrites the terminal."""
+    found = {c for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")}
+    return [repr(c) for c in sorted(found)]
+
+
 class ExperimentSection(StrictModel):
     name: str = Field("experiment", description="the experiment's name")
     output_dir: Path | None = Field(
         None, description="the experiment directory; default: `outputs/<name>`"
     )
+
+    @field_validator("name", "output_dir")
+    @classmethod
+    def _one_printable_line(cls, value: str | Path | None) -> str | Path | None:
+        # The name and the directory go into the Slurm job's script and into logs.
+        bad = control_characters(str(value)) if value is not None else []
+        if bad:
+            raise ValueError(
+                f"{str(value)!r} contains control characters ({' '.join(bad)}): write it "
+                "on one line, without tabs or escapes"
+            )
+        return value
 
 
 class ModelSection(StrictModel):

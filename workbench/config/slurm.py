@@ -10,10 +10,21 @@ import re
 
 from pydantic import Field, field_validator
 
-from workbench.config.base import StrictModel
+from workbench.config.base import StrictModel, control_characters
 
-# Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+# Every value below goes into an `#SBATCH` line of a bash script, which sbatch parses as its
+# own options: each is held to Slurm's own syntax (sbatch(1), `str_to_mbytes` and
+# `time_str2mins` of Slurm's source) here, before anything is written, and is quoted there
+# too (`workbench.slurm.job`). `fullmatch`, not `$`: `$` also matches before a last newline.
+# Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; or no limit.
+_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
+# A partition or account as slurm.conf and sacctmgr name them: letters, digits, `_ . + -`.
+_SLURM_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"
+# `--partition` takes a comma-separated list (the job runs in whichever starts it first).
+_SLURM_PARTITIONS = re.compile(rf"{_SLURM_NAME}(,{_SLURM_NAME})*")
+_SLURM_ACCOUNT = re.compile(_SLURM_NAME)
+# `--mem`: a whole number with an optional unit, K, M (the default), G or T.
+_SLURM_MEMORY = re.compile(r"\d+[KMGTkmgt]?")
 
 
 class SlurmSection(StrictModel):
@@ -73,10 +84,40 @@ class SlurmSection(StrictModel):
     @field_validator("time")
     @classmethod
     def _a_slurm_time(cls, value: str | None) -> str | None:
-        if value is not None and not _SLURM_TIME.match(value):
+        if value is not None and not _SLURM_TIME.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a Slurm time limit: write minutes, HH:MM:SS or "
                 "D-HH:MM:SS (e.g. 4:00:00)"
+            )
+        return value
+
+    @field_validator("partition")
+    @classmethod
+    def _slurm_partitions(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_PARTITIONS.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a Slurm partition name: letters, digits and '_ . + -', "
+                "several separated by commas (e.g. gpu or gpu,debug); see `sinfo -s`"
+            )
+        return value
+
+    @field_validator("account")
+    @classmethod
+    def _a_slurm_account(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_ACCOUNT.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a Slurm account name: letters, digits and '_ . + -' "
+                "(e.g. rl-team); see `sacctmgr show associations user=$USER`"
+            )
+        return value
+
+    @field_validator("mem")
+    @classmethod
+    def _a_slurm_memory(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_MEMORY.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a Slurm memory size: a whole number with an optional "
+                "unit K, M (the default), G or T (e.g. 64G); 0 asks for all of a node's"
             )
         return value
 
@@ -86,7 +127,8 @@ class SlurmSection(StrictModel):
         cleaned = []
         for line in lines:
             text = line.strip().removeprefix("#SBATCH").strip()
-            if not text.startswith("-") or "\n" in text:
+            # A line break would end the `#SBATCH` line and start a line of bash.
+            if not text.startswith("-") or control_characters(text):
                 raise ValueError(
                     f"{line!r} is not one sbatch option: write it as after `#SBATCH `, "
                     "e.g. --constraint=h100"

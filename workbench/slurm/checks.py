@@ -1,7 +1,8 @@
 """What refuses a Slurm job before it is submitted: an allocation smaller than the recipe
 needs (`allocation_problems`, from the recipe alone; `cluster_problems`, asking the cluster
-with `sinfo`), and an experiment directory the other machines cannot see
-(`filesystem_problem`). Each problem is (dotted key, message), the message naming the key
+with `sinfo`), an experiment directory the other machines cannot see
+(`filesystem_problem`), and a name or path that no quoting carries into the job's script
+(`script_problems`). Each problem is (dotted key, message), the message naming the key
 and saying what to do."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from workbench.config.base import control_characters
 from workbench.slurm.job import SlurmJob
 
 # Options that set the allocation's shape, which `[slurm] nodes` and `tasks_per_node` own.
@@ -77,6 +79,31 @@ def allocation_problems(job: SlurmJob, recipe_gpus: int) -> list[tuple[str, str]
                     "remove it",
                 )
             )
+    return problems
+
+
+def script_problems(job: SlurmJob) -> list[tuple[str, str]]:
+    """The paths the script carries that quoting cannot: a line break or other control
+    character (it would end a comment or an `#SBATCH` line and start a line of bash), and
+    a backslash in the experiment's path, where the job's log files go: Slurm reads one in
+    an `--output` pattern as its own escape, and the job fails to launch (slurm 22.05).
+    The recipe's own checks refuse such an `[experiment] name` or `output_dir`; these are
+    the absolute paths, the working directory's included."""
+    values = (
+        ("experiment.output_dir", "the experiment directory", str(job.experiment)),
+        ("working directory", "the working directory", str(job.workdir)),
+        ("recipe", "the recipe's path", str(job.recipe)),
+    )
+    problems = []
+    for key, what, value in values:
+        bad = control_characters(value)
+        if bad:
+            why = f"contains control characters ({' '.join(bad)})"
+        elif key == "experiment.output_dir" and "\\" in value:
+            why = "contains a backslash, which Slurm's log file names cannot"
+        else:
+            continue
+        problems.append((key, f"{what} {value!r} {why}; rename it for the Slurm job"))
     return problems
 
 

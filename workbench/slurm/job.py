@@ -10,7 +10,12 @@ sees the token `workbench slurm` wrote into the experiment directory: a node tha
 share that directory stops, saying so.
 
 The script is plain bash with the `#SBATCH` lines at the top, so a user can read and edit
-it; nothing here runs a process.
+it; nothing here runs a process. Every value from the recipe or the command line is quoted:
+for bash with `shlex.quote`, and in an `#SBATCH` line for sbatch's own parser of those lines
+(`directive_value`), which bash never reads. What quoting cannot carry (a line break, a backslash
+in the log files' path) is refused before the script is written
+(`workbench.slurm.checks.script_problems`, the recipe's own checks in
+`workbench.config.slurm`).
 """
 
 from __future__ import annotations
@@ -92,25 +97,44 @@ def job_for_recipe(
     )
 
 
+def directive_value(value: object) -> str:
+    """`value` quoted for an `#SBATCH` line. sbatch splits those lines itself, not bash (to
+    bash they are comments): it honours single and double quotes, but a backslash escapes
+    the next character even inside single quotes, and an unquoted `#` ends the line. So:
+    shlex's quoting, each backslash doubled. Plain values (`gpu`, `4:00:00`) stay bare."""
+    return shlex.quote(str(value).replace("\\", "\\\\"))
+
+
+def filename_pattern(path: Path) -> str:
+    """`path` as a literal part of an `--output` pattern, where Slurm replaces `%j`, `%t`,
+    ... and `%%` stands for `%`."""
+    return str(path).replace("%", "%%")
+
+
 def sbatch_lines(job: SlurmJob) -> list[str]:
-    """The job's `#SBATCH` options, in the order the script lists them."""
+    """The job's `#SBATCH` options, in the order the script lists them, each value quoted
+    for sbatch (`directive_value`); `[slurm] extra` lines are sbatch options as the user
+    wrote them."""
     settings = job.settings
-    logs = slurm_dir(job.experiment)
-    lines = [
-        f"--job-name={job.job_name}",
-        f"--nodes={job.nodes}",
-        f"--ntasks-per-node={job.tasks_per_node}",
-    ]
-    optional = {
+    logs = filename_pattern(slurm_dir(job.experiment))
+    options: dict[str, object] = {
+        "--job-name": job.job_name,
+        "--nodes": job.nodes,
+        "--ntasks-per-node": job.tasks_per_node,
         "--partition": settings.partition,
         "--account": settings.account,
         "--time": settings.time,
         "--gpus-per-node": job.gpus_per_node,
         "--cpus-per-task": settings.cpus_per_task,
         "--mem": settings.mem,
+        "--chdir": job.workdir,
+        "--output": f"{logs}/job-%j.out",
     }
-    lines += [f"{option}={value}" for option, value in optional.items() if value is not None]
-    lines += [f"--chdir={job.workdir}", f"--output={logs}/job-%j.out"]
+    lines = [
+        f"{option}={directive_value(value)}"
+        for option, value in options.items()
+        if value is not None
+    ]
     return lines + list(settings.extra)
 
 
@@ -127,7 +151,7 @@ def render_script(job: SlurmJob) -> str:
     return f"""#!/bin/bash
 # The experiment of {job.recipe}
 # on {job.nnodes} trainer nodes ({layout}), written by `workbench slurm`.
-# Edit it freely; submit it with:  sbatch {script_path(job.experiment)}
+# Edit it freely; submit it with:  sbatch {q(str(script_path(job.experiment)))}
 # Node 0 (the allocation's first task) runs the supervisor, vLLM, the orchestrators and
 # its share of the trainer; every other task joins the trainer as node rank $SLURM_PROCID.
 # Logs: {logs}/job-<jobid>.out (this script) and job-<jobid>-node<K>.out (node K), and
@@ -166,5 +190,5 @@ run_node() {{
 export -f run_node
 
 # One task per trainer node: task K is node rank K.
-srun --ntasks={job.nnodes} --output={q(str(logs))}/job-%j-node%t.out bash -c run_node
+srun --ntasks={job.nnodes} --output={q(filename_pattern(logs))}/job-%j-node%t.out bash -c run_node
 """
