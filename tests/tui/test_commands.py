@@ -11,11 +11,10 @@ import pytest
 
 from workbench.config import OrchestratorConfig
 from workbench.experiment import write_run
+from workbench.supervisor import launch
 from workbench.testing import standins
 from workbench.tui.commands import NOT_RUNNING, SupervisorCommands
 from workbench.tui.data import ExperimentReader
-
-launch = pytest.importorskip("workbench.supervisor.launch")
 
 RECIPE = """\
 [experiment]
