@@ -280,3 +280,92 @@ def test_each_kind_reads_only_its_own_runs_tokens():
         assert together.run_loss[idx].item() == pytest.approx(alone.loss.item(), rel=1e-6)
         torch.testing.assert_close(trainer.grad[part], leaf.grad)
     assert math.isfinite(together.loss.item())
+
+
+def test_gspo_caps_a_sequence_ratio_that_overflows_float32():
+    """A completion every token of which the trainer finds e^200 likelier than the sampler
+    did (exp overflows to inf in float32): each token's log-ratio is clamped to 20, the
+    sequence's to 10 (verl's cap), so its ratio is e^10, its loss finite and its gradient 0
+    (the cap stops it, as verl's does); the other completion is untouched by it."""
+    trainer, sampler, advantages, mask, positions = random_batch(0, overflow=False)
+    with torch.no_grad():
+        trainer[10:] = sampler[10:] + 200.0  # the second completion (A = -1.3)
+        assert torch.isinf(torch.exp(trainer[10:] - sampler[10:])).all()
+
+    def gspo(lp, lp_s, a, keep):
+        sample_of = (torch.cumsum((positions == 0).long(), 0) - 1)[keep]
+        log_r = clamp20(lp - lp_s)
+        terms = []
+        for i in range(2):
+            own = sample_of == i
+            log_s = log_r[own].detach().mean()
+            s = torch.exp((lp[own] - lp[own].detach() + log_s).clamp(max=10))
+            terms.append(torch.maximum(-a[own] * s, -a[own] * s.clamp(1 - 3e-4, 1 + 4e-4)))
+        return torch.cat(terms)
+
+    out = compute_rl_loss(
+        trainer,
+        sampler,
+        advantages,
+        mask,
+        torch.tensor([TOKENS]),
+        LossConfig(kind="gspo"),
+        position_ids=positions,
+    )
+    out.loss.backward()
+    loss, grad = expected_loss_and_grad(
+        gspo, trainer, sampler, advantages, mask, positions, "sequence_mean"
+    )
+    assert torch.isfinite(out.loss) and torch.isfinite(trainer.grad).all()
+    torch.testing.assert_close(out.loss.detach(), loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(trainer.grad, grad, rtol=1e-5, atol=1e-7)
+    # The capped completion: each loss token's term is 1.3 * e^10, and none gets a gradient.
+    capped = trainer.detach()[10:][mask[10:]]
+    assert out.run_loss.item() >= 1.3 * math.exp(10) / 2 - 10 and capped.numel() > 0
+    assert trainer.grad[10:].eq(0).all()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        LossConfig(kind="reinforce", aggregation="sequence_mean"),
+        LossConfig(kind="gspo"),  # sequence_mean by verl's rule
+        LossConfig(kind="ppo", aggregation="constant", normaliser=50.0),
+        LossConfig(kind="cispo", aggregation="constant"),
+        LossConfig(kind="default"),
+    ],
+    ids=lambda config: f"{config.kind}-{config.effective_aggregation}",
+)
+def test_a_runs_batch_split_over_micro_batches_is_normalised_as_in_one(config):
+    """The trainer packs a run's batch into several micro-batches when it does not fit one
+    row, backward each and sums the gradients: with the step's counts (`loss_tokens_per_run`,
+    `samples_per_run`) each part's loss must be its share of the one-row loss, so the sum
+    is that loss, and its gradient that gradient, for every aggregation."""
+    trainer, sampler, advantages, mask, positions = random_batch(1)
+    step_tokens = mask.sum().view(1)
+    step_samples = torch.tensor([2])
+
+    def loss_of(part: slice, leaf: torch.Tensor, **counts):
+        return compute_rl_loss(
+            leaf,
+            sampler[part],
+            advantages[part],
+            mask[part],
+            torch.tensor([part.stop - part.start]),
+            config,
+            position_ids=positions[part],
+            constant_normalisers=[300.0],
+            **counts,
+        )
+
+    whole = loss_of(slice(0, TOKENS), trainer)
+    whole.loss.backward()
+    total, parts = 0.0, []
+    for part in (slice(0, 10), slice(10, TOKENS)):  # one completion each
+        leaf = trainer.detach()[part].clone().requires_grad_()
+        out = loss_of(part, leaf, loss_tokens_per_run=step_tokens, samples_per_run=step_samples)
+        out.loss.backward()
+        total += out.loss.item()
+        parts.append(leaf.grad)
+    assert total == pytest.approx(whole.loss.item(), rel=1e-5)
+    torch.testing.assert_close(torch.cat(parts), trainer.grad, rtol=1e-5, atol=1e-7)
