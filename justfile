@@ -26,6 +26,7 @@ docs:
 docs-reference:
     .venv/bin/python scripts/recipe_reference.py
     .venv/bin/python scripts/cli_reference.py
+    .venv/bin/python scripts/figures_page.py
 
 # Every benchmark but faults (`workbench bench faults` runs alone); results as JSON under
 # benchmarks/results/.

@@ -5,6 +5,7 @@ exists, and every shipped recipe the docs point at is a valid recipe."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -79,6 +80,50 @@ def test_the_check_fails_on_a_stale_command_reference_and_the_rewrite_fixes_it(t
     assert script.main(["--page", str(page)]) == 0
     assert page.read_text(encoding="utf-8") == current
     assert script.main(["--check", "--page", str(page)]) == 0
+
+
+def test_the_figures_are_the_newest_results_and_the_readme_and_home_page_agree():
+    """The Figures page, the README's table and the home page's are written from
+    benchmarks/results/ (`just docs-reference`): a new result makes them stale until the
+    script runs, and the two tables are one block, so they cannot disagree."""
+    script = load_script("figures_page")
+    assert script.main(["--check"]) == 0, "run `python scripts/figures_page.py`"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    home = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    page = script.PAGE.read_text(encoding="utf-8")
+
+    def block(text: str) -> str:
+        return text.split(script.BEGIN, 1)[1].split(script.END, 1)[0]
+
+    assert block(readme) == block(home)
+    for row in block(readme).strip().splitlines()[2:]:
+        assert row.split("`")[1].split("/")[-1] in page, "each row's file is on the page"
+    assert "e2e-separate-20261206T061144.json" in page and "## Trainer on a GPU" in page
+
+
+def test_the_figures_check_fails_on_a_new_result_and_the_rewrite_fixes_it(tmp_path: Path):
+    script = load_script("figures_page")
+    results = tmp_path / "results"
+    results.mkdir()
+    for path in (ROOT / "benchmarks" / "results").glob("*.json"):
+        (results / path.name).write_bytes(path.read_bytes())
+    copies = {}
+    for name, source in (("page", script.PAGE), ("readme", script.README), ("home", script.HOME)):
+        copies[name] = tmp_path / f"{name}.md"
+        copies[name].write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+    argv = ["--results", str(results), *(f"--{k}={v}" for k, v in copies.items())]
+    assert script.main(["--check", *argv]) == 0
+    newer = json.loads((results / "e2e-separate-20261206T061144.json").read_text())
+    newer.update(created="20271231T235959", speedup={"one_after_another": 9.99, "at_once": None})
+    (results / "e2e-separate-20271231T235959.json").write_text(json.dumps(newer))
+    (results / "e2e-separate-20281231T235959-before.json").write_text(json.dumps(newer))
+    assert script.main(["--check", *argv]) == 1
+    assert script.main(argv) == 0 and script.main(["--check", *argv]) == 0
+    for name in ("readme", "home", "page"):
+        text = copies[name].read_text(encoding="utf-8")
+        assert "**9.99x**" in text or "9.99x" in text
+        assert "e2e-separate-20271231T235959.json" in text
+        assert "-before" not in text.split(script.BEGIN)[1], "a tagged file is not of record"
 
 
 @pytest.mark.parametrize("page", READ_BY_USERS, ids=lambda page: str(page.relative_to(ROOT)))

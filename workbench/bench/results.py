@@ -7,6 +7,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -84,6 +85,7 @@ def write_result(name: str, payload: dict[str, Any], results_dir: Path = RESULTS
         "created": stamp,
         "machine": machine(),
         "code": code(),
+        **_invocation(),
         **payload,
     }
     text = json.dumps(document, indent=2)
@@ -91,6 +93,14 @@ def write_result(name: str, payload: dict[str, Any], results_dir: Path = RESULTS
     layout.atomic_write_text(path, text)
     layout.atomic_write_text(results_dir / f"{name}-latest.json", text)
     return path
+
+
+def _invocation() -> dict[str, Any]:
+    """The `workbench bench ...` command line that measured a result, so that the figures
+    page can say how to measure it again; nothing when not run from the command line."""
+    if sys.argv[1:2] != ["bench"]:
+        return {}
+    return {"invocation": ["workbench", *sys.argv[1:]]}
 
 
 def median(values: list[float]) -> float:
