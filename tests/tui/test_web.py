@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import select
 import shutil
 import signal
 import socket
@@ -121,7 +122,8 @@ def test_a_port_in_use_is_refused_before_serving(experiment: Path):
 
 
 class Served:
-    """A `workbench web` process and the address it serves."""
+    """A `workbench web` process, the address it serves and the one it printed, carrying
+    the token (`url_with_token`)."""
 
     def __init__(self, experiment: Path, *args: str, token: str | None = None) -> None:
         self.port = free_port()
@@ -137,11 +139,29 @@ class Served:
             env=env,
         )
         self.url = f"http://127.0.0.1:{self.port}/"
+        self.printed = self._read_until_address()
+        self.url_with_token = self.printed[-1].removeprefix("open ").split(" ")[0]
         deadline = time.monotonic() + 60
         while not self._listening():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"workbench web did not serve: {self.stop()}")
             time.sleep(0.1)
+
+    def _read_until_address(self) -> list[str]:
+        """What it printed up to the line naming the address to open (printed before it
+        serves; at its end if it never gets there)."""
+        assert self.process.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 60
+        while not lines or not lines[-1].startswith("open "):
+            ready, _, _ = select.select([self.process.stdout], [], [], 1.0)
+            line = self.process.stdout.readline() if ready else None
+            if line == "" or time.monotonic() > deadline:
+                self.process.kill()
+                raise AssertionError(f"workbench web printed no address: {lines}")
+            if line:
+                lines.append(line.rstrip("\n"))
+        return lines
 
     def _listening(self) -> bool:
         with socket.socket() as probe:
@@ -162,7 +182,7 @@ class Served:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 raise AssertionError("Ctrl-C did not stop workbench web") from None
-        return self.process.communicate()[0]
+        return "\n".join(self.printed) + "\n" + self.process.communicate()[0]
 
 
 @pytest.fixture
@@ -182,9 +202,10 @@ def open_page(browser, url: str):
     page = browser.new_page(viewport={"width": 1280, "height": 760})
     page.add_init_script(CATCH_TERMINAL)
     # Nothing leaves this machine (the page links a web font); what is not ours is refused.
+    ours = url.split("?")[0]
     page.route(
         "**/*",
-        lambda route: route.continue_() if route.request.url.startswith(url) else route.abort(),
+        lambda route: route.continue_() if route.request.url.startswith(ours) else route.abort(),
     )
     page.goto(url)
     return page
@@ -211,7 +232,8 @@ def test_the_page_shows_the_runs_their_details_and_curves(
 ):
     served = Served(experiment)
     try:
-        page = open_page(browser, served.url)
+        page = open_page(browser, served.url_with_token)
+        assert page.url == served.url, "the token leaves the address bar"
         wait_for_text(page, "run_lr1e-3", "run_lr3e-4", "run_queued", "run_typo")
         pictures = screenshot_dir(tmp_path)
         page.wait_for_timeout(500)  # the last frame drawn
@@ -241,6 +263,7 @@ def test_the_page_shows_the_runs_their_details_and_curves(
         printed = served.stop()
     assert f"http://127.0.0.1:{served.port}/" in printed
     assert f"ssh -N -L {served.port}:127.0.0.1:{served.port}" in printed
+    assert printed.count("?token=") == 1, "the address with the token is printed once"
 
 
 def test_the_page_asks_for_the_token_and_refuses_a_wrong_one(experiment: Path, browser):
@@ -270,14 +293,64 @@ def test_the_page_asks_for_the_token_and_refuses_a_wrong_one(experiment: Path, b
     assert not left, "no TUI outlives the server"
 
 
+def get(served: Served, path: str, **headers: str) -> http.client.HTTPResponse:
+    connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+    connection.request("GET", path, headers=headers)
+    return connection.getresponse()
+
+
+def signed_in(served: Served) -> str:
+    """The session cookie the printed address gives (`Cookie` header's value)."""
+    answer = get(served, served.url_with_token.removeprefix(served.url.rstrip("/")))
+    assert answer.status == 303 and answer.getheader("Location") == "/"
+    return answer.getheader("Set-Cookie").split(";")[0]
+
+
+def test_loopback_without_the_token_serves_nothing(experiment: Path):
+    """Any user of this machine can open 127.0.0.1: without the token or the cookie its
+    first visit gives, neither the page nor the TUI's websocket answers."""
+    served = Served(experiment)
+    try:
+        assert served.url_with_token.startswith(served.url + "?token=")
+        token = served.url_with_token.split("?token=")[1]
+        assert len(token) >= 32, "a token of its own, hard to guess"
+        assert get(served, "/").status == 401, "the page asks for the token"
+        assert get(served, "/ws").status == 401
+        assert get(served, "/?token=" + "x" * len(token)).status == 403
+        assert not served.tuis()
+        cookie = signed_in(served)
+        assert get(served, "/", Cookie=cookie).status == 200
+    finally:
+        served.stop()
+
+
+def test_a_token_shorter_than_16_characters_is_refused(experiment: Path):
+    port = free_port()
+    for given in (["--token", "x" * 15], []):
+        try:
+            result = subprocess.run(
+                web_command(experiment, "--port", str(port), *given),
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env={**os.environ, "PYTHONPATH": str(REPO), "WORKBENCH_WEB_TOKEN": "y" * 15},
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"workbench web served with a 15-character token ({given or 'env'})")
+        assert result.returncode == 2, result
+        assert "15 characters" in result.stderr and "at least 16" in result.stderr
+        assert "--token" in result.stderr and "WORKBENCH_WEB_TOKEN" in result.stderr
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0, "nothing listens"
+
+
 def test_other_sites_pages_cannot_reach_a_loopback_page(experiment: Path):
     served = Served(experiment)
     try:
+        cookie = signed_in(served)
 
         def status(path: str, **headers: str) -> int:
-            connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
-            connection.request("GET", path, headers=headers)
-            return connection.getresponse().status
+            return get(served, path, Cookie=cookie, **headers).status
 
         assert status("/") == 200
         # A name of another site resolving to 127.0.0.1 (DNS rebinding).
@@ -293,7 +366,7 @@ def test_a_server_killed_outright_leaves_no_tui_behind(experiment: Path, browser
     served = Served(experiment)
     tuis: list[psutil.Process] = []
     try:
-        page = open_page(browser, served.url)
+        page = open_page(browser, served.url_with_token)
         wait_for_text(page, "run_lr1e-3")
         tuis = served.tuis()
         assert len(tuis) == 1

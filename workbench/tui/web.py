@@ -1,4 +1,4 @@
-"""The TUI served to a browser (`workbench web`): textual-serve behind a loopback bind or a token.
+"""The TUI served to a browser (`workbench web`): textual-serve behind a token.
 
 textual-serve runs a command per browser connection and streams that process's screen to
 the page: here `python -m workbench.tui EXPERIMENT`, the very TUI a terminal gets, with its
@@ -6,11 +6,13 @@ keys and screens. Closing the tab ends that connection's TUI only, as `q` does i
 terminal; the supervisor and its runs are never signalled from here.
 
 Who may connect:
-- bound to a loopback address (the default), whoever can open the port on this machine,
-  through an SSH tunnel from elsewhere. Requests naming another host are refused, so a web
-  page whose name resolves to 127.0.0.1 (DNS rebinding) cannot reach it.
-- with a token (required to bind any other address), only a browser that typed the token
-  into the page: it then holds a cookie with this server's session key, never the token.
+- only a browser that gave the token: in the address `workbench web` prints (`/?token=...`,
+  as Jupyter's), or typed into the page. Every user of a shared machine can open its
+  loopback port, so a loopback bind is no key by itself. The browser then holds a cookie
+  with this server's session key, never the token.
+- bound to a loopback address (the default), only this machine, or an SSH tunnel from
+  elsewhere. Requests naming another host are refused, so a web page whose name resolves
+  to 127.0.0.1 (DNS rebinding) cannot reach it.
 - a websocket opened by another site's page is refused whatever the bind (its Origin names
   that site), so a page in the same browser cannot drive the TUI.
 """
@@ -38,6 +40,7 @@ from workbench.system.ports import is_loopback
 
 SESSION_COOKIE = "workbench_session"
 SIGN_IN_PATH = "/sign-in"
+TOKEN_QUERY = "token"  # /?token=... (`workbench.commands.web.token_url`)
 # A wrong token is answered this late: guessing a short one takes that long a try.
 WRONG_TOKEN_DELAY_S = 1.0
 
@@ -77,7 +80,7 @@ input, button {{ font: inherit; padding: 8px; margin-top: 12px; }}
 class WorkbenchWebServer(Server):
     """textual-serve's server for one experiment's TUI, with the checks above."""
 
-    def __init__(self, experiment: Path, host: str, port: int, token: str | None) -> None:
+    def __init__(self, experiment: Path, host: str, port: int, token: str) -> None:
         super().__init__(tui_command(experiment), host=host, port=port, title=experiment.name)
         self.token = token
         self.loopback_only = is_loopback(host)
@@ -113,8 +116,10 @@ class WorkbenchWebServer(Server):
         origin = request.headers.get("Origin")
         if origin is not None and urlsplit(origin).netloc != request.host:
             raise web.HTTPForbidden(text="requests from another site's page are refused")
-        if self.token is None or request.path == SIGN_IN_PATH or self._signed_in(request):
+        if request.path == SIGN_IN_PATH or self._signed_in(request):
             return await self._serve(request, handler)
+        if request.path == "/" and TOKEN_QUERY in request.query:
+            return await self._token_in_address(request)
         if request.path == "/":
             return web.Response(
                 text=sign_in_page(wrong=False), content_type="text/html", status=401
@@ -137,11 +142,22 @@ class WorkbenchWebServer(Server):
 
     async def _sign_in(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
-        given = str(form.get("token", ""))
-        if self.token is None or not hmac.compare_digest(given.encode(), self.token.encode()):
+        return await self._answer_token(str(form.get("token", "")), "/")
+
+    async def _token_in_address(self, request: web.Request) -> web.StreamResponse:
+        # The page again without the token, so that it leaves the address bar (and the
+        # browser's history); the page's other parameters (fontsize) are kept.
+        kept = [(key, value) for key, value in request.query.items() if key != TOKEN_QUERY]
+        then = request.rel_url.with_query(kept)
+        return await self._answer_token(request.query[TOKEN_QUERY], str(then))
+
+    async def _answer_token(self, given: str, then: str) -> web.StreamResponse:
+        """Signed in (the session cookie, and a redirect to `then`) or the sign-in page
+        saying the token was wrong, a second late."""
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
             await asyncio.sleep(WRONG_TOKEN_DELAY_S)
             return web.Response(text=sign_in_page(wrong=True), content_type="text/html", status=403)
-        response = web.Response(status=303, headers={"Location": "/"})
+        response = web.Response(status=303, headers={"Location": then})
         response.set_cookie(
             SESSION_COOKIE, self._session_key, httponly=True, samesite="Strict", path="/"
         )
