@@ -3,7 +3,9 @@ model card, loadable with peft alone; refusals that name the run and leave nothi
 
 from __future__ import annotations
 
+import ast
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -137,3 +139,23 @@ def test_the_command_exports_and_refuses_with_exit_statuses(trained: TrainedRun,
     assert again.exit_code == 2 and "already exists" in again.output
     unknown = runner.invoke(app, ["export", "nope", "-e", experiment, "-o", str(tmp_path / "x")])
     assert unknown.exit_code == 1 and "no run 'nope'" in unknown.output
+
+
+def test_the_cards_loading_instructions_keep_an_awkward_path_whole():
+    from workbench.export.card import _loading_text
+
+    base = '/models/it\'s a "model" $(touch pwned)'
+    adapter = Path("/out/run a; rm -rf ~")
+    text = _loading_text(base, adapter, "run_a", rank=8)
+    python = card_snippet(text)
+    literals = [
+        node.value
+        for node in ast.walk(ast.parse(python))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+    assert literals == [base, base, str(adapter)]
+    command = re.search(r"```bash\n(.*?)\n```", text, re.S).group(1)
+    assert shlex.split(command) == [
+        "python", "-m", "vllm.entrypoints.openai.api_server", "--model", base,
+        "--enable-lora", "--lora-modules", f"run_a={adapter}",
+    ]  # fmt: skip

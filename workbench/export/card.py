@@ -5,6 +5,7 @@ and peft's own cards have it (`base_model`, `library_name: peft`)."""
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 from pathlib import Path
 from typing import Any
@@ -131,22 +132,26 @@ def _config_table(config: OrchestratorConfig | None) -> str:
 
 
 def _loading_text(base: str, adapter: Path, name: str, rank: int) -> str:
+    """How to load the adapter, as Python and as a shell command to paste: the paths (a
+    model directory may be named anything) are a Python string literal in the one and one
+    quoted word in the other."""
     limit = next((r for r in VLLM_MAX_LORA_RANKS if r >= rank), rank)
     rank_flag = "" if rank <= VLLM_DEFAULT_MAX_LORA_RANK else f" --max-lora-rank {limit}"
+    modules = shlex.quote(f"{name}={adapter}")
     return (
         "With peft and transformers:\n\n"
         "```python\n"
         "from peft import PeftModel\n"
         "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-        f'base = AutoModelForCausalLM.from_pretrained("{base}")\n'
-        f'tokenizer = AutoTokenizer.from_pretrained("{base}")\n'
-        f'model = PeftModel.from_pretrained(base, "{adapter}")\n'
+        f"base = AutoModelForCausalLM.from_pretrained({base!r})\n"
+        f"tokenizer = AutoTokenizer.from_pretrained({base!r})\n"
+        f"model = PeftModel.from_pretrained(base, {str(adapter)!r})\n"
         "```\n\n"
         "With vLLM's OpenAI-compatible server (requests then name the model `" + name + "`; "
         "`vllm serve` takes the same options where its console script works, which it does "
         "not in the CPU build):\n\n"
         "```bash\n"
-        f"python -m vllm.entrypoints.openai.api_server --model {base} --enable-lora{rank_flag} "
-        f"--lora-modules {name}={adapter}\n"
+        f"python -m vllm.entrypoints.openai.api_server --model {shlex.quote(base)} "
+        f"--enable-lora{rank_flag} --lora-modules {modules}\n"
         "```"
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     command = build_vllm_command(config, model, port)
-    print("starting:", " ".join(command), file=sys.stderr, flush=True)
+    print("starting:", shlex.join(command), file=sys.stderr, flush=True)  # as a shell reads it
     os.execve(sys.executable, command, server_environment(endpoint.api_key))
     return 0  # not reached
 

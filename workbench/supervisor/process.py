@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -245,7 +246,7 @@ class SupervisedProcess:
             return self._failed_start(problem, now)
         attempt = self._spawn_count + 1
         self._append_log(
-            f"starting {spec.name} (attempt {attempt}): {' '.join(spec.argv)}", create=True
+            f"starting {spec.name} (attempt {attempt}): {shlex.join(spec.argv)}", create=True
         )
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
         try:
