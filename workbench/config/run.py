@@ -5,7 +5,6 @@ valid run.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from workbench.config.base import StrictModel
 from workbench.config.loading import read_toml, validate_model
+from workbench.config.user_code import import_user_module, not_found_hint
 
 
 class RunLoraConfig(StrictModel):
@@ -414,10 +414,10 @@ def _check_loss_import_path(kind: str) -> None:
         )
     module_name, _, attribute = kind.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except Exception as err:  # an import error, or any error the module raises as it loads
         raise ValueError(
-            f"loss.kind {kind!r}: cannot import module {module_name!r} ({err})"
+            f"loss.kind {kind!r}: cannot import module {module_name!r} ({err}); " + not_found_hint()
         ) from None
     function = getattr(module, attribute, None)
     if not callable(function):

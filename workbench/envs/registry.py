@@ -9,11 +9,11 @@ the argument and what is allowed.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from pydantic import ValidationError
 
+from workbench.config.user_code import import_user_module, not_found_hint
 from workbench.envs.base import Environment, EnvironmentConfigError
 from workbench.envs.dataset import DatasetEnvironment
 from workbench.envs.letter_count import LetterCount
@@ -83,10 +83,11 @@ def environment_class(name: str) -> type[Environment]:
 def _import_environment(path: str) -> type[Environment]:
     module_name, _, attribute = path.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
+        module = import_user_module(module_name)
+    except Exception as err:  # an import error, or any error the module raises as it loads
         raise EnvironmentConfigError(
-            f"environment {path!r}: cannot import module {module_name!r} ({err})"
+            f"environment {path!r}: cannot import module {module_name!r} ({err}); "
+            + not_found_hint()
         ) from None
     env_class = getattr(module, attribute, None)
     if not (isinstance(env_class, type) and issubclass(env_class, Environment)):

@@ -14,10 +14,10 @@ before launch).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 from workbench.config import LOSS_KIND_KNOBS
+from workbench.config.user_code import import_user_module
 from workbench.trainer.losses.inputs import LossInputs, TokenLoss
 
 LossFunction = Callable[[LossInputs], TokenLoss]
@@ -46,7 +46,7 @@ def loss_function(kind: str) -> LossFunction:
     if kind in _REGISTRY:
         return _REGISTRY[kind]
     module_name, _, attribute = kind.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
+    return getattr(import_user_module(module_name), attribute)
 
 
 def registered_losses() -> list[str]:
