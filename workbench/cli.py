@@ -273,8 +273,8 @@ def join(
     interface: Annotated[
         str | None,
         typer.Option(
-            help="This node's network interface for gloo and nccl (default: the recipe's "
-            "\\[trainer] rendezvous_interface).",
+            help="This node's network interface for gloo and nccl (default: the one this "
+            "node reaches node 0's rendezvous address through).",
             show_default=False,
         ),
     ] = None,

@@ -40,7 +40,11 @@ from workbench.supervisor.plan import read_rendezvous, trainer_argv
 from workbench.system.ports import interface_names
 from workbench.system.procfs import child_pids
 from workbench.system.signals import sigterm_as_interrupt
-from workbench.trainer.launch import socket_interface_env
+from workbench.trainer.launch import (
+    SOCKET_INTERFACE_VARIABLES,
+    socket_interface,
+    socket_interface_env,
+)
 
 # Between two agents: long enough for node 0's trainer to exit and be restarted.
 RESTART_PAUSE_S = 2.0
@@ -82,11 +86,13 @@ class JoiningNode:
     env: dict[str, str]
     log_path: Path
     endpoint: str
+    interface: str = "lo"  # gloo's and nccl's, for the log's line
 
 
 def joining_node(experiment: Path, node_rank: int, interface: str | None = None) -> JoiningNode:
     """Node `node_rank`'s agent for the experiment that node 0 runs; `interface`: the network
-    interface of this node for gloo and nccl (default: the recipe's rendezvous_interface)."""
+    interface of this node for gloo and nccl (default: the one named by $GLOO_SOCKET_IFNAME,
+    else the one this node reaches node 0's rendezvous address through)."""
     experiment = Path(experiment).resolve()
     config_path = paths.trainer_config_path(experiment)
     rendezvous = read_rendezvous(experiment)
@@ -117,11 +123,18 @@ def joining_node(experiment: Path, node_rank: int, interface: str | None = None)
             f"node 0 runs the experiment at {config.output_dir}, which is not {experiment} "
             "here: mount the shared experiment directory at the same path on every node"
         )
-    interface = interface or config.trainer.rendezvous_interface
     if interface is not None and interface not in interface_names():
         raise JoinError(
             f"this machine has no network interface {interface!r} (it has "
             f"{', '.join(interface_names())}); name its own with --interface"
+        )
+    # The recipe's rendezvous_interface is node 0's: this machine's may have another name.
+    interface = interface or os.environ.get(SOCKET_INTERFACE_VARIABLES[0])
+    interface = interface or socket_interface(rendezvous.host)
+    if interface is None:
+        raise JoinError(
+            f"no network interface of this machine reaches node 0's rendezvous address "
+            f"{rendezvous.host}: name the one node 0 reaches this node through with --interface"
         )
     return JoiningNode(
         experiment=experiment,
@@ -131,6 +144,7 @@ def joining_node(experiment: Path, node_rank: int, interface: str | None = None)
         env={**os.environ, **socket_interface_env(interface)},
         log_path=layout.process_log_path(experiment, f"trainer-node{node_rank}"),
         endpoint=f"{rendezvous.host}:{rendezvous.port}",
+        interface=interface,
     )
 
 
@@ -323,7 +337,10 @@ def _join(
     with sigterm_as_interrupt():
         while True:
             report.set("running")
-            say(f"{name}: trainer agent meets node 0 at {node.endpoint} (log: {node.log_path})")
+            say(
+                f"{name}: trainer agent meets node 0 at {node.endpoint} through "
+                f"{node.interface} (log: {node.log_path})"
+            )
             code = run_agent(
                 node,
                 stop_when=silent,

@@ -49,7 +49,13 @@ from workbench.sweep import schedulers
 from workbench.sweep.spec import AshaSpec, PbtSpec
 from workbench.system.gpus import detect_gpu_count  # preflight and tests reach it here
 from workbench.system.lifeline import PARENT_PID_ENV
-from workbench.system.ports import bind_error, free_port, interface_ipv4, interface_names
+from workbench.system.ports import (
+    bind_error,
+    free_port,
+    interface_ipv4,
+    interface_names,
+    is_loopback,
+)
 from workbench.system.priority import NICE_ENV, inference_nice
 from workbench.system.small_machine import is_small_machine
 from workbench.tracking.target import TrackingTarget
@@ -184,8 +190,15 @@ class Rendezvous:
 def rendezvous_host(interface: str | None) -> tuple[str | None, str | None]:
     """The address node 0's store binds for `interface` (None: the loopback address), or
     None and why there is none on this machine. $WORKBENCH_RENDEZVOUS_HOST, where set, is
-    that address instead: a Slurm job's script sets it to its first node's address."""
+    that address instead: a Slurm job's script sets it to its first node's address. In a
+    job across machines a loopback one is refused, unless the recipe names the interface."""
     override = os.environ.get(RENDEZVOUS_HOST_ENV)
+    if override and is_loopback(override) and slurm_machines() > 1:
+        # The job script's getent found this node's name on a loopback address (Debian
+        # maps a host's own name to 127.0.1.1): the job's other machines cannot reach it.
+        if interface is None:
+            return None, loopback_across_machines(override)
+        override = None  # the recipe's interface says where the others reach this node
     if override:
         if bind_error(override, 0) is not None:
             return None, (
@@ -206,6 +219,27 @@ def rendezvous_host(interface: str | None) -> tuple[str | None, str | None]:
     if address is None:
         return None, f"[trainer] rendezvous_interface {interface!r} has no IPv4 address"
     return address, None
+
+
+def slurm_machines() -> int:
+    """How many machines the Slurm job this process runs in spans (0 outside one): each
+    task of `srun` has the allocation's node count in its environment."""
+    for variable in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = os.environ.get(variable, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def loopback_across_machines(address: str) -> str:
+    return (
+        f"${RENDEZVOUS_HOST_ENV} {address!r}, the address this node's name resolves to here "
+        f"(the Slurm job script's `getent ahostsv4`), is a loopback address, which the "
+        f"job's other {slurm_machines() - 1} machine(s) cannot reach: set [trainer] "
+        "rendezvous_interface in the recipe to this node's network interface that they "
+        f"reach it through (this machine has {', '.join(interface_names())}), and submit "
+        "the job again"
+    )
 
 
 def rendezvous_problems(interface: str | None, port: int) -> list[tuple[str, str]]:

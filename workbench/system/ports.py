@@ -1,5 +1,6 @@
 """Picking TCP ports that stay free until their owner binds them, checking a chosen one, and
-the address of a network interface to bind them on; whether an address is this machine's only.
+the address of a network interface to bind them on, the interface that reaches an address;
+whether an address is this machine's only.
 
 The one port picker of workbench: the supervisor's plan picks the inference port (or checks
 the recipe's), the inference process picks a new one when the planned port was taken
@@ -97,3 +98,26 @@ def interface_ipv4(name: str) -> str | None:
         except OSError:
             return None
     return socket.inet_ntoa(answer[20:24])
+
+
+def source_address(host: str) -> str | None:
+    """The address of this machine that the kernel sends from to reach `host` (IPv4), or
+    None when no route reaches it. Connecting a UDP socket sends nothing: it only asks the
+    kernel for its route, which holds the source address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, 9))  # any port: nothing is sent
+        except OSError:
+            return None
+        return str(probe.getsockname()[0])
+
+
+def interface_reaching(host: str) -> str | None:
+    """The network interface this machine reaches `host` through: the one holding the source
+    address of the kernel's route to it (for one of this machine's own addresses, the
+    interface holding it); None when no route reaches `host` or its source address is not
+    an interface's first IPv4 address."""
+    address = source_address(host)
+    if address is None:
+        return None
+    return next((name for name in interface_names() if interface_ipv4(name) == address), None)

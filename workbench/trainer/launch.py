@@ -14,7 +14,11 @@ Nothing of the trainer listens beyond 127.0.0.1 unless the recipe names a networ
 interface (`[trainer] rendezvous_interface`, for several nodes): the agent's store through
 the `workbench-static` rendezvous (`workbench.trainer.rendezvous`), registered here, in the
 agent's process, bound to the endpoint's address alone; gloo's and nccl's ranks through
-GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (`lo` unless set), which the workers inherit.
+GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, which the workers inherit. Unless the environment
+names one, the interface is the one this machine reaches the rendezvous endpoint through
+(`socket_interface`): `lo` for a loopback endpoint, node 0's own interface of the address
+its store binds, the route's interface on a node that joins it. A fixed `lo` would have the
+ranks of nodes on different machines each listen where no other node can reach them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import signal
 import sys
 
 from workbench.system.lifeline import die_with_parent
+from workbench.system.ports import interface_reaching, is_loopback
 from workbench.system.priority import run_as_batch
 from workbench.system.procfs import child_pids
 
@@ -59,6 +64,37 @@ def socket_interface_env(interface: str | None) -> dict[str, str]:
     return dict.fromkeys(SOCKET_INTERFACE_VARIABLES, interface)
 
 
+def endpoint_host(argv: list[str]) -> str:
+    """The host of torchrun's `--rdzv-endpoint HOST:PORT` in `argv` (the loopback address
+    without one: torchrun's own default is a store on this machine)."""
+    endpoint = ""
+    for index, arg in enumerate(argv):
+        if arg in ("--rdzv-endpoint", "--rdzv_endpoint") and index + 1 < len(argv):
+            endpoint = argv[index + 1]
+        elif arg.startswith(("--rdzv-endpoint=", "--rdzv_endpoint=")):
+            endpoint = arg.split("=", 1)[1]
+    host = endpoint.rsplit(":", 1)[0] if ":" in endpoint else endpoint
+    return host.strip("[]") or LOOPBACK
+
+
+def socket_interface(host: str) -> str | None:
+    """The interface gloo's and nccl's ranks bind to meet the ranks of the nodes whose store
+    is on `host`: `lo` for a loopback host, otherwise the one this machine reaches `host`
+    through (None when no route reaches it)."""
+    if is_loopback(host):
+        return LOOPBACK_INTERFACE
+    return interface_reaching(host)
+
+
+def no_interface_message(host: str) -> str:
+    return (
+        f"no network interface of this machine reaches the rendezvous host {host}: set "
+        f"{' and '.join(SOCKET_INTERFACE_VARIABLES)} to the interface the other nodes reach "
+        "this one through (`workbench join --interface`, or [trainer] rendezvous_interface "
+        "on node 0)"
+    )
+
+
 def forward_to_workers(signum: int, _frame: object) -> None:
     for pid in child_pids(os.getpid()):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -69,16 +105,24 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     run_as_batch()  # the agent; each worker, in a session of its own, does too
     signal.signal(signal.SIGTERM, forward_to_workers)
-    # gloo's and nccl's ranks listen on the address the host name resolves to, often the
-    # network's; one machine needs only the loopback interface (an explicit setting is kept).
-    for variable in SOCKET_INTERFACE_VARIABLES:
-        os.environ.setdefault(variable, LOOPBACK_INTERFACE)
+    args = sys.argv[1:] if argv is None else argv
+    # gloo's and nccl's ranks listen on the address the host name resolves to, which may be
+    # 127.0.1.1 or a network the other nodes do not share: they bind the interface that
+    # reaches the store instead (an explicit setting is kept).
+    if not all(os.environ.get(variable) for variable in SOCKET_INTERFACE_VARIABLES):
+        host = endpoint_host(args)
+        interface = socket_interface(host)
+        if interface is None:
+            print(f"workbench.trainer.launch: {no_interface_message(host)}", file=sys.stderr)
+            return 2
+        for variable in SOCKET_INTERFACE_VARIABLES:
+            os.environ[variable] = os.environ.get(variable) or interface
     from torch.distributed.run import main as torchrun_main
 
     from workbench.trainer import rendezvous
 
     rendezvous.register(RENDEZVOUS_BACKEND)
-    torchrun_main([*AGENT_SIGNALS, *(sys.argv[1:] if argv is None else argv)])
+    torchrun_main([*AGENT_SIGNALS, *args])
     return 0
 
 
