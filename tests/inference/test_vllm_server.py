@@ -3,8 +3,6 @@ and multi-turn episodes whose tokens and log-probs are the model's own."""
 
 from __future__ import annotations
 
-import random
-import string
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -21,7 +19,6 @@ from workbench.orchestrator.episodes import run_episodes
 
 pytestmark = pytest.mark.slow
 PROMPT = [{"role": "user", "content": "reverse: abcdefghij"}]
-LETTERS = string.ascii_lowercase
 
 
 def greedy(client: InferenceClient, model: str) -> str:
@@ -240,32 +237,3 @@ def _runs(mask: list[bool]) -> list[tuple[bool, int]]:
         else:
             runs.append((value, 1))
     return runs
-
-
-def test_a_seeded_request_whose_prefill_is_split_gives_the_tokens_it_gives_alone(server):
-    """Sent at once, these prompts hold more tokens than one engine step takes, so vLLM
-    splits some prefills across steps (chunked prefill) and throws away the token sampled
-    for each unfinished one. On the CPU that used to kill the engine (vLLM rewinds a CUDA
-    generator's offset); the rewind workbench's plugin does instead must leave each seeded
-    request's tokens as they are when it runs alone, unsplit."""
-    rng = random.Random(0)
-    prompts = [
-        [{"role": "user", "content": "reverse: " + "".join(rng.choices(LETTERS, k=190))}]
-        for _ in range(64)
-    ]
-
-    def sample(client: InferenceClient, index: int) -> list[int]:
-        result = client.chat(
-            prompts[index],
-            model=server.model,
-            n=1,
-            sampling=SamplingParams(max_tokens=16),
-            seed=index,
-        )
-        return result.completions[0].token_ids
-
-    with InferenceClient(server) as client:
-        alone = [sample(client, index) for index in range(len(prompts))]
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            together = list(pool.map(lambda index: sample(client, index), range(len(prompts))))
-    assert together == alone
