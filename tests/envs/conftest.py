@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from workbench.envs import verifiers_venv
+from workbench.envs.verifiers_versions import TESTED
 from workbench.models.resolve import cache_dir
 
 TASKS = Path(__file__).parent / "verifiers_tasks"
@@ -26,9 +27,8 @@ def verifiers_python() -> Iterator[Path]:
     """The tests' verifiers venv, made once (minutes) and kept; its path in
     $WORKBENCH_VERIFIERS_VENV for the session."""
     venv = cache_dir() / "envs" / "verifiers-tests"
-    marker = verifiers_venv.installed(venv)
-    wanted = verifiers_venv.VERIFIERS_REQUIREMENT.split("==")[1]
-    if marker is None or marker.get("verifiers") != wanted:
+    marker = verifiers_venv.installed(venv) or {}
+    if any(marker.get(name) != version for name, version in TESTED.items()):
         try:
             verifiers_venv.install(venv=venv, say=lambda line: None)
         except verifiers_venv.InstallError as err:

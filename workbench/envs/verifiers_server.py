@@ -11,8 +11,10 @@ release that vLLM's cannot share a venv with, hence a process and a venv of its 
 The protocol is JSON lines: requests on stdin, answers on stdout (the process's own
 prints go to stderr). The first line out is `{"ready": true, "splits": {"train": N,
 "eval": M}, "speedups": [...], ...}` (the caches `verifiers_speedups.py` put in place),
-or `{"error": ...}` before it exits 1. Then each request `{"id", "op", ...}` gets one
-answer `{"id", ...}` or `{"id", "error"}`, in any order:
+or `{"error": ...}` before it exits 1 (also when the installed verifiers is not the release
+`verifiers_versions.py` names, unless WORKBENCH_ALLOW_UNTESTED_VERIFIERS=1). Then each
+request `{"id", "op", ...}` gets one answer `{"id", ...}` or `{"id", "error"}`, in any
+order:
 
 - `{"op": "tasks", "split", "rows": [...]}` -> `{"tasks": [{"messages", "question",
   "answer", "key"}]}`: the split's tasks at those row numbers;
@@ -581,6 +583,13 @@ class Channel:
 
 
 async def serve(config: dict[str, Any], channel: Channel) -> int:
+    import verifiers_versions
+
+    # Another verifiers release is refused before it is imported, naming both versions.
+    problem = verifiers_versions.release_problem("verifiers")
+    if problem is not None:
+        channel.send({"error": problem})
+        return 1
     import verifiers
     import verifiers_speedups
 

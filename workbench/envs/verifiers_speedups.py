@@ -11,29 +11,54 @@ class of the task's and harness's MRO, and to `inspect.signature` of each reward
 Each answer is a function of the class or callable alone, so each is kept per class or
 callable here; what is computed is what the library computes, once.
 
-Each cache replaces one library function only if that function is where this release keeps
-it; otherwise it is left alone (slower, never wrong), and `apply` says which were put in
-place.
+Each cache is put in place only on the release it was tested on (`verifiers_versions.py`:
+another one keeps the library's own functions, slower, never wrong, and the log says why),
+and replaces one library function only if that function is where this release keeps it;
+`apply` says which were put in place.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
+
+import verifiers_versions
+
+logger = logging.getLogger("workbench.verifiers_speedups")
 
 
 def apply() -> list[str]:
     """Put each cache in place; returns the names of those that were."""
+    caches = (
+        ("pydantic default factories", "pydantic", _cache_default_factory_signatures),
+        ("verifiers decorated methods", "verifiers", _cache_decorated_names),
+        ("verifiers handler signatures", "verifiers", _cache_handler_signatures),
+        (
+            "subprocess runtime folders made on first use",
+            "verifiers",
+            _make_runtime_folders_on_first_use,
+        ),
+    )
+    untested = {library: verifiers_versions.untested(library) for _, library, _ in caches}
     applied = []
-    for name, install in (
-        ("pydantic default factories", _cache_default_factory_signatures),
-        ("verifiers decorated methods", _cache_decorated_names),
-        ("verifiers handler signatures", _cache_handler_signatures),
-        ("subprocess runtime folders made on first use", _make_runtime_folders_on_first_use),
-    ):
+    for name, library, install in caches:
+        if untested[library] is not None:
+            continue
         if install():
             applied.append(name)
+        else:
+            logger.warning("cache of %s left out: its function is not where it was", name)
+    for library, why in untested.items():
+        if why is not None:
+            left_out = ", ".join(name for name, of, _ in caches if of == library)
+            logger.warning(
+                "caches left out (%s): %s; they replace functions of the tested release "
+                "only, so episodes are slower here, not different",
+                left_out,
+                why,
+            )
     return applied
 
 
@@ -122,6 +147,7 @@ def _make_runtime_folders_on_first_use() -> bool:
     (what the folder is for), and only one that was made is removed."""
     try:
         from verifiers.v1 import runtimes
+        from verifiers.v1.runtimes import subprocess as subprocess_runtime
         from verifiers.v1.runtimes.subprocess import CACHE_DIR, SubprocessRuntime
     except ImportError:
         return False
@@ -133,15 +159,31 @@ def _make_runtime_folders_on_first_use() -> bool:
 
     class FolderOnFirstUse(SubprocessRuntime):
         async def start(self) -> None:
-            # As verifiers names it; `info.id` too. A view of this runtime (`with_env`,
-            # `with_user`) shares its attributes, so the folder's state as well.
-            self.workdir = CACHE_DIR / "runtimes" / "subprocess" / self.name
-            self.info.id = str(self.workdir)
-            self.workbench_folder_made = False
+            # verifiers' own start, whole (the folder's name, `info.id`, whatever else it
+            # sets), but the folder it makes under `CACHE_DIR` is only named: for this call
+            # the module's `CACHE_DIR` is a root whose paths keep their `mkdir` for later.
+            # The tested release's start does not await, so no other start sees that root.
+            subprocess_runtime.CACHE_DIR = _HeldFolder(CACHE_DIR)
+            try:
+                await super().start()
+            finally:
+                subprocess_runtime.CACHE_DIR = CACHE_DIR
+            held = self.workdir
+            if isinstance(held, _HeldFolder):
+                self.workdir = held.path
+                # A view of this runtime (`with_env`, `with_user`) shares its attributes,
+                # so the folder's state as well.
+                self.workbench_mkdir = held.mkdir_arguments
+                self.workbench_folder_made = held.mkdir_arguments is None
 
         def make_folder(self) -> None:
-            if self.workdir is not None and not self.__dict__.get("workbench_folder_made", True):
-                self.workdir.mkdir(parents=True, exist_ok=True)
+            """The folder, made as verifiers' start makes it (`parents=True`, and no
+            `exist_ok`: a folder already there is refused, as at verifiers' start)."""
+            arguments = self.__dict__.get("workbench_mkdir")
+            if self.workdir is not None and arguments is not None:
+                self.workbench_mkdir = None
+                args, kwargs = arguments
+                self.workdir.mkdir(*args, **kwargs)
                 self.workbench_folder_made = True
 
         async def teardown(self) -> None:
@@ -170,6 +212,27 @@ def _make_runtime_folders_on_first_use() -> bool:
     # `make_runtime` looks the class up in the package's namespace on each call.
     runtimes.SubprocessRuntime = FolderOnFirstUse
     return True
+
+
+class _HeldFolder:
+    """A path that is named but not made: `/` names a folder inside it, `mkdir` keeps its
+    arguments (`mkdir_arguments`) instead of making it, `str` is the path's."""
+
+    def __init__(self, path: Any) -> None:
+        self.path = path
+        self.mkdir_arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+
+    def __truediv__(self, name: Any) -> _HeldFolder:
+        return _HeldFolder(self.path / name)
+
+    def mkdir(self, *args: Any, **kwargs: Any) -> None:
+        self.mkdir_arguments = (args, kwargs)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
 
 
 def _cached_per_argument(

@@ -5,7 +5,9 @@ cannot share workbench's venv, so verifiers gets one of its own under the workbe
 (`$WORKBENCH_CACHE_DIR/envs/verifiers`, or `$WORKBENCH_VERIFIERS_VENV`), and each
 `verifiers:` environment runs in a process started from it (`verifiers_server.py`).
 
-The venv holds verifiers (the release the server is written against), uv (verifiers' own
+The venv holds verifiers and pydantic at the releases the server was written and tested
+against (`verifiers_versions.py`; the rest at `constraints/verifiers.txt`'s versions, as
+`scripts/install.sh` installs workbench's own venv), uv (verifiers' own
 harnesses, `null` among them, run each episode's program as a uv script; workbench's
 default, `workbench-chat`, runs the same loop in the server's process) and the
 environments' own packages (`--with`). Installing ends by preparing the `null` harness's
@@ -22,15 +24,16 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from workbench.envs.verifiers_versions import INSTALL_COMMAND, TESTED
 from workbench.models.resolve import cache_dir
 
 VENV_ENV = "WORKBENCH_VERIFIERS_VENV"
-# The release whose internals the server relies on (how the interception server builds
-# its model clients); another one is refused by the server with the reason.
-VERIFIERS_REQUIREMENT = "verifiers==0.4.0"
 MARKER = "workbench.json"
 SERVER_SCRIPT = Path(__file__).with_name("verifiers_server.py")
-INSTALL_COMMAND = "workbench env install verifiers"
+# Written by scripts/freeze_constraints.sh from the venv the verifiers tests passed with.
+CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints" / "verifiers.txt"
+# As for scripts/install.sh: 1 installs the newest versions allowed (to refresh them).
+NO_CONSTRAINTS_ENV = "WORKBENCH_NO_CONSTRAINTS"
 
 
 class InstallError(RuntimeError):
@@ -101,7 +104,7 @@ def install(
         _step("make the venv", [python or sys.executable, "-m", "venv", str(venv)])
     # Unmark first: a venv whose install fails half-way is not taken for a finished one.
     (venv / MARKER).unlink(missing_ok=True)
-    packages = [VERIFIERS_REQUIREMENT, "uv", *wanted]
+    packages = pip_install_arguments(wanted)
     say(f"installing {' '.join(packages)}")
     _step("install the packages", [str(venv_python(venv)), "-m", "pip", "install", *packages])
     say("preparing the harness program every episode runs (a uv script)")
@@ -110,15 +113,42 @@ def install(
         [str(venv_python(venv)), str(SERVER_SCRIPT), "--warm"],
         env=server_environment(venv),
     )
-    version = subprocess.run(
-        [str(venv_python(venv)), "-c", "import verifiers; print(verifiers.__version__)"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    marker = {"verifiers": version, "with": wanted, "python": python or sys.executable}
+    marker = {
+        **installed_versions(venv),
+        "with": wanted,
+        "python": python or sys.executable,
+    }
     (venv / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     return venv
+
+
+def pip_install_arguments(requirements: Sequence[str] = ()) -> list[str]:
+    """What `pip install` is given: verifiers at its tested release, uv and `requirements`;
+    unless WORKBENCH_NO_CONSTRAINTS=1, pydantic at its tested release too and every other
+    package at constraints/verifiers.txt's version (where the checkout has the file)."""
+    pins = [f"verifiers=={TESTED['verifiers']}"]
+    constraints: list[str] = []
+    if os.environ.get(NO_CONSTRAINTS_ENV) != "1":
+        pins.append(f"pydantic=={TESTED['pydantic']}")
+        if CONSTRAINTS.is_file():
+            constraints = ["--constraint", str(CONSTRAINTS)]
+        # A requirement of an environment's package that disagrees fails pip's install,
+        # naming both: the environment is then not one these releases were tested with.
+    return [*constraints, *pins, "uv", *requirements]
+
+
+def installed_versions(venv: Path | None = None) -> dict[str, str]:
+    """The releases of `TESTED`'s packages installed in the venv (read by its python)."""
+    script = (
+        "import json\nfrom importlib import metadata\n"
+        f"print(json.dumps({{name: metadata.version(name) for name in {sorted(TESTED)!r}}}))"
+    )
+    result = subprocess.run(
+        [str(venv_python(venv)), "-c", script], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise InstallError(f"could not read the installed versions:\n{result.stderr[-2000:]}")
+    return json.loads(result.stdout)
 
 
 def _step(what: str, command: list[str], env: dict[str, str] | None = None) -> None:
