@@ -123,7 +123,9 @@ def _order(result: Result) -> tuple[Any, ...]:
     kind = section_kind(result)
     rank = KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
     runs = result.data.get("runs") if kind == "e2e-separate" else 0
-    return (rank, kind, result.gpu or "", runs if isinstance(runs, int) else 0, measured(result))
+    quick_start_first = measured(result) != "reverse_text.toml"
+    runs = runs if isinstance(runs, int) else 0
+    return (rank, kind, result.gpu or "", runs, quick_start_first, measured(result))
 
 
 # ---------------------------------------------------------------- what each says
