@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,14 @@ def test_a_written_result_carries_the_machine_and_the_code(tmp_path: Path):
     if (CHECKOUT / ".git").exists():
         assert document["code"]["commit"] == _git(CHECKOUT, "rev-parse", "HEAD")
     assert json.loads((tmp_path / "example-latest.json").read_text()) == document
+
+
+def test_a_result_written_by_workbench_bench_records_its_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The figures page gives each result's command; from the command line it is exact."""
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/workbench", "bench", "e2e", "--runs", "8"])
+    document = json.loads(write_result("example", {}, results_dir=tmp_path).read_text())
+    assert document["invocation"] == ["workbench", "bench", "e2e", "--runs", "8"]
+    monkeypatch.setattr(sys, "argv", ["pytest", "tests/bench"])
+    assert "invocation" not in json.loads(write_result("other", {}, tmp_path).read_text())
