@@ -10,10 +10,12 @@ it), so the node names of a Slurm job resolve there as a cluster's DNS would, or
 Two paths: `workbench join` (node 0's trainer as its supervisor starts it, node 1 through
 the real command), and the Slurm job's per-node command. What is not real Slurm in the
 latter: `srun` does not start the tasks. The one-host cluster
-(`scripts/slurm_one_host.sh`) has one slurmd on this machine, outside both namespaces, and
-Debian's slurmd is not built to run two on one host; so each task is the job script's own
-`run_node`, sourced from the script `workbench slurm` writes and run in its namespace with
-the SLURM_* environment that srun gives task K of a two-machine job. Everything it starts is
+(`scripts/slurm_one_host.sh`) has one slurmd on this machine, outside both namespaces; a
+real two-machine job would need slurmctld and a slurmd in each namespace (`slurmd -N`, a
+spool directory and pid file each, a slurm.conf naming 10.77.0.x), a second cluster beside
+the one the other Slurm tests use, which was not attempted. So each task is the job
+script's own `run_node`, sourced from the script `workbench slurm` writes and run in its
+namespace with the SLURM_* environment that srun gives task K of a two-machine job. Everything it starts is
 real: the supervisor, vLLM's CPU build, the orchestrator, torchrun with gloo on both nodes.
 
 Run as root (network namespaces need it); skipped, saying why, where they cannot be made.
