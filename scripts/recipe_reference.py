@@ -5,9 +5,9 @@
 
 Every key of a recipe is described once, where its pydantic field is defined
 (`workbench/config/`, `workbench/recipe.py`, `workbench/sweep/spec.py`, the environments'
-`Args`); this script renders those descriptions, types, bounds and defaults as tables
-between the two marker comments of docs/reference/recipe-keys.md. Everything outside the
-markers is written by hand.
+`Args`; a table of several kinds, `loss`, in the class of each kind); this script renders
+those descriptions, types, bounds and defaults as tables between the two marker comments of
+docs/reference/recipe-keys.md. Everything outside the markers is written by hand.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
 from scripts import generated_page  # noqa: E402
+from workbench.config import tagged_members  # noqa: E402
 from workbench.envs.registry import environment_class, environment_names  # noqa: E402
 from workbench.recipe import Recipe, RunSpec  # noqa: E402
 from workbench.sweep.spec import DISTRIBUTIONS  # noqa: E402
@@ -140,14 +141,39 @@ def rows(model: type[BaseModel], prefix: str = "") -> list[str]:
             lines.append(f"| any `[defaults]` key | | | {field.description} |")
             continue
         lines.append(row(prefix + name, field))
+        kinds = tagged_members(field.annotation)
         nested = _models_of(field.annotation)
-        if len(nested) == 1:
+        if kinds:
+            lines += kind_rows(kinds, f"{prefix}{name}.")
+        elif len(nested) == 1:
             lines += rows(nested[0], f"{prefix}{name}.")
-        for kind in nested if len(nested) > 1 else []:
-            # One table, several kinds (`kind = "asha"` or `"pbt"`): each kind's keys.
-            tag = kind.model_fields["kind"].annotation.__args__[0]
-            lines += [_tagged(line, tag) for line in rows(kind, f"{prefix}{name}.")]
     return lines
+
+
+def kind_rows(kinds: dict[str, type[BaseModel]], prefix: str) -> list[str]:
+    """One table, several kinds (`loss.kind`, `[sweep.scheduler]`'s `kind`): the keys of
+    the kinds' common base once, then each kind's own keys (and a common key whose default
+    is the kind's own), each row starting with its kind."""
+    base = _common_base(list(kinds.values()))
+    shared = base.model_fields if base is not None else {}
+    lines = rows(base, prefix) if base is not None else []
+    for tag, kind in kinds.items():
+        own = [
+            (name, field)
+            for name, field in kind.model_fields.items()
+            if name not in shared or (name != "kind" and field.default != shared[name].default)
+        ]
+        lines += [_tagged(row(prefix + name, field), tag) for name, field in own]
+    return lines
+
+
+def _common_base(models: list[type[BaseModel]]) -> type[BaseModel] | None:
+    """The nearest class every model derives from, when it has keys of its own."""
+    for candidate in models[0].__mro__:
+        if all(issubclass(model, candidate) for model in models):
+            has_keys = isinstance(candidate, type) and issubclass(candidate, BaseModel)
+            return candidate if has_keys and candidate.model_fields else None
+    return None
 
 
 def _tagged(line: str, tag: str) -> str:

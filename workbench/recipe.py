@@ -39,6 +39,7 @@ from workbench.config import (
     TrainerConfig,
     TrainerSection,
     check_run_id,
+    config_loc,
     deep_merge,
     default_max_loras,
     explain_error,
@@ -324,8 +325,8 @@ def _check_run_config(
         OrchestratorConfig.model_validate(deep_merge(defaults, table))
     except ValidationError as err:
         for item in err.errors():
-            inner = tuple(item["loc"])
-            message = explain_error(item, OrchestratorConfig, inner)
+            message = explain_error(item, OrchestratorConfig, tuple(item["loc"]))
+            inner = config_loc(OrchestratorConfig, tuple(item["loc"]))
             # A key the run sets is the run's fault, and so is a rule across keys
             # (empty loc) once the run overrides anything; otherwise [defaults] is.
             if (inner and inner[0] in table) or (not inner and table):

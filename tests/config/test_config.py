@@ -15,6 +15,7 @@ from workbench.config import (
     load_orchestrator_config,
     parse_assignment,
     read_toml,
+    tagged_members,
 )
 from workbench.experiment import create_experiment
 from workbench.files import layout
@@ -263,15 +264,17 @@ def line_of(text: str, needle: str) -> int:
 
 def float_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """Every float setting of a config model, by key path: found by walking the models, so a
-    float field added later is covered too (plain, optional, or in a tuple)."""
+    float field added later is covered too (plain, optional, in a tuple, or of any kind of a
+    table of several kinds, `loss`)."""
     keys = []
     for name, info in model.model_fields.items():
         annotation = info.annotation
         members = typing.get_args(annotation) or (annotation,)
         nested = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
-        if nested:
-            keys += float_keys(nested[0], (*prefix, name))
-        elif float in members:
+        nested = nested[:1] or list(tagged_members(annotation).values())
+        for inner in nested:
+            keys += [key for key in float_keys(inner, (*prefix, name)) if key not in keys]
+        if not nested and float in members:
             keys.append((*prefix, name))
     return keys
 
@@ -295,6 +298,8 @@ def test_the_walk_finds_the_float_settings_a_user_meets():
         "defaults.sampling.top_p",
         "defaults.eval.sampling.temperature",
         "defaults.loss.kl_coef",
+        "defaults.loss.eps_high",
+        "defaults.loss.weight_low",
         "defaults.scheduler.min_lr_ratio",
         "defaults.lora.alpha",
         "trainer.lora.alpha",
@@ -304,16 +309,26 @@ def test_the_walk_finds_the_float_settings_a_user_meets():
     } <= found
 
 
+def _field_at(model: type[BaseModel], path: list[str]) -> tuple[typing.Any, str | None]:
+    """The field at a key path, and the `kind` a table of several kinds must name for it."""
+    kind = None
+    for part in path:
+        kinds = tagged_members(model)
+        if kinds:
+            kind, model = next((t, m) for t, m in kinds.items() if part in m.model_fields)
+        model = model.model_fields[part].annotation
+    return model, kind
+
+
 @pytest.mark.parametrize("spelled", ["inf", "-inf", "nan"])
 @pytest.mark.parametrize("key", RECIPE_FLOATS, ids=".".join)
 def test_no_float_setting_takes_inf_or_nan(tmp_path: Path, key: tuple[str, ...], spelled: str):
     section, *inner = key
-    annotation = Recipe.model_fields[section].annotation
-    for part in inner[:-1]:
-        annotation = annotation.model_fields[part].annotation
-    is_tuple = typing.get_origin(annotation.model_fields[inner[-1]].annotation) is tuple
-    value = f"[0.9, {spelled}]" if is_tuple else spelled
+    annotation, kind = _field_at(Recipe.model_fields[section].annotation, inner)
+    value = f"[0.9, {spelled}]" if typing.get_origin(annotation) is tuple else spelled
     text = f'[model]\nbase = "builtin:tiny-reverse"\n\n[{section}]\n{".".join(inner)} = {value}\n'
+    if kind is not None:
+        text += f'{".".join(inner[:-1])}.kind = "{kind}"\n'
     error = problem_of(write(tmp_path, text))
     [problem] = error.problems
     assert problem.key.startswith(".".join(key)) and problem.line == 5

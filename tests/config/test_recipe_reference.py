@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from workbench.config import InferenceConfig, TrainerConfig
+from workbench.config import InferenceConfig, TrainerConfig, tagged_members
 from workbench.envs.registry import environment_class, environment_names
 from workbench.recipe import Recipe
 from workbench.sweep.spec import DISTRIBUTIONS
@@ -32,7 +32,9 @@ def fields_of(model: type[BaseModel], prefix: str = "") -> dict[str, object]:
     fields = {}
     for name, field in model.model_fields.items():
         fields[f"{prefix}{name}"] = field
-        for candidate in (field.annotation, *getattr(field.annotation, "__args__", ())):
+        candidates = (field.annotation, *getattr(field.annotation, "__args__", ()))
+        kinds = tagged_members(field.annotation)  # a table of several kinds: each kind's keys
+        for candidate in (*candidates, *kinds.values()):
             if isinstance(candidate, type) and issubclass(candidate, BaseModel):
                 fields.update(fields_of(candidate, f"{prefix}{name}."))
     return fields
@@ -62,6 +64,10 @@ def test_the_documented_recipe_reference_is_what_the_models_say():
     block = script.render_reference()
     assert block in page, f"{PAGE.name} is stale: run `python scripts/recipe_reference.py`"
     assert "`sampling.temperature`" in block and "`scheduler.min_runs`" in block
+    # Each loss kind's knobs under its kind, with that kind's own default.
+    assert "| `loss.eps_low` | number, >= 0, < 1 | `0.2` | kind `ppo`:" in block
+    assert "| `loss.eps_low` | number, >= 0, < 1 | `0.0003` | kind `gspo`:" in block
+    assert "| `loss.kl_coef` | number, >= 0 | `0.001` | kind `default`:" in block
 
 
 def test_the_check_fails_on_a_stale_page_and_the_rewrite_fixes_it(tmp_path: Path):

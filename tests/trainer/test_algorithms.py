@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from workbench.config import LossConfig
+from workbench.config import DefaultLoss, LossConfig, loss_config
 from workbench.trainer.loss import compute_rl_loss
 
 TOKENS = 24
@@ -89,7 +89,7 @@ def test_ppo_is_the_max_of_the_unclipped_and_clipped_surrogates():
         r = torch.exp(clamp20(lp - lp_s))
         return torch.maximum(-a * r, -a * r.clamp(1 - 0.2, 1 + 0.28))
 
-    out = check(LossConfig(kind="ppo", eps_high=0.28), ppo)
+    out = check(loss_config("ppo", eps_high=0.28), ppo)
     assert 0 < out.masked_fraction.item() < 1  # some tokens clipped, not all
 
 
@@ -99,10 +99,10 @@ def test_ppo_dual_clip_bounds_only_negative_advantages():
         ppo = torch.maximum(-a * r, -a * r.clamp(0.8, 1.2))
         return torch.where(a < 0, torch.minimum(ppo, -a * 3.0), ppo)
 
-    check(LossConfig(kind="ppo", dual_clip=3.0), dual)
+    check(loss_config("ppo", dual_clip=3.0), dual)
     # The e^20-ratio token has A < 0: unbounded without dual-clip, bounded at 3 * |A| with it.
-    plain, *_ = run(LossConfig(kind="ppo"))
-    bounded, *_ = run(LossConfig(kind="ppo", dual_clip=3.0))
+    plain, *_ = run(loss_config("ppo"))
+    bounded, *_ = run(loss_config("ppo", dual_clip=3.0))
     assert plain.loss.item() > 1e6 and bounded.loss.item() < 10
 
 
@@ -119,12 +119,12 @@ def test_gspo_clips_the_sequence_level_ratio_and_averages_per_sequence():
             terms.append(torch.maximum(-a[own] * s, -a[own] * s.clamp(1 - 3e-4, 1 + 4e-4)))
         return torch.cat(terms)
 
-    check(LossConfig(kind="gspo"), gspo, agg="sequence_mean", overflow=False)
+    check(loss_config("gspo"), gspo, agg="sequence_mean", overflow=False)
 
 
 def test_gspo_gives_every_token_of_a_sequence_the_same_ratio_gradient_weight():
     _out, trainer, _sampler, _advantages, mask, _positions = run(
-        LossConfig(kind="gspo", eps_low=0.99, eps_high=100.0), overflow=False
+        loss_config("gspo", eps_low=0.99, eps_high=100.0), overflow=False
     )
     first = mask & (torch.arange(TOKENS) < 10)  # the first completion's loss tokens
     weights = trainer.grad[first]
@@ -136,19 +136,19 @@ def test_cispo_weights_every_tokens_log_prob_gradient_by_the_clipped_stopped_rat
         w = torch.exp(clamp20(lp - lp_s)).clamp(0.0, 4.0).detach()
         return -w * a * lp
 
-    out = check(LossConfig(kind="cispo"), cispo)
+    out = check(loss_config("cispo"), cispo)
     assert out.masked_tokens.item() >= 1  # the e^20 token's weight was bounded
     # ... but it is not zeroed: it keeps gradient -4 * A / n, unlike PPO's clipped tokens.
-    out, trainer, _, _, mask, _ = run(LossConfig(kind="cispo"))
+    out, trainer, _, _, mask, _ = run(loss_config("cispo"))
     assert trainer.grad[15].item() == pytest.approx(-4.0 * -1.3 / int(mask.sum()), rel=1e-5)
 
 
 def test_plain_importance_sampling_is_minus_ratio_times_advantage():
-    check(LossConfig(kind="is"), lambda lp, lp_s, a, _: -torch.exp(clamp20(lp - lp_s)) * a)
+    check(loss_config("is"), lambda lp, lp_s, a, _: -torch.exp(clamp20(lp - lp_s)) * a)
 
 
 def test_reinforce_is_minus_advantage_times_log_prob():
-    check(LossConfig(kind="reinforce"), lambda lp, lp_s, a, _: -a * lp)
+    check(loss_config("reinforce"), lambda lp, lp_s, a, _: -a * lp)
 
 
 def test_default_kind_is_todays_masked_importance_sampling():
@@ -159,13 +159,13 @@ def test_default_kind_is_todays_masked_importance_sampling():
         kept = torch.where(drop, 0.0, log_r)
         return torch.where(drop, 0.0, -torch.exp(kept) * a + 1e-3 * kept.square() / 2)
 
-    check(LossConfig(), masked_is)
+    check(DefaultLoss(), masked_is)
 
 
 @pytest.mark.parametrize("kind", ["ppo", "cispo", "is", "reinforce", "default"])
 def test_sequence_mean_averages_each_completions_token_mean(kind):
-    config = LossConfig(kind=kind, aggregation="sequence_mean")
-    token_mean = LossConfig(kind=kind)
+    config = loss_config(kind, aggregation="sequence_mean")
+    token_mean = loss_config(kind)
     # Per-token terms are those of token_mean; only the weights differ: 1/(n_i * 2).
     _out_tokens, trainer_t, _, _, mask, positions = run(token_mean)
     _out_seq, trainer_s, *_ = run(config)
@@ -181,13 +181,13 @@ def test_constant_aggregation_divides_the_sum_by_the_normaliser_whatever_the_len
         return -a * lp
 
     check(
-        LossConfig(kind="reinforce", aggregation="constant", normaliser=512.0),
+        loss_config("reinforce", aggregation="constant", normaliser=512.0),
         reinforce,
         agg=512.0,
     )
     # Without loss.normaliser, the trainer's constant (batch_size * max_tokens) is used.
     check(
-        LossConfig(kind="reinforce", aggregation="constant"),
+        loss_config("reinforce", aggregation="constant"),
         reinforce,
         agg=300.0,
         constant_normalisers=[300.0],
@@ -210,7 +210,7 @@ def test_kl_to_the_base_adds_coef_times_the_estimator_per_loss_token(estimator, 
         return -a * lp + 0.05 * formula(lp - base[keep])
 
     check(
-        LossConfig(kind="reinforce", base_kl_coef=0.05, base_kl_estimator=estimator),
+        loss_config("reinforce", base_kl_coef=0.05, base_kl_estimator=estimator),
         with_kl,
         seed=3,
         overflow=False,
@@ -219,7 +219,7 @@ def test_kl_to_the_base_adds_coef_times_the_estimator_per_loss_token(estimator, 
 
 
 def test_ratio_diagnostics_are_the_mean_and_extremes_over_loss_tokens():
-    out, trainer, sampler, _, mask, _ = run(LossConfig(kind="ppo"), overflow=False)
+    out, trainer, sampler, _, mask, _ = run(loss_config("ppo"), overflow=False)
     ratios = torch.exp(trainer.detach() - sampler)[mask]
     assert out.ratio_sum.item() == pytest.approx(ratios.sum().item(), rel=1e-5)
     assert out.ratio_min.item() == pytest.approx(ratios.min().item(), rel=1e-6)
@@ -227,8 +227,8 @@ def test_ratio_diagnostics_are_the_mean_and_extremes_over_loss_tokens():
 
 
 def test_a_users_loss_given_by_import_path_is_called_with_its_args():
-    config = LossConfig(
-        kind="tests.trainer.custom_loss:scaled_reinforce", args={"scale": 2.0, "cap": 1.5}
+    config = loss_config(
+        "tests.trainer.custom_loss:scaled_reinforce", args={"scale": 2.0, "cap": 1.5}
     )
 
     def scaled(lp, lp_s, a, _):
@@ -244,14 +244,14 @@ def test_a_users_loss_that_returns_the_wrong_shape_is_named(monkeypatch):
 
     monkeypatch.setattr(module, "scaled_reinforce", lambda inputs: TokenLoss(torch.zeros(3)))
     with pytest.raises(ValueError, match=r"custom_loss:scaled_reinforce.*one value per token"):
-        run(LossConfig(kind="tests.trainer.custom_loss:scaled_reinforce"))
+        run(loss_config("tests.trainer.custom_loss:scaled_reinforce"))
 
 
 def test_each_kind_reads_only_its_own_runs_tokens():
     """Two runs in one row, each with its own kind and aggregation: each run's loss and
     gradient are those it gets alone."""
     trainer, sampler, advantages, mask, positions = random_batch(5)
-    configs = [LossConfig(kind="gspo"), LossConfig(kind="cispo", aggregation="constant")]
+    configs = [loss_config("gspo"), loss_config("cispo", aggregation="constant")]
     counts = torch.tensor([10, 14])
     together = compute_rl_loss(
         trainer,
@@ -309,7 +309,7 @@ def test_gspo_caps_a_sequence_ratio_that_overflows_float32():
         advantages,
         mask,
         torch.tensor([TOKENS]),
-        LossConfig(kind="gspo"),
+        loss_config("gspo"),
         position_ids=positions,
     )
     out.loss.backward()
@@ -328,13 +328,13 @@ def test_gspo_caps_a_sequence_ratio_that_overflows_float32():
 @pytest.mark.parametrize(
     "config",
     [
-        LossConfig(kind="reinforce", aggregation="sequence_mean"),
-        LossConfig(kind="gspo"),  # sequence_mean by verl's rule
-        LossConfig(kind="ppo", aggregation="constant", normaliser=50.0),
-        LossConfig(kind="cispo", aggregation="constant"),
-        LossConfig(kind="default"),
+        loss_config("reinforce", aggregation="sequence_mean"),
+        loss_config("gspo"),  # sequence_mean by verl's rule
+        loss_config("ppo", aggregation="constant", normaliser=50.0),
+        loss_config("cispo", aggregation="constant"),
+        loss_config("default"),
     ],
-    ids=lambda config: f"{config.kind}-{config.effective_aggregation}",
+    ids=lambda config: f"{config.kind}-{config.aggregation}",
 )
 def test_a_runs_batch_split_over_micro_batches_is_normalised_as_in_one(config):
     """The trainer packs a run's batch into several micro-batches when it does not fit one

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from workbench.config import LossConfig
+from workbench.config import DefaultLoss
 from workbench.trainer.loss import compute_logprobs, compute_rl_loss
 
-NO_KL = LossConfig(kl_coef=0.0)
+NO_KL = DefaultLoss(kl_coef=0.0)
 
 
 def logprobs_with_ratios(ratios: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,7 +25,7 @@ def test_loss_is_minus_ratio_times_advantage_plus_half_squared_log_ratio_per_los
     ratios = [1.0, 2.0, 0.5]
     advantages = torch.tensor([1.0, -2.0, 0.5])
     new, old = logprobs_with_ratios(ratios)
-    config = LossConfig(kl_coef=0.1)
+    config = DefaultLoss(kl_coef=0.1)
 
     result = compute_rl_loss(new, old, advantages, torch.ones(3), torch.tensor([3]), config)
 
@@ -46,7 +46,7 @@ def test_loss_is_minus_ratio_times_advantage_plus_half_squared_log_ratio_per_los
 def test_tokens_whose_ratio_left_the_band_are_masked_and_get_no_gradient():
     # Band [0.125, 8]: 0.1 and 9 fall outside, 0.13 and 7.9 stay inside.
     new, old = logprobs_with_ratios([1.0, 0.1, 9.0, 0.13, 7.9])
-    both = LossConfig(kl_coef=0.0, mask_both_sides=True)
+    both = DefaultLoss(kl_coef=0.0, mask_both_sides=True)
     result = compute_rl_loss(new, old, torch.ones(5), torch.ones(5), torch.tensor([5]), both)
     result.loss.backward()
 
@@ -119,7 +119,7 @@ def test_duplicating_run_bs_tokens_does_not_change_run_as_loss_or_gradient():
 
 def test_each_run_masks_with_its_own_thresholds_and_penalty():
     new, old = logprobs_with_ratios([3.0, 3.0])
-    strict = LossConfig(mask_ratio_high=2.0, kl_coef=0.0)  # A = 1 > 0 and ratio 3 > 2: masked
+    strict = DefaultLoss(mask_ratio_high=2.0, kl_coef=0.0)  # A = 1 > 0 and ratio 3 > 2: masked
     result = compute_rl_loss(
         new, old, torch.ones(2), torch.ones(2), torch.tensor([1, 1]), [NO_KL, strict]
     )

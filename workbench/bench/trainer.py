@@ -377,23 +377,23 @@ def _trainer_section(spec: WorkerSpec):
 def bench_loss(name: str):
     """A run's loss from its `--losses` name: a kind, with `+kl` a k3 KL term to the base
     (coefficient 0.01), which costs one more forward of every row holding the run."""
-    from workbench.config import LossConfig
+    from workbench.config import loss_config
 
     kind, _, extra = name.partition("+")
     if extra not in ("", "kl"):
         raise ValueError(f"{name!r}: the one suffix is +kl (a KL term to the base model)")
-    return LossConfig(kind=kind, base_kl_coef=0.01 if extra else 0.0)
+    return loss_config(kind, base_kl_coef=0.01 if extra else 0.0)
 
 
 def _shared_step(model, rows, spec: WorkerSpec, device, rows_per_rank: int):
-    from workbench.config import LossConfig, ModelSection, OrchestratorConfig, TrainerConfig
+    from workbench.config import DefaultLoss, ModelSection, OrchestratorConfig, TrainerConfig
     from workbench.experiment import write_run
     from workbench.trainer.lora import lora_compute_summary
     from workbench.trainer.rl import build_trainer, train_step
 
     experiment = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
     for idx in range(spec.runs):
-        loss = bench_loss(spec.losses[idx % len(spec.losses)]) if spec.losses else LossConfig()
+        loss = bench_loss(spec.losses[idx % len(spec.losses)]) if spec.losses else DefaultLoss()
         write_run(experiment, f"run_{idx}", OrchestratorConfig(lr=1e-4, loss=loss))
     config = TrainerConfig(
         output_dir=experiment, model=ModelSection(base="random"), trainer=_trainer_section(spec)
@@ -420,7 +420,7 @@ def _peft_step(model, rows, spec: WorkerSpec, device, rows_per_rank: int):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from workbench.config import LORA_TARGET_MODULES, LossConfig
+    from workbench.config import LORA_TARGET_MODULES, DefaultLoss
     from workbench.trainer.compute import packed_row_logprobs, prepare_model
     from workbench.trainer.loss import compute_rl_loss
 
@@ -445,7 +445,7 @@ def _peft_step(model, rows, spec: WorkerSpec, device, rows_per_rank: int):
                 row.advantages.to(device),
                 row.loss_mask.to(device),
                 torch.tensor([ids.numel()]),
-                LossConfig(),
+                DefaultLoss(),
                 loss_tokens_per_run=row.run_loss_tokens[:1],
             )
             out.loss.backward()

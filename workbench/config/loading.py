@@ -7,12 +7,13 @@ import difflib
 import re
 import types
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 import tomlkit.exceptions
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 
 
 class ConfigProblem(BaseModel):
@@ -91,7 +92,7 @@ def load_partial(model_cls: type[BaseModel], path: Path) -> dict[str, Any]:
         model_cls.model_validate(data)
     except ValidationError as err:
         problems = [
-            problem_at(tuple(item["loc"]), explain_error(item, model_cls, tuple(item["loc"])), text)
+            located_problem(item, model_cls, (), text)
             for item in err.errors()
             if item["loc"] and item["type"] != "missing"
         ]
@@ -152,23 +153,30 @@ def problems_from_validation(
     err: ValidationError, model_cls: type[BaseModel], text: str, prefix: tuple = ()
 ) -> list[ConfigProblem]:
     """Every error of a failed validation as a problem at its key and line."""
-    problems = []
-    for item in err.errors():
-        loc = tuple(prefix) + tuple(item["loc"])
-        problems.append(problem_at(loc, explain_error(item, model_cls, loc), text))
-    return problems
+    return [located_problem(item, model_cls, prefix, text) for item in err.errors()]
+
+
+def located_problem(
+    item: dict[str, Any], model_cls: type[BaseModel], prefix: tuple, text: str | None
+) -> ConfigProblem:
+    """One pydantic error of `model_cls` as a problem at its key (`prefix` before it)."""
+    loc = tuple(item["loc"])
+    message = explain_error(item, model_cls, loc)
+    return problem_at((*prefix, *config_loc(model_cls, loc)), message, text)
+
+
+def config_loc(model_cls: type[BaseModel], loc: tuple) -> tuple:
+    """A pydantic error's location as the file spells it: pydantic puts the tag of a
+    tagged union's member in it (`loss.ppo.eps_high`), which no file has a key for."""
+    return _place(model_cls, loc).loc
 
 
 def explain_error(item: dict[str, Any], model_cls: type[BaseModel], loc: tuple) -> str:
-    """What one pydantic error means, in the words of every config error."""
+    """What one pydantic error means, in the words of every config error. `loc` is the
+    error's location in `model_cls` as pydantic gives it (tags of tagged unions in it)."""
     kind = item["type"]
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(model_cls, loc[:-1])
-        hint = ""
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        if close:
-            hint = f"; did you mean {close[0]!r}?"
-        return f"unknown key{hint} (allowed here: {', '.join(allowed)})"
+        return _unknown_key(_place(model_cls, loc[:-1]), str(loc[-1]))
     if kind == "missing":
         if loc == ("model", "base") or loc == ("model",):
             return 'missing base model: add [model] with base = "builtin:tiny-reverse" (or a path)'
@@ -183,20 +191,68 @@ def explain_error(item: dict[str, Any], model_cls: type[BaseModel], loc: tuple) 
     return f"{message} (got {shown})"
 
 
-def _allowed_keys(model_cls: type[BaseModel], loc: tuple) -> list[str]:
-    current: Any = model_cls
+@dataclass
+class _Place:
+    """Where a location leads: its keys as the file spells them, the table there, and, when
+    that table is one kind of a tagged union (`loss`, `[sweep.scheduler]`), every kind."""
+
+    loc: tuple
+    model: type[BaseModel] | None
+    kinds: dict[str, type[BaseModel]] = field(default_factory=dict)
+    tag: str | None = None
+
+
+def _place(model_cls: type[BaseModel], loc: tuple) -> _Place:
+    place = _Place(loc=(), model=model_cls)
+    members: dict[str, type[BaseModel]] = {}
     for part in loc:
-        if isinstance(part, int) or current is None:
+        if isinstance(part, str) and part in members:  # a tag pydantic put in the location
+            place.model, place.kinds, place.tag = members[part], members, part
+            members = {}
             continue
-        field = getattr(current, "model_fields", {}).get(part)
-        current = _optional_inner(field.annotation) if field is not None else None
-        if current is not None and not (
-            isinstance(current, type) and issubclass(current, BaseModel)
-        ):
-            current = None
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return sorted(current.model_fields)
-    return []
+        place.loc += (part,)
+        if isinstance(part, int) or place.model is None:
+            continue
+        info = place.model.model_fields.get(part)
+        place.kinds, place.tag = {}, None
+        members = tagged_members(info.annotation) if info is not None else {}
+        inner = _optional_inner(info.annotation) if info is not None else None
+        is_model = isinstance(inner, type) and issubclass(inner, BaseModel)
+        place.model = inner if is_model else None
+    return place
+
+
+def tagged_members(annotation: Any) -> dict[str, type[BaseModel]]:
+    """The kinds of a tagged union (`Annotated[A, Tag("a")] | ...`) by tag; {} otherwise."""
+    members: dict[str, type[BaseModel]] = {}
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is typing.Annotated:
+            base, *extras = typing.get_args(arg)
+            tags = [extra.tag for extra in extras if isinstance(extra, Tag)]
+            if tags and isinstance(base, type) and issubclass(base, BaseModel):
+                members[tags[0]] = base
+                continue
+        members.update(tagged_members(arg))
+    return members
+
+
+def _unknown_key(place: _Place, key: str) -> str:
+    """A key the table at `place` does not take: of another kind of it (which ones, and
+    the keys this kind takes), else a typo (the closest key, and every one allowed)."""
+    allowed = sorted(place.model.model_fields) if place.model is not None else []
+    owners = [tag for tag, model in place.kinds.items() if key in model.model_fields]
+    if owners and place.model is not None:
+        table = _render_loc(place.loc)
+        shared = set.intersection(*(set(model.model_fields) for model in place.kinds.values()))
+        fields = [name for name in place.model.model_fields if name != "kind"]
+        takes = sorted(fields, key=lambda name: name in shared)  # its own keys first
+        return (
+            f"{table}.{key} belongs to {table}.kind {' / '.join(owners)}, not {place.tag!r}, "
+            f"which takes {', '.join(f'{table}.{name}' for name in takes)}"
+        )
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key{hint} (allowed here: {', '.join(allowed)})"
 
 
 def _optional_inner(annotation: Any) -> Any:

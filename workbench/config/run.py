@@ -1,12 +1,10 @@
 """One run's config (`control/orch.toml`, the recipe's `[defaults]`): sampling, eval,
-optimizer, scheduler, loss and advantages. Every field has a default, so an empty file is a
+optimizer, scheduler, loss (its kinds in `workbench.config.loss`) and advantages. Every field has a default, so an empty file is a
 valid run.
 """
 
 from __future__ import annotations
 
-import inspect
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -15,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from workbench.config.base import StrictModel
 from workbench.config.loading import read_toml, validate_model
-from workbench.config.user_code import import_user_module, not_found_hint
+from workbench.config.loss import DefaultLoss, LossSpec
 
 
 class RunLoraConfig(StrictModel):
@@ -228,209 +226,6 @@ class SchedulerConfig(StrictModel):
     )
 
 
-# The knobs each built-in `loss.kind` takes, with its defaults, named after the framework each
-# comes from (../shared/reference/rl-algorithms.md, section 2). A knob left unset takes its
-# kind's default here; one that belongs to another kind is refused. `workbench.trainer.losses`
-# holds the function of each name (its registry checks that the two agree).
-LOSS_KIND_KNOBS: dict[str, dict[str, Any]] = {
-    # prime-rl's masked importance sampling with a (log ratio)^2 penalty: today's loss.
-    "default": {
-        "mask_ratio_low": 0.125,
-        "mask_ratio_high": 8.0,
-        "mask_both_sides": False,
-        "kl_coef": 1e-3,
-    },
-    # verl `vanilla`: clip_ratio_low / clip_ratio_high 0.2; dual-clip (clip_ratio_c) off.
-    "ppo": {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": None},
-    # The GSPO paper's sequence-ratio bounds, as verl's gspo example sets clip_ratio_low/high.
-    "gspo": {"eps_low": 3e-4, "eps_high": 4e-4},
-    # Tinker `cispo`: clip_low_threshold 0, clip_high_threshold 4.
-    "cispo": {"weight_low": 0.0, "weight_high": 4.0},
-    # Tinker `importance_sampling` and verl `gpg`: no knobs.
-    "is": {},
-    "reinforce": {},
-}
-# Keys every kind takes; `args` only a kind given as an import path.
-LOSS_COMMON_KEYS = ("kind", "aggregation", "normaliser", "base_kl_coef", "base_kl_estimator")
-# verl forces seq-mean-token-mean for GSPO; every other kind sums over the run's tokens.
-LOSS_KIND_AGGREGATION = {"gspo": "sequence_mean"}
-LOSS_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-LossAggregation = Literal["token_mean", "sequence_mean", "constant"]
-
-
-class LossConfig(StrictModel):
-    """The run's policy loss: its kind, the kind's knobs, aggregation and a KL term to the base.
-
-    The default is today's loss, prime-rl's masked importance sampling with a small
-    KL-style penalty to the sampler."""
-
-    kind: str = Field(
-        "default",
-        description="the policy loss: `default` (prime-rl's masked importance sampling), "
-        "`ppo` (clipped ratio, optional dual-clip), `gspo` (clipped sequence-level ratio), "
-        "`cispo` (clipped stop-gradient importance weight), `is` (plain importance sampling), "
-        "`reinforce` (no ratio), or `package.module:function` (your own; see the docs)",
-    )
-    aggregation: LossAggregation | None = Field(
-        None,
-        description="how a run's token terms become its loss: `token_mean` over the run's "
-        "step, `sequence_mean` (each completion's token mean, averaged), `constant` (the sum "
-        "over `normaliser`, Dr. GRPO); unset: `sequence_mean` for gspo, else `token_mean`",
-    )
-    normaliser: float | None = Field(
-        None,
-        gt=0,
-        description="`constant` aggregation only: the sum is divided by this; unset: "
-        "batch_size * sampling.max_tokens (TRL's dr_grpo)",
-    )
-    mask_ratio_low: float = Field(
-        0.125,
-        gt=0,
-        lt=1,
-        description="kind `default`: mask a token of negative advantage whose importance ratio "
-        "(trainer / inference probability) fell below this; below 1, the ratio of an unchanged "
-        "policy",
-    )
-    mask_ratio_high: float = Field(
-        8.0,
-        gt=1,
-        description="kind `default`: mask a token of positive advantage whose importance ratio "
-        "rose above this",
-    )
-    mask_both_sides: bool = Field(
-        False,
-        description="kind `default`: mask outside the band whatever the advantage's sign "
-        "(prime-rl)",
-    )
-    kl_coef: float = Field(
-        1e-3,
-        ge=0,
-        description="kind `default`: weight of the penalty (log ratio)^2 / 2 that keeps the "
-        "policy near the one that sampled",
-    )
-    eps_low: float | None = Field(
-        None,
-        ge=0,
-        lt=1,
-        description="kinds `ppo`, `gspo`: the ratio is clipped below at 1 - eps_low; unset: "
-        "0.2 (ppo, verl) or 3e-4 (gspo, its paper)",
-    )
-    eps_high: float | None = Field(
-        None,
-        ge=0,
-        description="kinds `ppo`, `gspo`: the ratio is clipped above at 1 + eps_high (DAPO's "
-        "clip-higher: 0.28); unset: 0.2 (ppo, verl) or 4e-4 (gspo, its paper)",
-    )
-    dual_clip: float | None = Field(
-        None,
-        gt=1,
-        description="kind `ppo`: for negative advantages, bound the loss at -A * dual_clip "
-        "(verl's clip_ratio_c, typically 3); unset: off",
-    )
-    weight_low: float | None = Field(
-        None,
-        ge=0,
-        description="kind `cispo`: lower bound of the stop-gradient importance weight; unset: 0 "
-        "(Tinker)",
-    )
-    weight_high: float | None = Field(
-        None,
-        gt=0,
-        description="kind `cispo`: upper bound of the stop-gradient importance weight; unset: 4 "
-        "(Tinker)",
-    )
-    base_kl_coef: float = Field(
-        0.0,
-        ge=0,
-        description="weight of a KL term to the base model (the adapter off), added per token; "
-        "0: none, and no extra forward (verl's kl_loss_coef is 0.001)",
-    )
-    base_kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3",
-        description="the KL term's estimator of d = logp - logp_base: k1 = d, k2 = d^2 / 2, "
-        "k3 = exp(-d) + d - 1 (verl's low_var_kl, the default)",
-    )
-    args: dict[str, Any] = Field(
-        default_factory=dict,
-        description="a `package.module:function` kind's own arguments (`inputs.args`)",
-    )
-
-    @model_validator(mode="after")
-    def _knobs_of_its_kind(self) -> LossConfig:
-        custom = self.kind not in LOSS_KIND_KNOBS
-        if custom:
-            _check_loss_import_path(self.kind)
-        elif self.args:
-            raise ValueError(
-                f"loss.args is for a loss given as package.module:function; kind "
-                f"{self.kind!r} takes {_knobs_named(self.kind)}"
-            )
-        own = LOSS_KIND_KNOBS.get(self.kind, {})
-        # A knob at its field's default is not set: [defaults] reach a run dumped in full.
-        for knob in dict.fromkeys(name for knobs in LOSS_KIND_KNOBS.values() for name in knobs):
-            if knob in own or getattr(self, knob) == type(self).model_fields[knob].default:
-                continue
-            owners = [kind for kind, names in LOSS_KIND_KNOBS.items() if knob in names]
-            raise ValueError(
-                f"loss.{knob} belongs to loss.kind {' / '.join(owners)}, not "
-                f"{self.kind!r}, which takes {_knobs_named(self.kind)}"
-            )
-        if self.normaliser is not None and self.effective_aggregation != "constant":
-            raise ValueError(
-                f"loss.normaliser is for aggregation = 'constant', not "
-                f"{self.effective_aggregation!r}; remove it or set loss.aggregation = 'constant'"
-            )
-        low, high = self.knob("weight_low"), self.knob("weight_high")
-        if low is not None and high is not None and low >= high:
-            raise ValueError(f"loss.weight_low ({low:g}) must be below loss.weight_high ({high:g})")
-        return self
-
-    def knob(self, name: str) -> Any:
-        """`name`'s value for this run: as set, else its kind's default."""
-        value = getattr(self, name)
-        if value is None:
-            return LOSS_KIND_KNOBS.get(self.kind, {}).get(name)
-        return value
-
-    @property
-    def effective_aggregation(self) -> str:
-        return self.aggregation or LOSS_KIND_AGGREGATION.get(self.kind, "token_mean")
-
-
-def _knobs_named(kind: str) -> str:
-    own = list(LOSS_KIND_KNOBS.get(kind, {}))
-    keys = [f"loss.{key}" for key in (*own, *LOSS_COMMON_KEYS[1:])]
-    if kind not in LOSS_KIND_KNOBS:
-        keys.append("loss.args")
-    return ", ".join(keys)
-
-
-def _check_loss_import_path(kind: str) -> None:
-    """A loss of the user's: `package.module:function` that loads and takes one argument."""
-    if not LOSS_IMPORT_PATH.match(kind):
-        raise ValueError(
-            f"unknown loss.kind {kind!r}; built in: {', '.join(LOSS_KIND_KNOBS)}, or your "
-            "own as package.module:function"
-        )
-    module_name, _, attribute = kind.partition(":")
-    try:
-        module = import_user_module(module_name)
-    except Exception as err:  # an import error, or any error the module raises as it loads
-        raise ValueError(
-            f"loss.kind {kind!r}: cannot import module {module_name!r} ({err}); " + not_found_hint()
-        ) from None
-    function = getattr(module, attribute, None)
-    if not callable(function):
-        raise ValueError(f"loss.kind {kind!r}: {module_name} has no function {attribute!r}")
-    try:
-        inspect.signature(function).bind(None)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"loss.kind {kind!r}: {attribute} must take one argument, the run's LossInputs "
-            f"(def {attribute}(inputs: LossInputs) -> TokenLoss)"
-        ) from None
-
-
 class AdvantageConfig(StrictModel):
     """How a completion's reward becomes its advantage, within the run's own step."""
 
@@ -504,10 +299,10 @@ class OrchestratorConfig(StrictModel):
     scheduler: SchedulerConfig = Field(
         default_factory=SchedulerConfig, description="the run's learning-rate schedule"
     )
-    loss: LossConfig = Field(
-        default_factory=LossConfig,
+    loss: LossSpec = Field(
+        default_factory=DefaultLoss,
         description="the policy loss: masked importance sampling with a small KL-style penalty "
-        "unless `loss.kind` names another",
+        "unless `loss.kind` names another; each kind takes its own keys",
     )
     advantage: AdvantageConfig = Field(
         default_factory=AdvantageConfig,

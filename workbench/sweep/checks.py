@@ -25,9 +25,11 @@ from pydantic import BaseModel, ValidationError
 from workbench.config import (
     ConfigProblem,
     OrchestratorConfig,
+    config_loc,
     explain_error,
     lora_rank_problem,
     problem_at,
+    tagged_members,
 )
 from workbench.sweep.spec import (
     DISTRIBUTIONS,
@@ -72,12 +74,14 @@ def read_params(
 
 
 def sweepable_keys() -> list[str]:
-    """Every dotted key a sweep may vary (`env_args.<name>` stands for any argument)."""
+    """Every dotted key a sweep may vary (`env_args.<name>` stands for any argument; a
+    table of several kinds, `loss`, lists every kind's keys)."""
     keys = []
     for name, info in OrchestratorConfig.model_fields.items():
-        model = _model_of(info.annotation)
-        if model is not None:
-            keys += [f"{name}.{inner}" for inner in model.model_fields]
+        models = _models_of(info.annotation)
+        if models:
+            inner = dict.fromkeys(key for model in models for key in model.model_fields)
+            keys += [f"{name}.{key}" for key in inner]
         elif _is_mapping(info.annotation):
             keys += [name, f"{name}.<name>"]
         else:
@@ -86,11 +90,13 @@ def sweepable_keys() -> list[str]:
 
 
 def key_problem(key: str) -> str | None:
-    """None if `key` (dotted) names an orchestrator setting, else what is wrong with it."""
+    """None if `key` (dotted) names an orchestrator setting, else what is wrong with it.
+    A key of any kind of `loss` is one: whether the run's kind takes it is the config's
+    check, with the run's values."""
     parts = key.split(".")
-    model: type[BaseModel] = OrchestratorConfig
+    models: list[type[BaseModel]] = [OrchestratorConfig]
     for depth, part in enumerate(parts):
-        info = model.model_fields.get(part)
+        info = next((m.model_fields[part] for m in models if part in m.model_fields), None)
         if info is None:
             candidates = [k for k in sweepable_keys() if "<" not in k]
             # `temperature` most likely means `sampling.temperature`: same last part.
@@ -98,9 +104,9 @@ def key_problem(key: str) -> str | None:
             close = close or difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             return f"unknown key{hint} (sweepable: {', '.join(sweepable_keys())})"
-        inner = _model_of(info.annotation)
-        if inner is not None:
-            model = inner
+        inner = _models_of(info.annotation)
+        if inner:
+            models = inner
             continue
         if _is_mapping(info.annotation):
             return None  # env_args: its keys are the environment's business
@@ -109,10 +115,11 @@ def key_problem(key: str) -> str | None:
     return None
 
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
+def _models_of(annotation: Any) -> list[type[BaseModel]]:
+    """The table a field holds: its model, or every kind of a tagged union (`loss`)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return None
+        return [annotation]
+    return list(tagged_members(annotation).values())
 
 
 def _is_mapping(annotation: Any) -> bool:
@@ -246,7 +253,7 @@ def _value_problems(
         except ValidationError as err:
             for item in err.errors():
                 loc = tuple(item["loc"])
-                if not _related(loc, parts):
+                if not _related(config_loc(OrchestratorConfig, loc), parts):
                     continue  # a rule across keys: checked once the runs are expanded
                 what = (
                     f"{'low' if number == 1 else 'high'} = {show_value(value)}"
@@ -404,7 +411,12 @@ def config_problems(
                     loc = tuple(item["loc"])
                     message = explain_error(item, OrchestratorConfig, loc)
                     blamed = next(
-                        (p.loc for p in params if _related(loc, p.key.split("."))), ("sweep",)
+                        (
+                            p.loc
+                            for p in params
+                            if _related(config_loc(OrchestratorConfig, loc), p.key.split("."))
+                        ),
+                        ("sweep",),
                     )
                     problems.append(
                         problem_at(

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.config import LossConfig
+from workbench.config import DefaultLoss, LossConfig, UserLoss
 from workbench.trainer.losses import LossInputs, loss_function
 from workbench.trainer.losses.kl import kl_estimate
 from workbench.trainer.transfer import to_device
@@ -215,7 +215,7 @@ def _per_run_token_terms(
             sample_index=_local_index(row.sample_index, run, first, config, row.device),
             num_samples=last - first + 1,
             config=config,
-            args=config.args,
+            args=config.args if isinstance(config, UserLoss) else {},
         )
         run_base = None if row.base_logprobs is None else row.base_logprobs[run]
         term, run_clipped, kl = _run_terms(inputs, run_base, idx)
@@ -270,7 +270,7 @@ def _run_terms(
     region acted; its KL estimates (0 without that term), detached."""
     config = inputs.config
     term, clipped = _policy_terms(inputs)
-    per_sequence = config.effective_aggregation == "sequence_mean"
+    per_sequence = config.aggregation == "sequence_mean"
     if per_sequence:
         lengths = inputs.sample_loss_tokens().clamp_min(1.0)[inputs.sample_index]
         term = term / lengths
@@ -303,10 +303,10 @@ def _per_run_configs(
     loss_config: LossConfig | Sequence[LossConfig | None] | None, n_runs: int
 ) -> list[LossConfig]:
     if loss_config is None or isinstance(loss_config, LossConfig):
-        return [loss_config or LossConfig()] * n_runs
+        return [loss_config or DefaultLoss()] * n_runs
     if len(loss_config) != n_runs:
         raise ValueError(f"need one LossConfig per slot ({n_runs}), got {len(loss_config)}")
-    return [config or LossConfig() for config in loss_config]
+    return [config or DefaultLoss() for config in loss_config]
 
 
 # Kinds and aggregations that need to tell a run's completions apart.
@@ -339,10 +339,10 @@ def _local_index(
     without position ids, all of its tokens as one completion, which only a loss that does
     not look at completions may use."""
     if sample_index is None:
-        if config.kind in SEQUENCE_KINDS or config.effective_aggregation == "sequence_mean":
+        if config.kind in SEQUENCE_KINDS or config.aggregation == "sequence_mean":
             raise ValueError(
                 f"loss.kind {config.kind!r} with aggregation "
-                f"{config.effective_aggregation!r} needs position_ids to tell completions apart"
+                f"{config.aggregation!r} needs position_ids to tell completions apart"
             )
         return torch.zeros(run.stop - run.start, dtype=torch.long, device=device)
     return sample_index[run] - first
@@ -376,12 +376,12 @@ def _denominators(
 ) -> torch.Tensor:
     """Per run, what its summed terms are divided by, as its aggregation says."""
     tokens = to_device(torch.as_tensor(loss_tokens).float(), device).clamp_min(1.0)
-    if all(config.effective_aggregation == "token_mean" for config in configs):
+    if all(config.aggregation == "token_mean" for config in configs):
         return tokens
     samples = to_device(torch.as_tensor(samples).float(), device).clamp_min(1.0)
     values = []
     for idx, config in enumerate(configs):
-        aggregation = config.effective_aggregation
+        aggregation = config.aggregation
         if aggregation == "token_mean":
             values.append(tokens[idx])
         elif aggregation == "sequence_mean":

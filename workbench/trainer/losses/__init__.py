@@ -7,16 +7,16 @@ share one forward and backward and never see each other's tokens.
 
 Adding a loss: write `def my_loss(inputs: LossInputs) -> TokenLoss` and either name it in a
 run's config as `loss.kind = "package.module:my_loss"` (its arguments in `loss.args`), or
-make it built in with `@register_loss("my_loss")` in `builtin.py` and its knobs in
-`workbench.config.LOSS_KIND_KNOBS` (the config refuses a kind or a knob it does not know,
-before launch).
+make it built in with `@register_loss("my_loss")` in `builtin.py` and a class of its knobs
+in `workbench/config/loss.py` (the config refuses a kind or a knob it does not know, before
+launch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from workbench.config import LOSS_KIND_KNOBS
+from workbench.config import LOSS_KINDS
 from workbench.config.user_code import import_user_module
 from workbench.trainer.losses.inputs import LossInputs, TokenLoss
 
@@ -26,11 +26,11 @@ _REGISTRY: dict[str, LossFunction] = {}
 
 
 def register_loss(name: str) -> Callable[[LossFunction], LossFunction]:
-    """Decorator: `name` is a built-in `loss.kind`; its knobs are `LOSS_KIND_KNOBS[name]`."""
-    if name not in LOSS_KIND_KNOBS:
+    """Decorator: `name` is a built-in `loss.kind`; its knobs are its class, `LOSS_KINDS[name]`."""
+    if name not in LOSS_KINDS:
         raise ValueError(
-            f"loss {name!r} has no knobs in workbench.config.LOSS_KIND_KNOBS; add "
-            f'"{name}": {{...}} there (an empty dict if it takes none)'
+            f"loss {name!r} has no class in workbench/config/loss.py; add one with "
+            f'kind: Literal["{name}"] and its knobs, and list it in BUILTIN_LOSSES'
         )
 
     def register(function: LossFunction) -> LossFunction:

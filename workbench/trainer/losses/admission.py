@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.config import OrchestratorConfig
+from workbench.config import OrchestratorConfig, UserLoss
 from workbench.trainer.losses import loss_function
 from workbench.trainer.losses.inputs import LossInputs, TokenLoss
 
@@ -23,7 +23,7 @@ def sample_inputs(config: OrchestratorConfig) -> LossInputs:
         sample_index=torch.tensor([0, 0, 0, 0, 1, 1, 1]),
         num_samples=2,
         config=config.loss,
-        args=config.loss.args,
+        args=config.loss.args if isinstance(config.loss, UserLoss) else {},
     )
 
 

@@ -3,7 +3,8 @@
 Notation (../shared/reference/rl-algorithms.md, section 0): per token, `lp` the trainer's
 log-prob (carries the gradient), `lp_s` the sampler's, `r = exp(lp - lp_s)`, `A` the
 advantage, `sg` stop-gradient. Each returns its per-token term; `compute_rl_loss` keeps the
-loss tokens and aggregates per run. Knobs come from the run's `LossConfig.knob`.
+loss tokens and aggregates per run. Knobs are the fields of the run's kind's class
+(`workbench/config/loss.py`), with their defaults there.
 """
 
 from __future__ import annotations
@@ -52,12 +53,12 @@ def ppo_clip(inputs: LossInputs) -> TokenLoss:
     c, for A < 0 only, `min(that, -A*c)` (for A > 0 it would blow the loss up)."""
     config, advantages = inputs.config, inputs.advantages
     ratio = torch.exp(inputs.log_ratio())
-    low, high = 1 - config.knob("eps_low"), 1 + config.knob("eps_high")
+    low, high = 1 - config.eps_low, 1 + config.eps_high
     unclipped = -advantages * ratio
     clipped_term = -advantages * ratio.clamp(low, high)
     per_token = torch.maximum(unclipped, clipped_term)
     clipped = clipped_term > unclipped
-    dual_clip = config.knob("dual_clip")
+    dual_clip = config.dual_clip
     if dual_clip is not None:
         bound = -advantages * dual_clip
         negative = advantages < 0
@@ -78,7 +79,7 @@ def gspo(inputs: LossInputs) -> TokenLoss:
     own_gradient = torch.where(mask, inputs.logprobs - inputs.logprobs.detach(), 0.0)
     log_ratio = own_gradient + sequence_log_ratio.detach()[inputs.sample_index]
     ratio = torch.exp(log_ratio.clamp(max=MAX_LOG_SEQUENCE_RATIO))
-    low, high = 1 - config.knob("eps_low"), 1 + config.knob("eps_high")
+    low, high = 1 - config.eps_low, 1 + config.eps_high
     unclipped = -advantages * ratio
     clipped_term = -advantages * ratio.clamp(low, high)
     per_token = torch.maximum(unclipped, clipped_term)
@@ -91,7 +92,7 @@ def cispo(inputs: LossInputs) -> TokenLoss:
     Every token keeps a gradient, `clip(r) * A * grad(lp)`; only its weight is bounded."""
     config, mask = inputs.config, inputs.loss_mask
     ratio = torch.exp(inputs.log_ratio().detach())
-    low, high = config.knob("weight_low"), config.knob("weight_high")
+    low, high = config.weight_low, config.weight_high
     weight = ratio.clamp(low, high)
     logprobs = torch.where(mask, inputs.logprobs, 0.0)
     per_token = -weight * inputs.advantages * logprobs
