@@ -60,6 +60,18 @@ def test_scan_reads_eviction_rejection_invalid_config_and_finish(experiment: Pat
     assert scan_run(ok) == conditions["run_ok"]
 
 
+def test_a_tinker_clients_run_gets_no_orchestrator_yet_is_open_to_the_trainer(experiment: Path):
+    tinker = make_run(experiment, "run_tinker_ab12", 'source = "tinker"\n[lora]\nrank = 4\n')
+    make_run(experiment, "run_recipe", 'source = "recipe"\n')
+
+    scans = scan_runs(experiment)
+
+    assert scans["run_tinker_ab12"].client_driven and scans["run_tinker_ab12"].runnable
+    assert not scans["run_recipe"].client_driven
+    assert reconcile(scans, {}) == [StartOrchestrator("run_recipe", experiment / "run_recipe")]
+    assert run_control.run_condition(tinker).open_to_trainer
+
+
 def _runnable(run_id: str) -> RunScan:
     return RunScan(run_id, Path(run_id))
 

@@ -313,6 +313,12 @@ class OrchestratorConfig(StrictModel):
         default_factory=EvalConfig,
         description="scoring the policy on the environment's held-out prompts",
     )
+    source: Literal["recipe", "tinker"] = Field(
+        "recipe",
+        description="what drives the run: `recipe`, its orchestrator; `tinker`, a Tinker "
+        "client through `workbench serve` (no orchestrator: the client sends the trainer's "
+        "work, docs/guides/tinker.md; written by the service, not by hand)",
+    )
     forked_from: ForkedFrom | None = Field(
         None,
         description="written by `workbench runs fork`: the run and step whose checkpoint "

@@ -45,6 +45,7 @@ from watchdog.observers.api import BaseObserver
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.files import layout, run_control
 from workbench.files.run_control import Condition
+from workbench.files.tinker_work import SOURCE_TINKER
 from workbench.supervisor.lifecycle import TERMINAL_STATES, ProcessState
 from workbench.system import tree_events
 
@@ -65,6 +66,8 @@ class RunScan:
     hold_reason: str | None = None  # why no orchestrator may run now
     finished: bool = False
     awaiting_config: bool = False  # held only for a missing or invalid control/orch.toml
+    # `source = "tinker"`: a Tinker client drives it through the service; no orchestrator.
+    client_driven: bool = False
 
     @property
     def runnable(self) -> bool:
@@ -75,27 +78,34 @@ class OrchConfigValidator:
     """Validates `control/orch.toml`, re-reading a file only when it changed."""
 
     def __init__(self) -> None:
-        self._cache: dict[Path, tuple[tuple[int, int, int], str | None]] = {}
+        self._cache: dict[Path, tuple[tuple[int, int, int], str | None, str | None]] = {}
 
     def problem(self, path: Path) -> str | None:
         """None if the file is a valid orchestrator config, else what is wrong."""
+        return self._read(path)[0]
+
+    def source(self, path: Path) -> str | None:
+        """The valid file's `source` (`recipe`, `tinker`); None while it is invalid."""
+        return self._read(path)[1]
+
+    def _read(self, path: Path) -> tuple[str | None, str | None]:
         try:
             stat = path.stat()
         except FileNotFoundError:
-            return f"no {_relative(path)} yet"
+            return f"no {_relative(path)} yet", None
         signature = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         cached = self._cache.get(path)
         if cached is not None and cached[0] == signature:
-            return cached[1]
+            return cached[1], cached[2]
+        problem = source = None
         try:
-            load_orchestrator_config(path)
-            problem = None
+            source = load_orchestrator_config(path).source
         except ConfigError as err:
             problem = f"{_relative(path)} is invalid: {err}"
         except OSError as err:
             problem = f"cannot read {_relative(path)}: {err}"
-        self._cache[path] = (signature, problem)
-        return problem
+        self._cache[path] = (signature, problem, source)
+        return problem, source
 
 
 def scan_run(run: Path, validator: OrchConfigValidator | None = None) -> RunScan:
@@ -107,8 +117,16 @@ def scan_run(run: Path, validator: OrchConfigValidator | None = None) -> RunScan
         return RunScan(run.name, run, hold_reason=f"{condition.kind}: {condition.reason}")
     if condition.kind is Condition.FINISHED:
         return RunScan(run.name, run, finished=True)
-    problem = (validator or OrchConfigValidator()).problem(layout.orch_config_path(run))
-    return RunScan(run.name, run, hold_reason=problem, awaiting_config=problem is not None)
+    validator = validator or OrchConfigValidator()
+    problem = validator.problem(layout.orch_config_path(run))
+    client_driven = validator.source(layout.orch_config_path(run)) == SOURCE_TINKER
+    return RunScan(
+        run.name,
+        run,
+        hold_reason=problem,
+        awaiting_config=problem is not None,
+        client_driven=client_driven,
+    )
 
 
 def scan_runs(experiment: Path, validator: OrchConfigValidator | None = None) -> dict[str, RunScan]:
@@ -166,7 +184,8 @@ def reconcile(
                 actions.append(StopOrchestrator(run_id, hold))
             continue
         assert scan is not None
-        if scan.finished:
+        # A Tinker client's run has no orchestrator: the trainer takes its work items.
+        if scan.finished or scan.client_driven:
             continue
         if view is None or (view.state == ProcessState.STOPPED and view.held):
             actions.append(StartOrchestrator(run_id, scan.path))
