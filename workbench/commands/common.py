@@ -22,9 +22,11 @@ from workbench.experiment import (
     resolve_experiment,
 )
 from workbench.recipe import Recipe
+from workbench.system.console import output_console
 from workbench.up import RecipeError, read_recipe
 
-console = Console()
+# Tables on stdout are printed whole when piped or logged (`workbench.system.console`).
+console = output_console()
 err_console = Console(stderr=True)
 
 EXIT_FAILED = 1

@@ -15,8 +15,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
+from workbench.files import layout
 from workbench.files.busy import BusyReader
 from workbench.files.nodes import NodeStatus
+from workbench.run_metrics import LatestRewards, latest_rewards
 from workbench.status import RunStatus, describe_fork, node_warnings, read_experiment
 from workbench.supervisor.client import process_summaries
 from workbench.supervisor.startup import StartupPhase
@@ -30,7 +32,9 @@ def status(
 ) -> None:
     """Show every run of an experiment and every process of its supervisor.
 
-    Runs: id, status, step and reason. Status is one of waiting, active, rejected, evicted,
+    Runs: id, status, step, slot, reward, eval and reason. Reward is the mean reward of
+    the run's newest training batch, eval its newest held-out eval reward and the step it
+    scored (`0.870 at 40`), as the TUI shows them (read from its metrics.jsonl). Status is one of waiting, active, rejected, evicted,
     diverged, finished; the reason is the eviction or validation message. Diverged: the
     trainer evicted the run because its loss or gradient norm was not finite for 3 updates
     in a row, or its adapter was not (the reason says which, and at which updates).
@@ -67,7 +71,7 @@ def status(
     tracking failing, for one).
 
     --json prints {"experiment", "supervisor": {"running", "pid", "status"}, "runs": [{"id",
-    "status", "step", "reason", "values", "asha": null or {"rung", "step", "value",
+    "status", "step", "reason", "reward", "eval": null or {"step", "reward"}, "values", "asha": null or {"rung", "step", "value",
     "cutoff", "rank", "of", "decision"}, "forked_from": null or {"run", "step"}, ...}],
     "processes": [{"name", "state", "pid",
     "restarts", "uptime_s", "reason", "last_exit", "busy": null or {"window_s", "busy",
@@ -112,12 +116,16 @@ class StatusReport:
     warnings: list[str]
     now: float
     nodes: list[NodeStatus] = field(default_factory=list)
+    rewards: dict[str, LatestRewards] = field(default_factory=dict)  # by run id
+
+    def rewards_of(self, run_id: str) -> LatestRewards:
+        return self.rewards.get(run_id) or LatestRewards()
 
     def to_json(self) -> dict:
         return {
             "experiment": str(self.path),
             "supervisor": self.supervisor,
-            "runs": [r.to_json() for r in self.runs],
+            "runs": [{**r.to_json(), **self.rewards_of(r.id).to_json()} for r in self.runs],
             "processes": self.processes,
             "placement": self.placement,
             "nodes": [node.to_json() for node in self.nodes],
@@ -127,8 +135,9 @@ class StatusReport:
 
 
 def read_status(path: Path) -> StatusReport:
-    """The experiment as `read_experiment` reads it, the processes from the supervisor's
-    state.json with each one's busy share of the last minute."""
+    """The experiment as `read_experiment` reads it, each run's newest rewards from its
+    metrics.jsonl, the processes from the supervisor's state.json with each one's busy
+    share of the last minute."""
     experiment = read_experiment(path)
     state = experiment.supervisor_state
     processes = process_summaries(state, live=experiment.supervisor_running)
@@ -152,7 +161,12 @@ def read_status(path: Path) -> StatusReport:
         warnings=node_warnings(nodes, experiment.supervisor_running) + experiment.warnings,
         now=experiment.now,
         nodes=nodes,
+        rewards={run.id: latest_rewards(layout.run_dir(path, run.id)) for run in experiment.runs},
     )
+
+
+# The runs table's columns whose cells may be long: they wrap in a narrow terminal.
+_LONG_CELLS = frozenset({"from", "values", "reason"})
 
 
 def _runs_table(report: StatusReport) -> Table:
@@ -161,17 +175,18 @@ def _runs_table(report: StatusReport) -> Table:
     show_values = any(run.values for run in runs)
     show_asha = any(run.asha for run in runs)
     show_forks = any(run.forked_from for run in runs)
-    columns = ["run", "status", "step", "slot"]
+    columns = ["run", "status", "step", "slot", "reward", "eval"]
     columns += ["from"] if show_forks else []
     columns += ["values"] if show_values else []
     columns += ["rung", "rank"] if show_asha else []
     for column in [*columns, "reason"]:
-        table.add_column(column, overflow="fold")
+        # Short cells stay whole in a narrow terminal: the long ones wrap first.
+        table.add_column(column, overflow="fold", no_wrap=column not in _LONG_CELLS)
     for run in runs:
         steps = f"{run.step}/{run.max_steps}" if run.max_steps else str(run.step)
         slot = "" if run.slot is None else str(run.slot)
         reason = (run.reason or "").splitlines()[0] if run.reason else ""
-        cells = [run.id, run.status, steps, slot]
+        cells = [run.id, run.status, steps, slot, *_reward_cells(report.rewards_of(run.id))]
         if show_forks:
             cells.append(escape(describe_fork(run.forked_from)))
         if show_values:
@@ -180,6 +195,14 @@ def _runs_table(report: StatusReport) -> Table:
             cells += _asha_cells(run.asha)
         table.add_row(*cells, escape(reason))
     return table
+
+
+def _reward_cells(rewards: LatestRewards) -> list[str]:
+    """The reward and eval cells: `0.870`, `0.910 at 40`; empty before the first."""
+    reward = "" if rewards.reward is None else f"{rewards.reward:.3f}"
+    if rewards.eval_reward is None:
+        return [reward, ""]
+    return [reward, f"{rewards.eval_reward:.3f} at {rewards.eval_step}"]
 
 
 def _startup_json(startup: StartupPhase | None, now: float) -> dict | None:

@@ -10,7 +10,8 @@ to repeat every second:
 - run states come from `workbench.status.RunStatusReader`; a run's files are read again
   only when they change;
 - each run's `metrics.jsonl` is read incrementally from the byte offset reached last time
-  (a file that shrinks or is replaced is read again from the start), never whole; its
+  (a file that shrinks or is replaced is read again from the start), never whole, by
+  `workbench.run_metrics.MetricsReader`, which `workbench status` reads it with too; its
   reward and eval curves by step are gathered as `workbench plot` reads them
   (`workbench.curves.MetricCurve`);
 - processes come from `supervisor/state.json`, which may be absent (no supervisor yet),
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -43,12 +43,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from workbench.curves import EVAL_METRIC, REWARD_METRIC, MetricCurve
+from workbench.curves import EVAL_METRIC, REWARD_METRIC
 from workbench.files import layout
 from workbench.files.busy import BusyReader
 from workbench.files.experiment_changes import ExperimentChanges
-from workbench.files.metrics import parse_record
 from workbench.files.nodes import NodeStatus
+from workbench.run_metrics import (
+    FOLLOWED_CURVES,
+    HISTORY_POINTS,
+    LossDiagnostics,
+    MetricsReader,
+    as_int,
+)
 from workbench.status import (
     RunStatus,
     RunStatusReader,
@@ -61,51 +67,12 @@ from workbench.supervisor.client import describe_last_exit, read_state, running_
 from workbench.supervisor.startup import StartupPhase
 from workbench.sweep.report import RANKINGS
 from workbench.system.clock import unix_time
-from workbench.system.file_change import SETTLE_NS, OnFileChange, Signature, settled, signature
-from workbench.system.file_tail import AppendedLines
+from workbench.system.file_change import SETTLE_NS, OnFileChange, signature
 from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, Ranking, RunMetric
-
-# Points of reward and loss history kept per run: enough for a chart as wide as a large
-# terminal (two braille dots per cell) without growing for ever on a long run.
-HISTORY_POINTS = 1000
-# One poll reads at most this much of a metrics file, so a huge backlog is spread over a
-# few polls instead of stalling one.
-METRICS_READ_LIMIT = 4 * 1024 * 1024
 
 SUPERVISOR_PROCESS = "supervisor"
 # A joined node's row: `trainer-node<K>`, the name of its trainer log.
 NODE_ROW_PREFIX = "trainer-node"
-# Every run's curves of these, by step: the curves screen draws them side by side, the run
-# detail its eval curve.
-FOLLOWED_CURVES = frozenset({REWARD_METRIC, EVAL_METRIC})
-
-
-@dataclass(frozen=True)
-class LossDiagnostics:
-    """The run's loss at its latest update, from its trainer line: the kind, the share of
-    loss tokens where its trust region acted, the importance ratio's mean and extremes, and
-    the KL estimate to the base model where the run has that term."""
-
-    kind: str
-    clipped: float | None = None
-    ratio_mean: float | None = None
-    ratio_min: float | None = None
-    ratio_max: float | None = None
-    base_kl: float | None = None
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> LossDiagnostics | None:
-        kind = record.get("loss_kind")
-        if not isinstance(kind, str):
-            return None  # a line from before loss kinds
-        return cls(
-            kind=kind,
-            clipped=_as_float(record.get("clipped")),
-            ratio_mean=_as_float(record.get("ratio_mean")),
-            ratio_min=_as_float(record.get("ratio_min")),
-            ratio_max=_as_float(record.get("ratio_max")),
-            base_kl=_as_float(record.get("base_kl")),
-        )
 
 
 @dataclass(frozen=True)
@@ -172,111 +139,6 @@ class ExperimentSnapshot:
         return next((proc for proc in self.processes if proc.name == name), None)
 
 
-# ---------------------------------------------------------------- metrics.jsonl
-
-
-class MetricsReader:
-    """Follows one run's `metrics.jsonl`, remembering how far it has read.
-
-    Orchestrator lines give the reward, trainer lines the loss, tokens and trained step;
-    any line holding one of `curve_metrics` adds to that metric's curve (eval lines to
-    `eval_reward_mean`'s). A line still being written (no newline yet) is kept back until
-    it is complete; a file that is replaced is read again from its start. A file that
-    did not change since it was read to its end is not opened again (`poll`).
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        history: int = HISTORY_POINTS,
-        curve_metrics: frozenset[str] = FOLLOWED_CURVES,
-        settle_ns: int = SETTLE_NS,
-    ) -> None:
-        self.path = path
-        self._history = history
-        self.curve_metrics = curve_metrics
-        self._lines = AppendedLines(path, read_limit=METRICS_READ_LIMIT)
-        self._path = str(path)
-        self._settle_ns = settle_ns
-        # The file's signature at the last read that reached its end, if settled then
-        # (None: not there); False: read it next time.
-        self._read_at: Signature | bool = False
-        self.version = 0  # bumped whenever what the reader holds changed
-        self.reads = 0  # times the file was opened: an unchanged one is not
-        self._clear()
-
-    def _clear(self) -> None:
-        self.rewards: deque[float] = deque(maxlen=self._history)
-        self.losses: deque[float] = deque(maxlen=self._history)
-        self.trainer_step = 0
-        self.last_step = 0  # of any line
-        self.tokens = 0
-        self.loss: LossDiagnostics | None = None
-        self.last_time: float | None = None
-        # One point per step that has the metric: as many as the run has steps, at most.
-        self.curves = {metric: MetricCurve(metric) for metric in self.curve_metrics}
-
-    @property
-    def offset(self) -> int:
-        return self._lines.offset or 0
-
-    @property
-    def caught_up(self) -> bool:
-        """Whether the last read reached the file's end at a signature old enough to show
-        the next change: until a file event says otherwise, there is nothing to read."""
-        return self._read_at is not False
-
-    def poll(self) -> bool:
-        """Read what was appended since the last call; True if anything new was parsed.
-        A file whose signature did not change since a read that got to its end is not
-        opened (a `stat` is all it costs)."""
-        current = signature(self._path)
-        if current == self._read_at:
-            return False
-        self.reads += 1
-        restarts = self._lines.restarts
-        raw_lines = self._lines.read()
-        at_end = current is None or self._lines.offset == current[1]
-        trusted = settled((current,), time.time_ns(), self._settle_ns)
-        self._read_at = current if at_end and trusted else False
-        if self._lines.restarts != restarts:
-            self._clear()
-            self.version += 1
-        parsed = False
-        for raw in raw_lines:
-            parsed |= self._consume(raw)
-        if parsed:
-            self.version += 1
-        return parsed
-
-    def _consume(self, raw: bytes) -> bool:
-        record = parse_record(raw)
-        if record is None:
-            return False  # a corrupt line is skipped, not fatal: the next one may be fine
-        source = record.get("source")
-        step = _as_int(record.get("step"))
-        if step is not None:
-            self.last_step = max(self.last_step, step)
-        for curve in self.curves.values():
-            curve.add(record)
-        if source == "orchestrator":
-            reward = _as_float(record.get("reward_mean"))
-            if reward is not None:
-                self.rewards.append(reward)
-        elif source == "trainer":
-            loss = _as_float(record.get("loss"))
-            if loss is not None:
-                self.losses.append(loss)
-            if step is not None:
-                self.trainer_step = max(self.trainer_step, step)
-            self.tokens += _as_int(record.get("tokens")) or 0
-            self.loss = LossDiagnostics.from_record(record) or self.loss
-        when = _as_float(record.get("time"))
-        if when is not None:
-            self.last_time = when if self.last_time is None else max(self.last_time, when)
-        return True
-
-
 # ---------------------------------------------------------------- supervisor/state.json
 
 
@@ -293,7 +155,7 @@ def supervisor_view(state: dict[str, Any] | None, live_pid: int | None) -> Super
     # state.json outlives a killed supervisor: "gone" unless it recorded a clean stop.
     status = "stopped" if recorded == "stopped" else "gone"
     return SupervisorView(
-        running=False, status=status, pid=_as_int(state.get("pid")), started_at=started_at
+        running=False, status=status, pid=as_int(state.get("pid")), started_at=started_at
     )
 
 
@@ -337,8 +199,8 @@ def process_view(name: str, entry: dict[str, Any]) -> ProcessView:
         name=name,
         kind=str(entry.get("kind") or ""),
         state=str(entry.get("state") or "unknown"),
-        pid=_as_int(entry.get("pid")),
-        restarts=_as_int(entry.get("restarts")) or 0,
+        pid=as_int(entry.get("pid")),
+        restarts=as_int(entry.get("restarts")) or 0,
         started_at=unix_time(entry.get("started_at")),
         run_id=entry.get("run_id") if isinstance(entry.get("run_id"), str) else None,
         last_exit=last_exit,
@@ -609,24 +471,3 @@ class _Histories:
     losses: tuple[float, ...]
     curves: dict[str, tuple[tuple[int, float], ...]]
     loss: LossDiagnostics | None = None
-
-
-# ---------------------------------------------------------------- small helpers
-
-
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _as_float(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    return None
