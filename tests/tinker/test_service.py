@@ -1,0 +1,231 @@
+"""The real tinker SDK (0.38.0) against the real service process on 127.0.0.1, with the
+built-in model's recipe; no trainer runs here, so a forward_backward stays pending
+(try-again) while its work item waits on disk, decoded as the client sent it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from workbench.files import tinker_work as tw
+
+tinker = pytest.importorskip("tinker")
+API_KEY = "tml-workbench-test-key-0123456789"
+BASE = "builtin:tiny-reverse"
+RECIPE = f"""
+[experiment]
+name = "tinker"
+[model]
+base = "{BASE}"
+[trainer]
+max_concurrent_runs = 2
+lora = {{ rank = 8, alpha = 16 }}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    experiment = tmp_path_factory.mktemp("exp")
+    (experiment / "recipe.toml").write_text(RECIPE)
+    port = _free_port()
+    env = {**os.environ, "WORKBENCH_TINKER_API_KEY": API_KEY}
+    log = open(experiment / "service.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workbench.tinker",
+            str(experiment),
+            "--port",
+            str(port),
+            "--session-timeout",
+            "4",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/api/v1/healthz").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail((experiment / "service.log").read_text())
+    yield url, experiment
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    return tinker.ServiceClient(base_url=service[0], api_key=API_KEY)
+
+
+@pytest.fixture(scope="module")
+def training(client):
+    # 0.38 returns a future of the client (awaitable, or `.result()`).
+    return client.create_lora_training_client(base_model=BASE, rank=4, seed=3).result(timeout=60)
+
+
+def _raw(url, path, body, key=API_KEY, **kwargs):
+    return httpx.post(f"{url}{path}", json=body, headers={"X-API-Key": key}, **kwargs)
+
+
+def test_capabilities_name_the_served_base_model(client):
+    capabilities = client.get_server_capabilities()
+    assert [m.model_name for m in capabilities.supported_models] == [BASE]
+
+
+def test_a_training_client_is_a_tinker_run_with_the_asked_rank(training, service):
+    runs = list(service[1].glob("run_tinker_*"))
+    assert len(runs) == 1
+    orch = (runs[0] / "control" / "orch.toml").read_text()
+    assert 'source = "tinker"' in orch and "rank = 4" in orch and "seed = 3" in orch
+    info = training.get_info()
+    assert info.model_data.model_name == BASE
+
+
+def test_get_tokenizer_loads_the_built_in_tokenizer_offline(training, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tokenizer = training.get_tokenizer()
+    assert tokenizer.decode(tokenizer.encode("abc", add_special_tokens=False)) == "abc"
+
+
+def test_forward_backward_writes_the_datums_the_client_sent_and_waits_for_the_trainer(
+    training, service
+):
+    datums = [
+        tinker.types.Datum(
+            model_input=tinker.types.ModelInput.from_ints(list(range(5 + i))),
+            loss_fn_inputs={
+                "target_tokens": np.arange(1, 6 + i, dtype=np.int64),
+                "weights": np.linspace(0, 1, 5 + i, dtype=np.float32),
+            },
+        )
+        for i in range(2)
+    ]
+    future = training.forward_backward(datums, "cross_entropy")
+    run = next(service[1].glob("run_tinker_*"))
+    deadline = time.monotonic() + 20
+    while not tw.pending_requests(run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (item,) = tw.pending_requests(run)
+    assert (item.request.op, item.request.loss_fn, item.request.num_datums) == (
+        "forward_backward",
+        "cross_entropy",
+        2,
+    )
+    for i, datum in enumerate(item.datums()):
+        assert datum["input_ids"].tolist() == list(range(5 + i))
+        assert datum["target_tokens"].tolist() == list(range(1, 6 + i))
+        assert np.array_equal(datum["weights"], np.linspace(0, 1, 5 + i, dtype=np.float32))
+    # No trainer: the future is pending, the SDK keeps asking (try-again).
+    with pytest.raises(TimeoutError):
+        future.result(timeout=3)
+    # A trainer's answer reaches the client as Tinker's ForwardBackwardOutput.
+    tw.write_result(
+        item,
+        ok=True,
+        metrics={"loss:sum": 2.5},
+        tensors={f"d{i}.logprobs": np.full(5 + i, -0.25, np.float32) for i in range(2)},
+    )
+    output = future.result(timeout=30)
+    assert output.metrics == {"loss:sum": 2.5}
+    assert [o["logprobs"].tolist() for o in output.loss_fn_outputs] == [[-0.25] * 5, [-0.25] * 6]
+
+
+def test_a_pending_request_answers_try_again(service):
+    url, _ = service
+    session = _raw(url, "/api/v1/create_session", {"tags": [], "sdk_version": "x"}).json()
+    body = {
+        "session_id": session["session_id"],
+        "model_seq_id": 0,
+        "base_model": BASE,
+        "lora_config": {"rank": 2},
+    }
+    created = _raw(url, "/api/v1/create_model", body).json()
+    model_id = _raw(url, "/api/v1/retrieve_future", created).json()["model_id"]
+    step = _raw(
+        url,
+        "/api/v1/optim_step",
+        {"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 1e-3}},
+    ).json()
+    again = _raw(url, "/api/v1/retrieve_future", step, timeout=30).json()
+    assert again == {"type": "try_again", "request_id": step["request_id"], "queue_state": "active"}
+    # A retry of the same seq_id is the same request, written once.
+    retry = _raw(url, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1}).json()
+    assert retry == step
+
+
+def test_a_wrong_or_missing_key_is_refused_with_a_message(service):
+    url, _ = service
+    for key in ("tml-wrong", ""):
+        answer = _raw(url, "/api/v1/create_session", {}, key=key)
+        assert answer.status_code == 401 and "API key" in answer.json()["error"]
+    with pytest.raises(Exception, match="API key"):
+        tinker.ServiceClient(base_url=url, api_key="tml-wrong").get_server_capabilities()
+
+
+def test_bad_bodies_and_unknown_models_get_a_4xx_with_a_message(service):
+    url, _ = service
+    headers = {"X-API-Key": API_KEY, "Content-Type": "application/x-protobuf"}
+    garbage = httpx.post(
+        f"{url}/api/v1/forward_backward", content=b"\xff\x00garbage", headers=headers
+    )
+    assert garbage.status_code == 400 and "protobuf" in garbage.json()["error"]
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (65 * 1024 * 1024))
+    big = httpx.post(
+        f"{url}/api/v1/forward_backward",
+        content=bomb,
+        headers={**headers, "Content-Encoding": "zstd"},
+    )
+    assert big.status_code == 413
+    unknown = _raw(url, "/api/v1/get_info", {"model_id": "nope:train:0"})
+    assert unknown.status_code == 404 and "unknown model id" in unknown.json()["error"]
+
+
+def test_a_rank_above_the_trainers_slots_is_refused(client):
+    with pytest.raises(Exception, match="rank 64"):
+        client.create_lora_training_client(base_model=BASE, rank=64).result(timeout=60)
+
+
+def test_heartbeats_keep_a_session_and_their_stop_ends_it_with_its_state_saved(service):
+    url, experiment = service
+    session = _raw(url, "/api/v1/create_session", {"tags": [], "sdk_version": "x"}).json()
+    sid = session["session_id"]
+    body = {"session_id": sid, "model_seq_id": 0, "base_model": BASE, "lora_config": {"rank": 2}}
+    model_id = _raw(
+        url, "/api/v1/retrieve_future", _raw(url, "/api/v1/create_model", body).json()
+    ).json()["model_id"]
+    for _ in range(4):
+        time.sleep(1.5)
+        assert _raw(url, "/api/v1/session_heartbeat", {"session_id": sid}).status_code == 200
+    time.sleep(10)
+    assert _raw(url, "/api/v1/session_heartbeat", {"session_id": sid}).status_code == 410
+    saves = [
+        item
+        for run in experiment.glob("run_tinker_*")
+        for item in tw.pending_requests(run)
+        if item.request.op == "save_state" and item.request.path.endswith("session_end")
+    ]
+    assert saves, model_id

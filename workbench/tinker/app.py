@@ -1,0 +1,414 @@
+"""The routes the tinker SDK calls (`/api/v1/...`), over the sessions, models and futures.
+
+Every route but `healthz` needs the API key (`X-API-Key`, as the SDK sends it); errors are
+Tinker-style JSON (`{"error": ..., "category": "user"}`) with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from workbench.files import tinker_work as tw
+from workbench.tinker import wire
+from workbench.tinker.futures import Answer, FutureStore, try_again
+from workbench.tinker.models import Models, TinkerModel
+from workbench.tinker.sessions import Sessions
+
+log = logging.getLogger(__name__)
+# How long retrieve_future holds a pending request before answering try-again.
+LONG_POLL_S = 2.0
+_OPEN_ROUTES = ("/api/v1/healthz",)
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    experiment: Path
+    api_key: str
+    base_model: str  # the recipe's [model] base, as clients name it
+    tokenizer_dir: str  # where get_tokenizer loads the served model's tokenizer offline
+    trainer_rank: int  # `[trainer] lora.rank`: the most a model may ask for
+    session_timeout_s: float = 120.0
+
+
+class TinkerError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message, "category": "user", "detail": message}, status)
+
+
+def create_app(settings: ServiceSettings) -> FastAPI:
+    app = FastAPI(title="workbench tinker service")
+    app.state.settings = settings
+    app.state.sessions = Sessions(settings.session_timeout_s)
+    app.state.models = Models(settings.experiment)
+    app.state.futures = FutureStore()
+
+    @app.middleware("http")
+    async def require_key(request: Request, call_next):
+        if request.url.path not in _OPEN_ROUTES:
+            given = request.headers.get("x-api-key") or _bearer(request)
+            if not given or not hmac.compare_digest(given.encode(), settings.api_key.encode()):
+                what = "a wrong" if given else "no"
+                return error_response(
+                    401, f"{what} API key: give the one `workbench serve` printed (X-API-Key)"
+                )
+        try:
+            return await call_next(request)
+        except TinkerError as err:
+            return error_response(err.status, err.message)
+        except wire.WireError as err:
+            return error_response(err.status, err.message)
+
+    _service_routes(app, settings)
+    _training_routes(app, settings)
+
+    @app.on_event("startup")
+    async def start_reaper() -> None:
+        app.state.reaper = asyncio.create_task(_reap_sessions(app))
+
+    return app
+
+
+async def _reap_sessions(app: FastAPI) -> None:
+    """End the sessions whose heartbeats stopped: each model's state saved, its slot given
+    back once the trainer has saved it (the run is then finished)."""
+    while True:
+        await asyncio.sleep(min(5.0, app.state.sessions.timeout_s / 2))
+        for session in app.state.sessions.expire():
+            for model in app.state.models.of_session(session.session_id):
+                if model.unloaded:
+                    continue
+                path = tw.tinker_dir(model.run) / "weights" / "session_end"
+                seq = app.state.models.append(
+                    model,
+                    lambda seq, path=path: (
+                        tw.WorkRequest(
+                            seq=seq, op="save_state", path=str(path), with_optimizer=True
+                        ),
+                        {},
+                    ),
+                )
+                model.unloaded = True
+                log.info(
+                    "%s: session %s ended; state saved as work item %d",
+                    model.run.name,
+                    session.session_id,
+                    seq,
+                )
+
+
+def _bearer(request: Request) -> str | None:
+    value = request.headers.get("authorization", "")
+    return value[7:] if value.lower().startswith("bearer ") else None
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    raw = wire.decompressed(await request.body(), request.headers.get("content-encoding"))
+    try:
+        import json
+
+        document = json.loads(raw or b"{}")
+    except ValueError as err:
+        raise TinkerError(400, f"the body is not JSON: {err}") from None
+    if not isinstance(document, dict):
+        raise TinkerError(400, "the body must be a JSON object")
+    return document
+
+
+def _field(document: dict[str, Any], key: str, kind: type = str) -> Any:
+    value = document.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise TinkerError(400, f"`{key}` must be a {kind.__name__} (got {value!r})")
+    return value
+
+
+def _service_routes(app: FastAPI, settings: ServiceSettings) -> None:
+    sessions: Sessions = app.state.sessions
+
+    @app.get("/api/v1/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.post("/api/v1/client/config")
+    async def client_config() -> dict:
+        # zstd for forward_backward bodies: the path the hosted service takes too.
+        return {"proto_compress_fwdbwd": True, "use_pyqwest_transport": False}
+
+    @app.post("/api/v1/client/dynamic_config")
+    async def dynamic_config() -> dict:
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+    @app.post("/api/v1/telemetry")
+    async def telemetry() -> dict:
+        return {"status": "accepted"}
+
+    @app.get("/api/v1/get_server_capabilities")
+    async def capabilities() -> dict:
+        model = {"model_name": settings.base_model, "trainable": True, "sampleable": False}
+        return {"supported_models": [model]}
+
+    @app.post("/api/v1/create_session")
+    async def create_session(request: Request) -> dict:
+        await _json(request)
+        return {"type": "create_session", "session_id": sessions.create().session_id}
+
+    @app.post("/api/v1/session_heartbeat")
+    async def heartbeat(request: Request) -> Response:
+        session_id = _field(await _json(request), "session_id")
+        session = sessions.beat(session_id)
+        if session is None:
+            return error_response(404, f"unknown session {session_id!r}")
+        if session.ended:
+            return error_response(410, f"session {session_id} ended: its heartbeats stopped")
+        return JSONResponse({"type": "session_heartbeat"})
+
+
+def _model(app: FastAPI, model_id: Any) -> TinkerModel:
+    model = app.state.models.get(model_id) if isinstance(model_id, str) else None
+    if model is None:
+        raise TinkerError(
+            404, f"unknown model id {model_id!r}: make one with create_lora_training_client"
+        )
+    if model.unloaded:
+        raise TinkerError(410, f"model {model_id} was unloaded")
+    return model
+
+
+def _work_answer(model: TinkerModel, seq: int, answer_of) -> Any:
+    """A resolver: None until the trainer answered work item `seq`, then `answer_of(result)`."""
+
+    def resolve() -> Answer | None:
+        result = tw.read_result(model.run, seq)
+        if result is None:
+            return None
+        if not result.ok:
+            return Answer(error=result.error or "the trainer failed this request")
+        return answer_of(result)
+
+    return resolve
+
+
+def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
+    futures: FutureStore = app.state.futures
+    models: Models = app.state.models
+
+    @app.post("/api/v1/create_model")
+    async def create_model(request: Request) -> dict:
+        document = await _json(request)
+        session_id = _field(document, "session_id")
+        if app.state.sessions.get(session_id) is None:
+            raise TinkerError(404, f"unknown session {session_id!r}")
+        if document.get("base_model") != settings.base_model:
+            raise TinkerError(
+                400,
+                f"base_model {document.get('base_model')!r} is not served here; this service trains {settings.base_model!r}",
+            )
+        lora = document.get("lora_config") or {"rank": 32}
+        rank = _field(lora, "rank", int)
+        if not 1 <= rank <= settings.trainer_rank:
+            raise TinkerError(
+                400,
+                f"LoRA rank {rank}: the trainer's slots hold rank 1 to {settings.trainer_rank} ([trainer] lora.rank of the recipe)",
+            )
+        for part in ("train_mlp", "train_attn"):
+            if lora.get(part, True) is False:
+                raise TinkerError(
+                    400,
+                    f"{part}=False: the trainer adapts the attention and MLP layers of every slot alike; leave it True",
+                )
+        model = models.create(
+            session_id, _field(document, "model_seq_id", int), rank, lora.get("seed")
+        )
+        app.state.sessions.get(session_id).model_ids.append(model.model_id)
+        log.info("%s: model %s (rank %d)", model.run.name, model.model_id, rank)
+        request_id = futures.done(Answer(body={"model_id": model.model_id, "type": "create_model"}))
+        return {"request_id": request_id}
+
+    @app.post("/api/v1/get_info")
+    async def get_info(request: Request) -> dict:
+        model = _model(app, (await _json(request)).get("model_id"))
+        data = {"model_name": settings.base_model, "tokenizer_id": settings.tokenizer_dir}
+        return {
+            "type": "get_info",
+            "model_id": model.model_id,
+            "model_data": data,
+            "is_lora": True,
+            "lora_rank": model.rank,
+        }
+
+    @app.post("/api/v1/forward_backward")
+    async def forward_backward(request: Request) -> dict:
+        raw = wire.decompressed(await request.body(), request.headers.get("content-encoding"))
+        body = wire.parse_forward_backward(raw, request.headers.get("content-type"))
+        model = _model(app, body.model_id)
+        if body.loss_fn not in tw.LOSS_FNS:
+            raise TinkerError(
+                400, f"loss_fn {body.loss_fn!r} is not one of {', '.join(tw.LOSS_FNS)}"
+            )
+        tensors = _datum_tensors(body)
+        op = "forward" if body.forward_only else "forward_backward"
+        work = tw.WorkRequest(
+            seq=0,
+            op=op,
+            loss_fn=body.loss_fn,
+            loss_fn_config=body.loss_fn_config,
+            num_datums=len(body.datums),
+        )
+        return {"request_id": _submit(app, model, body.seq_id, work, tensors, _fb_answer)}
+
+    @app.post("/api/v1/optim_step")
+    async def optim_step(request: Request) -> dict:
+        document = await _json(request)
+        model = _model(app, document.get("model_id"))
+        params = document.get("adam_params") or document.get("optim_params") or {}
+        adam = tw.AdamParams(
+            **{k: float(params[k]) for k in tw.AdamParams.__dataclass_fields__ if k in params}
+        )
+        work = tw.WorkRequest(seq=0, op="optim_step", adam=adam)
+        answer = lambda result: Answer(body={"type": "optim_step", "metrics": result.metrics})  # noqa: E731
+        return {"request_id": _submit(app, model, document.get("seq_id"), work, {}, answer)}
+
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request) -> dict:
+        return await _save(app, request, "save_state", "weights")
+
+    @app.post("/api/v1/save_weights_for_sampler")
+    async def save_for_sampler(request: Request) -> dict:
+        return await _save(app, request, "save_weights_for_sampler", "sampler_weights")
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request) -> dict:
+        document = await _json(request)
+        model = _model(app, document.get("model_id"))
+        directory = _checkpoint_from_path(models, _field(document, "path"))
+        work = tw.WorkRequest(
+            seq=0,
+            op="load_state",
+            path=str(directory),
+            with_optimizer=bool(document.get("optimizer")),
+        )
+        answer = lambda result: Answer(body={"type": "load_weights", "path": document["path"]})  # noqa: E731
+        return {"request_id": _submit(app, model, document.get("seq_id"), work, {}, answer)}
+
+    @app.post("/api/v1/unload_model")
+    async def unload_model(request: Request) -> dict:
+        model = _model(app, (await _json(request)).get("model_id"))
+        model.unloaded = True
+        return {
+            "request_id": futures.done(
+                Answer(body={"type": "unload_model", "model_id": model.model_id})
+            )
+        }
+
+    @app.post("/api/v1/retrieve_future")
+    async def retrieve_future(request: Request) -> Response:
+        request_id = _field(await _json(request), "request_id")
+        if not futures.known(request_id):
+            return error_response(404, f"unknown request id {request_id!r}")
+        for _ in range(int(LONG_POLL_S / 0.05)):
+            answer = futures.answer(request_id)
+            if answer is not None:
+                return _answer_response(answer)
+            await asyncio.sleep(0.05)
+        return JSONResponse(try_again(request_id))
+
+
+def _datum_tensors(body: wire.ForwardBackwardBody) -> dict[str, np.ndarray]:
+    tensors: dict[str, np.ndarray] = {}
+    for index, datum in enumerate(body.datums):
+        for name, array in datum.items():
+            if name not in tw.DATUM_DTYPES:
+                raise TinkerError(
+                    400,
+                    f"datum {index}: loss input {name!r} is not one of {', '.join(tw.DATUM_DTYPES)}",
+                )
+            tensors[tw.datum_key(index, name)] = array.astype(tw.DATUM_DTYPES[name], copy=False)
+    return tensors
+
+
+def _fb_answer(result: tw.WorkResult) -> Answer:
+    outputs = result.datums(result.data.get("num_datums", _num_datums(result)))
+    return Answer(proto=wire.forward_backward_output(result.metrics, outputs))
+
+
+def _num_datums(result: tw.WorkResult) -> int:
+    indices = [int(key.split(".")[0][1:]) for key in result.tensors]
+    return max(indices) + 1 if indices else 0
+
+
+def _submit(
+    app: FastAPI, model: TinkerModel, seq_id: Any, work: tw.WorkRequest, tensors: dict, answer_of
+) -> str:
+    if not isinstance(seq_id, int) or seq_id < 1:
+        raise TinkerError(400, f"seq_id must be an integer >= 1 (got {seq_id!r})")
+
+    def build(seq: int) -> tuple[tw.WorkRequest, dict]:
+        return tw.WorkRequest(**{**work.__dict__, "seq": seq}), tensors
+
+    futures: FutureStore = app.state.futures
+    try:
+        return app.state.models.submit(
+            model, seq_id, build, lambda seq: futures.pending(_work_answer(model, seq, answer_of))
+        )
+    except (ValueError, tw.WorkItemError) as err:
+        raise TinkerError(400, str(err)) from None
+
+
+async def _save(app: FastAPI, request: Request, op: str, kind: str) -> dict:
+    document = await _json(request)
+    model = _model(app, document.get("model_id"))
+    name = document.get("path") or f"seq{document.get('seq_id')}"
+    if not isinstance(name, str) or "/" in name or name.startswith("."):
+        raise TinkerError(400, f"checkpoint name {name!r}: a plain name, without '/'")
+    directory = tw.tinker_dir(model.run) / kind / name
+    if directory.exists():
+        raise TinkerError(
+            409,
+            f"tinker://{model.model_id}/{kind}/{name} exists; tinker:// paths never change: pick another name",
+        )
+    work = tw.WorkRequest(seq=0, op=op, path=str(directory), with_optimizer=op == "save_state")
+    path = f"tinker://{model.model_id}/{kind}/{name}"
+
+    def answer(result):
+        return Answer(
+            body={
+                "type": "save_weights" if op == "save_state" else "save_weights_for_sampler",
+                "path": path,
+            }
+        )
+
+    return {"request_id": _submit(app, model, document.get("seq_id"), work, {}, answer)}
+
+
+def _checkpoint_from_path(models: Models, path: str) -> Path:
+    """`tinker://<model_id>/<kind>/<name>` -> its directory in the model's run."""
+    prefix = "tinker://"
+    parts = path[len(prefix) :].split("/") if path.startswith(prefix) else []
+    if len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
+        raise TinkerError(400, f"{path!r} is not a tinker://<model id>/weights/<name> path")
+    model = models.get(parts[0])
+    directory = None if model is None else tw.tinker_dir(model.run) / parts[1] / parts[2]
+    if directory is None or not directory.is_dir():
+        raise TinkerError(404, f"no checkpoint at {path}")
+    return directory
+
+
+def _answer_response(answer: Answer) -> Response:
+    if answer.error is not None:
+        return JSONResponse({"error": answer.error, "category": answer.category})
+    if answer.proto is not None:
+        return Response(answer.proto, media_type=wire.PROTO_CONTENT_TYPE)
+    return JSONResponse(answer.body)

@@ -1,0 +1,101 @@
+"""Tinker models: a model id is a run of the experiment (`run_tinker_<hex>`, `source =
+"tinker"`), and its commands become work items in the client's seq_id order. A retried
+request (same seq_id) gets the same request id back and is never written twice; a request
+that arrives before a lower seq_id waits until the gap fills."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.files import layout
+from workbench.files import tinker_work as tw
+
+# What a request becomes once its turn comes: its WorkRequest (seq filled in) and tensors.
+WorkBuilder = Callable[[int], tuple[tw.WorkRequest, dict[str, Any]]]
+
+
+@dataclass
+class TinkerModel:
+    model_id: str
+    session_id: str
+    run: Path
+    rank: int
+    next_seq_id: int = 1  # the SDK numbers a training client's requests from 1
+    request_ids: dict[int, str] = field(default_factory=dict)
+    waiting: dict[int, WorkBuilder] = field(default_factory=dict)
+    unloaded: bool = False
+
+
+def orch_toml(rank: int, seed: int | None) -> str:
+    """A Tinker run's control/orch.toml: no orchestrator; the trainer reads rank and seed."""
+    lines = ['source = "tinker"', f"seed = {int(seed or 0)}", "", "[lora]", f"rank = {rank}", ""]
+    return "\n".join(lines)
+
+
+class Models:
+    def __init__(self, experiment: Path):
+        self.experiment = experiment
+        self._lock = threading.Lock()
+        self._models: dict[str, TinkerModel] = {}
+
+    def create(
+        self, session_id: str, model_seq_id: int, rank: int, seed: int | None
+    ) -> TinkerModel:
+        # The SDK derives the same id from (session_id, model_seq_id).
+        model_id = f"{session_id}:train:{model_seq_id}"
+        with self._lock:
+            existing = self._models.get(model_id)
+            if existing is not None:
+                return existing
+            run = layout.run_dir(self.experiment, f"run_tinker_{secrets.token_hex(4)}")
+            layout.atomic_write_text(layout.orch_config_path(run), orch_toml(rank, seed))
+            model = TinkerModel(model_id, session_id, run, rank)
+            self._models[model_id] = model
+            return model
+
+    def get(self, model_id: str) -> TinkerModel | None:
+        with self._lock:
+            return self._models.get(model_id)
+
+    def of_session(self, session_id: str) -> list[TinkerModel]:
+        with self._lock:
+            return [m for m in self._models.values() if m.session_id == session_id]
+
+    def submit(
+        self,
+        model: TinkerModel,
+        seq_id: int,
+        build: WorkBuilder,
+        new_request_id: Callable[[int], str],
+    ) -> str:
+        """The request id of `seq_id`: the one it already has (a retry), or a new one; its
+        work item is written now if its turn has come, else once the lower ones arrive."""
+        with self._lock:
+            if seq_id in model.request_ids:
+                return model.request_ids[seq_id]
+            if seq_id < model.next_seq_id:
+                raise ValueError(
+                    f"seq_id {seq_id} of {model.model_id} is below the next expected "
+                    f"({model.next_seq_id}) and was never seen"
+                )
+            model.request_ids[seq_id] = new_request_id(seq_id)
+            model.waiting[seq_id] = build
+            while model.next_seq_id in model.waiting:
+                request, tensors = model.waiting.pop(model.next_seq_id)(model.next_seq_id)
+                tw.write_request(model.run, request, tensors)
+                model.next_seq_id += 1
+            return model.request_ids[seq_id]
+
+    def append(self, model: TinkerModel, build: WorkBuilder) -> int:
+        """Work the service itself adds (a session's end): after what was written; its seq."""
+        with self._lock:
+            seq = model.next_seq_id
+            request, tensors = build(seq)
+            tw.write_request(model.run, request, tensors)
+            model.next_seq_id += 1
+            return seq
