@@ -470,6 +470,7 @@ def all_benchmarks(
     from rich.table import Table
 
     from workbench.bench.results import write_result
+    from workbench.system.console import output_console
 
     selected = [name.strip() for name in only.split(",")] if only else list(BENCHMARKS)
     unknown = [name for name in selected if name not in BENCHMARKS]
@@ -503,7 +504,7 @@ def all_benchmarks(
         table.add_column(column)
     for row in rows:
         table.add_row(row["benchmark"], row["metric"], row["value"])
-    Console().print(table)
+    output_console().print(table)  # whole when piped or logged
     path = write_result("summary", {"quick": quick, "benchmarks": outcomes, "rows": rows})
     typer.echo(f"summary: {path.with_name('summary-latest.json')}")
     if any(outcome["status"] == "failed" for outcome in outcomes.values()):

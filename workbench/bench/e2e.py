@@ -287,8 +287,9 @@ def run_e2e_benchmark(
 
 
 def print_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from workbench.system.console import output_console
 
     table = Table(title=f"end to end: {report['recipe']}")
     table.add_column("run")
@@ -316,7 +317,7 @@ def print_table(report: dict[str, Any]) -> None:
             f"{run['wall_s']:.0f}",
             held_out,
         )
-    console = Console()
+    console = output_console()  # tables whole when piped or logged
     console.print(table)
     extra = ""
     if "total_wall_s" in report:

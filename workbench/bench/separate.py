@@ -588,8 +588,9 @@ def verdict_of(curves: dict[str, Any]) -> str:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from workbench.system.console import output_console
 
     table = Table(
         title=f"{report['runs']} runs x {report['max_steps']} steps: one experiment vs separate"
@@ -618,7 +619,7 @@ def print_table(report: dict[str, Any]) -> None:
             _share(result, "orchestrators", busy.WAITING),
             _share(result, busy.INFERENCE, busy.BUSY),
         )
-    console = Console()
+    console = output_console()  # tables whole when piped or logged
     console.print(table)
     for row in report["summary"][-2:]:
         console.print(f"{row['metric']}: {row['value']}", highlight=False)

@@ -648,8 +648,9 @@ def _row(metric: str, value: float, unit: str) -> dict[str, Any]:
 
 
 def print_table(payload: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from workbench.system.console import output_console
 
     load = payload["load_average_start"]
     table = Table(title=f"supervisor and TUI (load average at start {load[0]:.2f})")
@@ -666,7 +667,7 @@ def print_table(payload: dict[str, Any]) -> None:
             f"{rate['shown_when_writer_stopped']:,}", _seconds_text(rate["catch_up_s"]),
             f"{rate['max_loop_stall_ms']:.0f} ms", f"{rate['app_cpu_percent']:.0f}%",
         )  # fmt: skip
-    console = Console()
+    console = output_console()  # tables whole when piped or logged
     console.print(table)
     console.print(rates)
 

@@ -407,8 +407,9 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from workbench.system.console import output_console
 
     table = Table(title=f"sweep: {report['recipe']} ({report['runs']} runs, {report['slots']} "
                   f"slots, {report['max_steps']} steps)")  # fmt: skip
@@ -425,7 +426,7 @@ def print_table(report: dict[str, Any]) -> None:
             winner.get("id", "-"),
             "-" if not winner else f"{winner['eval_reward']:.3f} @ {winner['eval_step']}",
         )
-    console = Console()
+    console = output_console()  # tables whole when piped or logged
     console.print(table)
     for row in report["summary"][len(MODES) :]:
         console.print(f"{row['metric']}: {row['value']}", highlight=False)
