@@ -34,10 +34,11 @@ def status(
 
     Runs: id, status, step, slot, reward, eval and reason. Reward is the mean reward of
     the run's newest training batch, eval its newest held-out eval reward and the step it
-    scored (`0.870 at 40`), as the TUI shows them (read from its metrics.jsonl). Status is one of waiting, active, rejected, evicted,
-    diverged, finished; the reason is the eviction or validation message. Diverged: the
-    trainer evicted the run because its loss or gradient norm was not finite for 3 updates
-    in a row, or its adapter was not (the reason says which, and at which updates).
+    scored (`0.870 at 40`), as the TUI shows them (read from its metrics.jsonl). Status is
+    one of waiting, active, rejected, evicted, diverged, finished; the reason is the
+    eviction or validation message. Diverged: the trainer evicted the run because its loss
+    or gradient norm was not finite for 3 updates in a row, or its adapter was not (the
+    reason says which, and at which updates).
 
     Processes (from supervisor/state.json): name, state, pid, restarts, uptime, busy and a
     note (why it waits, stopped or failed). State is one of waiting, starting, ready,
@@ -71,8 +72,9 @@ def status(
     tracking failing, for one).
 
     --json prints {"experiment", "supervisor": {"running", "pid", "status"}, "runs": [{"id",
-    "status", "step", "reason", "reward", "eval": null or {"step", "reward"}, "values", "asha": null or {"rung", "step", "value",
-    "cutoff", "rank", "of", "decision"}, "forked_from": null or {"run", "step"}, ...}],
+    "status", "step", "reason", "reward", "eval": null or {"step", "reward"}, "values",
+    "asha": null or {"rung", "step", "value", "cutoff", "rank", "of", "decision"},
+    "forked_from": null or {"run", "step"}, ...}],
     "processes": [{"name", "state", "pid",
     "restarts", "uptime_s", "reason", "last_exit", "busy": null or {"window_s", "busy",
     "waiting", "starting", "activities": {"update" or "generation" or "waiting for
