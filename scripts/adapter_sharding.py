@@ -1,7 +1,7 @@
 """Adapters replicated or sharded beside a sharded base: one update's forward and backward.
 
 The measurement behind `[trainer] base_sharding`'s choice to keep adapters whole on every
-rank (`workbench/trainer/sharding.py`). The trainer's rows (4 runs, random weights, the
+rank (`workbench/trainer/compute/sharding.py`). The trainer's rows (4 runs, random weights, the
 `bench trainer` batches) go through the base sharded by FSDP2 either way; the adapters are
 `replicated` (ignored by FSDP2, their gradients summed in one all-reduce, as the trainer
 does) or `sharded` with the base (FSDP2 gathers them with each layer and reduce-scatters
@@ -31,11 +31,11 @@ from transformers import AutoModelForCausalLM
 from workbench.bench.trainer import model_config, synthetic_batches
 from workbench.config import OrchestratorConfig, TrainerSection
 from workbench.experiment import write_run
-from workbench.trainer import distributed
-from workbench.trainer.compute import HostRow, RowLogprobs, decoder_layers, prepare_model
-from workbench.trainer.lora import apply_lora_to_model, set_lora_num_tokens
-from workbench.trainer.packer import distribute, pack_batches
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.compute.model import HostRow, RowLogprobs, decoder_layers, prepare_model
+from workbench.trainer.lora.layer import apply_lora_to_model, set_lora_num_tokens
+from workbench.trainer.parallel import distributed
+from workbench.trainer.rl.packer import distribute, pack_batches
+from workbench.trainer.runs.manager import MultiRunManager
 
 RUNS, TOKENS, SAMPLE_LEN, RANK = 4, 8192, 512, 8
 

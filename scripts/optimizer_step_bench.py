@@ -2,11 +2,11 @@
 process, on adapters of a model shape's real LoRA shapes with random gradients:
 
 - `one_by_one`: each run's `clip_grad_norm_` and `AdamW.step()` one after another (the
-  trainer before `workbench.trainer.multi_adamw`);
+  trainer before `workbench.trainer.optim.multi_adamw`);
 - `together`: all runs at once (`clip_grad_norms_together` + `adamw_step_together`'s
   foreach operations; the trainer's way on a GPU);
 - `fused`: clipping together, then each run's AdamW with torch's fused kernel (the
-  trainer's way on the CPU, `workbench.trainer.optim.fused_on`).
+  trainer's way on the CPU, `workbench.trainer.optim.per_run.fused_on`).
 
     PYTHONPATH=$PWD .venv/bin/python scripts/optimizer_step_bench.py tiny:1,8,32,64 qwen3-0.6b:1,8
 
@@ -27,7 +27,7 @@ from workbench.bench.publishing import DEFAULT_RANK, synthetic_adapter
 from workbench.bench.results import write_result
 from workbench.bench.trainer import model_config
 from workbench.config import LORA_TARGET_MODULES
-from workbench.trainer.multi_adamw import adamw_step_together, clip_grad_norms_together
+from workbench.trainer.optim.multi_adamw import adamw_step_together, clip_grad_norms_together
 
 REPEATS = 15
 

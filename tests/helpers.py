@@ -82,7 +82,7 @@ def random_adapter(model_dir: Path, directory: Path, seed: int) -> Path:
     from transformers import AutoModelForCausalLM
 
     from workbench.config import LORA_TARGET_MODULES
-    from workbench.trainer.broadcast import write_adapter
+    from workbench.trainer.runs.broadcast import write_adapter
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     generator = torch.Generator().manual_seed(seed)
@@ -264,7 +264,7 @@ def iterate_published(trainer) -> str:
     """One pass of the trainer's loop (`rl.iterate`), then every adapter it handed to its
     publisher written: what a test reads from broadcast/ right after an update. (The
     trainer itself goes on with its next update while they are written.)"""
-    from workbench.trainer.rl import iterate, wait_for_publications
+    from workbench.trainer.rl.trainer import iterate, wait_for_publications
 
     outcome = iterate(trainer)
     if trainer.manager.is_master:

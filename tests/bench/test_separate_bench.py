@@ -128,9 +128,9 @@ def test_without_the_separate_setups_only_the_shared_experiment_runs(tmp_path, m
 
 def test_roles_come_from_the_nearest_ancestor_that_names_one():
     assert role_of(["python", "-m", "workbench.inference", "--config", "x"]) == "inference"
-    assert role_of(["python", "-m", "torch.distributed.run", "-m", "workbench.trainer.rl"]) == (
-        "trainer"
-    )
+    assert role_of(
+        ["python", "-m", "torch.distributed.run", "-m", "workbench.trainer.rl.trainer"]
+    ) == ("trainer")
     assert role_of(["python", "-m", "workbench.orchestrator", "--run-dir", "r"]) == "orchestrator"
     assert role_of(["python", "-m", "workbench.cli", "up", "r.toml"]) is None
 

@@ -89,7 +89,7 @@ def test_publishing_writes_what_vllm_loads_and_counts_its_bytes(tmp_path):
     from workbench.config import LORA_TARGET_MODULES
     from workbench.files import layout
     from workbench.models.resolve import model_shapes
-    from workbench.trainer.publisher import AdapterPublisher
+    from workbench.trainer.runs.publisher import AdapterPublisher
 
     config, targets = model_config("tiny"), list(LORA_TARGET_MODULES)
     copy_out(tmp_path, 1, 0, synthetic_adapter(config, 8, targets, 0),

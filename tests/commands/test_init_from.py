@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from workbench.cli import app
 from workbench.config import LORA_TARGET_MODULES, load_orchestrator_config
 from workbench.files import layout
-from workbench.trainer.broadcast import write_adapter
+from workbench.trainer.runs.broadcast import write_adapter
 
 BASE = "builtin:tiny-reverse"
 RECIPE = """\

@@ -86,7 +86,7 @@ def test_shipped_gpu_recipe_is_valid_and_shares_one_gpu_between_vllm_and_the_tra
     import torch
 
     from workbench.supervisor.devices import assign_devices
-    from workbench.trainer.attention_choice import AttentionRuntime, resolve_attention
+    from workbench.trainer.compute.attention_choice import AttentionRuntime, resolve_attention
 
     recipe = load_recipe(REPO / "recipes" / "reverse_text_qwen3.toml")
     assert recipe.model.base == "Qwen/Qwen3-0.6B"

@@ -151,7 +151,7 @@ def test_up_refuses_a_verifiers_run_without_the_venv_naming_the_command(tmp_path
 def test_sft_refuses_a_verifiers_environment_with_the_reason():
     from pydantic import ValidationError
 
-    from workbench.trainer.sft import SFTConfig
+    from workbench.trainer.sft.train import SFTConfig
 
     with pytest.raises(ValidationError, match="no reference answers to learn"):
         SFTConfig(env="verifiers:vf_reverse", output_dir="/tmp/x", model="builtin:tiny-reverse")

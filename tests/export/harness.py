@@ -14,8 +14,8 @@ import torch
 from tests.helpers import iterate_published, make_run, random_batch
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer.lora import set_lora_num_tokens
-from workbench.trainer.rl import build_trainer, load_base_model
+from workbench.trainer.lora.layer import set_lora_num_tokens
+from workbench.trainer.rl.trainer import build_trainer, load_base_model
 
 BASE = "builtin:tiny-reverse"
 STEPS = 5

@@ -11,7 +11,7 @@ import torch
 from tests.export.harness import BASE, STEPS, TrainedRun, logits_without_workbench
 from workbench.files import layout
 from workbench.models import resolve_model
-from workbench.trainer.broadcast import read_adapter_info
+from workbench.trainer.runs.broadcast import read_adapter_info
 
 
 def test_a_broadcast_names_the_built_model_and_keeps_the_builtin_name_beside_it(

@@ -16,7 +16,7 @@ from workbench import status
 from workbench.files import layout, run_control
 from workbench.files.run_control import Condition, RunCondition
 from workbench.supervisor.discovery import scan_run
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.runs.manager import MultiRunManager
 from workbench.tui.data import ExperimentReader
 
 RUN = "run_a"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.trainer.tiny_reverse import TinyReverseSpec, write_initial_model
+from workbench.trainer.sft.tiny_reverse import TinyReverseSpec, write_initial_model
 
 # A few thousand parameters: builds and trains in seconds, same code path as the real one.
 SMALL_SPEC = TinyReverseSpec(

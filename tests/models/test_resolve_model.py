@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoTokenizer
 from workbench.files import layout
 from workbench.models import ModelResolutionError, builtin_model_dir, resolve_model
 from workbench.models.build_progress import BuildProgressFile, read_build_progress
-from workbench.trainer.tiny_reverse import TINY_REVERSE, TinyReverseSpec
+from workbench.trainer.sft.tiny_reverse import TINY_REVERSE, TinyReverseSpec
 
 MODEL_FILES = {
     "config.json",
@@ -134,7 +134,7 @@ def test_two_processes_resolving_at_once_build_only_once(
 ):
     script = (
         "import sys; from workbench.models import resolve_model; "
-        "from workbench.trainer.tiny_reverse import TinyReverseSpec; "
+        "from workbench.trainer.sft.tiny_reverse import TinyReverseSpec; "
         "spec = TinyReverseSpec.model_validate_json(sys.argv[1]); "
         "print(resolve_model('builtin:tiny-reverse', spec=spec, show_progress=False))"
     )

@@ -12,7 +12,7 @@ from peft import PeftModel
 from typer.testing import CliRunner
 
 from workbench.envs import get_environment
-from workbench.trainer.sft import (
+from workbench.trainer.sft.train import (
     IGNORE_INDEX,
     SFTConfig,
     SFTExample,

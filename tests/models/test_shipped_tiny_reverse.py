@@ -20,13 +20,13 @@ from workbench.files import layout
 from workbench.models import ModelResolutionError, resolve_model
 from workbench.models import shipped as shipped_module
 from workbench.models.shipped import file_sha256, read_build_info, verify
-from workbench.trainer.sft import evaluate_greedy, load_model
-from workbench.trainer.tiny_reverse import (
+from workbench.trainer.sft.tiny_reverse import (
     TINY_REVERSE,
     TINY_REVERSE_CHAT,
     TinyReverse,
     TinyReverseSpec,
 )
+from workbench.trainer.sft.train import evaluate_greedy, load_model
 
 SHIPPED_DIR = TINY_REVERSE.shipped_dir
 BUILTINS = pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_first_use_copies_the_shipped_weights_bit_for_bit_without_training(
     def no_training(*args, **kwargs):
         raise AssertionError("the default spec's weights are shipped, not trained")
 
-    monkeypatch.setattr("workbench.trainer.sft.train_sft", no_training)
+    monkeypatch.setattr("workbench.trainer.sft.train.train_sft", no_training)
     model = resolve_model("builtin:tiny-reverse", show_progress=False)
     assert model.parent == cache_dir / "models" and layout.is_stable(model)
     assert file_sha256(model / "model.safetensors") == file_sha256(

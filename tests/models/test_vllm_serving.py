@@ -26,7 +26,7 @@ from peft import PeftModel
 from workbench.envs import get_environment
 from workbench.models import resolve_model
 from workbench.system.ports import free_port
-from workbench.trainer.sft import SFTConfig, SFTLoraConfig, load_model, train_sft
+from workbench.trainer.sft.train import SFTConfig, SFTLoraConfig, load_model, train_sft
 
 pytestmark = [
     pytest.mark.slow,

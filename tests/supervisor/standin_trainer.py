@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.runs.manager import MultiRunManager
 
 
 def main() -> None:

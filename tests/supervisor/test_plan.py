@@ -138,10 +138,10 @@ def test_plan_writes_configs_and_an_owner_only_endpoint_with_a_random_key(experi
     assert trainer_config.output_dir == experiment.resolve()
     assert trainer.argv[trainer.argv.index("--nproc_per_node") + 1] == "2"
     assert "--rdzv-backend" in trainer.argv and "127.0.0.1:0" in trainer.argv
-    assert trainer.argv[:3] == [sys.executable, "-m", "workbench.trainer.launch"]
+    assert trainer.argv[:3] == [sys.executable, "-m", "workbench.trainer.parallel.launch"]
     assert trainer.argv[-4:] == [
         "-m",
-        "workbench.trainer.rl",
+        "workbench.trainer.rl.trainer",
         "--config",
         str(paths.trainer_config_path(experiment)),
     ]

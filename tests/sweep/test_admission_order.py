@@ -11,7 +11,7 @@ import tomlkit
 from workbench.experiment import create_experiment
 from workbench.files import layout, run_control
 from workbench.recipe import recipe_from_document
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.runs.manager import MultiRunManager
 
 RECIPE = """\
 [experiment]

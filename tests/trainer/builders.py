@@ -14,14 +14,14 @@ import transformers
 
 from tests.helpers import make_run
 from workbench.files import layout
-from workbench.trainer.lora import (
+from workbench.trainer.lora.layer import (
     LoRAPath,
     MultiLoRALinear,
     apply_lora_to_model,
     set_lora_num_tokens,
 )
-from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.optim.per_run import MultiLoRAOptimizer, MultiLoRAScheduler
+from workbench.trainer.runs.manager import MultiRunManager
 
 # Device-parametrised tests also run on CUDA where a GPU is present, skipped elsewhere.
 NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from workbench.config import DefaultLoss, LossConfig, loss_config
-from workbench.trainer.loss import compute_rl_loss
+from workbench.trainer.rl.loss import compute_rl_loss
 
 TOKENS = 24
 

@@ -12,15 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from workbench.trainer import attention
-from workbench.trainer.attention import PackedSequences, packed_attention
-from workbench.trainer.attention_choice import (
+from workbench.trainer.compute import attention
+from workbench.trainer.compute.attention import PackedSequences, packed_attention
+from workbench.trainer.compute.attention_choice import (
     AttentionRuntime,
     available_attention_paths,
     resolve_attention,
     torch_release,
 )
-from workbench.trainer.flex_mask import document_causal_block_mask
+from workbench.trainer.compute.flex_mask import document_causal_block_mask
 
 
 def runtime(device="cuda", dtype=torch.bfloat16, version=(2, 11), flash=False, head_dim=64):

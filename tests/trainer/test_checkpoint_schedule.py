@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.trainer.builders import build_trainer
 from workbench.files import layout
-from workbench.trainer.checkpoint import PART, RunCheckpointer
+from workbench.trainer.runs.checkpoint import PART, RunCheckpointer
 
 
 def saved_steps(run: Path) -> list[int]:

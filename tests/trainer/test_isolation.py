@@ -15,7 +15,7 @@ from tests.trainer.builders import (
     packed_logits,
     tiny_llama,
 )
-from workbench.trainer.loss import compute_logprobs, compute_rl_loss
+from workbench.trainer.rl.loss import compute_logprobs, compute_rl_loss
 
 PROMPT_TOKENS = 2
 

@@ -22,15 +22,16 @@ from tests.trainer.builders import (
     tiny_causal_lm,
 )
 from workbench.files import run_control
-from workbench.trainer import lora, lora_ops
-from workbench.trainer.broadcast import write_adapter
-from workbench.trainer.checkpoint import RunCheckpointer
-from workbench.trainer.lora import (
+from workbench.trainer.lora import layer as lora
+from workbench.trainer.lora import ops as lora_ops
+from workbench.trainer.lora.layer import (
     DEFAULT_TARGET_MODULES,
     MultiLoRALinear,
     set_lora_num_tokens,
 )
-from workbench.trainer.lora_ops import grouped_mm_problem
+from workbench.trainer.lora.ops import grouped_mm_problem
+from workbench.trainer.runs.broadcast import write_adapter
+from workbench.trainer.runs.checkpoint import RunCheckpointer
 
 PATHS = ["grouped", "plain"]
 PEFT_PREFIX = "base_model.model."
@@ -327,7 +328,7 @@ def test_auto_takes_the_per_run_loop_where_torch_grouped_mm_would_sync_and_warns
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some GPU")
     layer = MultiLoRALinear(nn.Linear(16, 24), rank=8, n_adapters=2, alpha=8.0)
-    with caplog.at_level(logging.WARNING, logger="workbench.trainer.lora"):
+    with caplog.at_level(logging.WARNING, logger="workbench.trainer.lora.layer"):
         assert layer.select_compute(torch.device("cuda"), dtype) == "per_run_loop"
         MultiLoRALinear(nn.Linear(16, 24), rank=8, n_adapters=2, alpha=8.0).select_compute(
             torch.device("cuda"), dtype

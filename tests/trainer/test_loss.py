@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from workbench.config import DefaultLoss
-from workbench.trainer.loss import compute_logprobs, compute_rl_loss
+from workbench.trainer.rl.loss import compute_logprobs, compute_rl_loss
 
 NO_KL = DefaultLoss(kl_coef=0.0)
 

@@ -1,4 +1,4 @@
-"""All runs' clipping and AdamW step at once (workbench.trainer.multi_adamw) give the very
+"""All runs' clipping and AdamW step at once (workbench.trainer.optim.multi_adamw) give the very
 tensors that each run's own `clip_grad_norm_` and `AdamW.step()` give."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.optim import AdamW
 
-from workbench.trainer.multi_adamw import (
+from workbench.trainer.optim.multi_adamw import (
     adamw_step_together,
     clip_grad_norms_together,
     steps_together,

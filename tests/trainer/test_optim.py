@@ -11,7 +11,7 @@ import torch
 
 from tests.trainer.builders import TinyTrainer, build_trainer, write_runs
 from workbench.config import SchedulerConfig
-from workbench.trainer.optim import lr_factor
+from workbench.trainer.optim.per_run import lr_factor
 
 
 def fill_grads(trainer: TinyTrainer, idx: int, value: float) -> None:

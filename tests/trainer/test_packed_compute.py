@@ -14,18 +14,18 @@ from torch import nn
 
 from tests.trainer.builders import DEVICE_DTYPES, build_trainer, tiny_causal_lm
 from workbench.config import PROMPT_SHARING_ATTENTION, TrainerSection
-from workbench.trainer import attention, lm_head
-from workbench.trainer.attention import PackedSequences
-from workbench.trainer.attention_choice import AttentionRuntime, available_attention_paths
-from workbench.trainer.compute import (
+from workbench.trainer.compute import attention, lm_head
+from workbench.trainer.compute.attention import PackedSequences
+from workbench.trainer.compute.attention_choice import AttentionRuntime, available_attention_paths
+from workbench.trainer.compute.lm_head import chunked_token_logprobs
+from workbench.trainer.compute.model import (
     apply_activation_checkpointing,
     decoder_layers,
     packed_row_logprobs,
     prepare_model,
 )
-from workbench.trainer.lm_head import chunked_token_logprobs
-from workbench.trainer.lora import set_lora_num_tokens
-from workbench.trainer.loss import compute_logprobs
+from workbench.trainer.lora.layer import set_lora_num_tokens
+from workbench.trainer.rl.loss import compute_logprobs
 from workbench.trainer.row_threads import torch_threads
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

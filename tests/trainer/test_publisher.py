@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from workbench.files import layout
-from workbench.trainer import publisher as publisher_module
-from workbench.trainer.divergence import NonFiniteWeights
-from workbench.trainer.publisher import AdapterCopy, AdapterPublisher
+from workbench.trainer.runs import publisher as publisher_module
+from workbench.trainer.runs.divergence import NonFiniteWeights
+from workbench.trainer.runs.publisher import AdapterCopy, AdapterPublisher
 
 SETTINGS = {"rank": 2, "alpha": 4.0, "target_modules": ["q_proj"], "base_model": "some/base"}
 

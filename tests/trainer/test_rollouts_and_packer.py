@@ -19,9 +19,9 @@ from workbench.files.rollouts import (
     read_rollouts,
     write_rollouts,
 )
-from workbench.trainer.attention import PackedSequences
-from workbench.trainer.packer import Packer, distribute, pack_batches
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.compute.attention import PackedSequences
+from workbench.trainer.rl.packer import Packer, distribute, pack_batches
+from workbench.trainer.runs.manager import MultiRunManager
 
 
 def sample(

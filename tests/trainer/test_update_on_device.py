@@ -20,7 +20,7 @@ from tests.trainer.builders import DEVICE_DTYPES
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files import layout
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer.rl import build_trainer, load_base_model
+from workbench.trainer.rl.trainer import build_trainer, load_base_model
 
 STEPS = 2
 

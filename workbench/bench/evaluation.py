@@ -36,7 +36,7 @@ def zero_adapter(model_dir: Path, directory: Path, rank: int) -> Path:
     import torch
 
     from workbench.bench.inference import lora_target_shapes
-    from workbench.trainer.broadcast import write_adapter
+    from workbench.trainer.runs.broadcast import write_adapter
 
     state = {}
     for name, (in_features, out_features) in lora_target_shapes(model_dir).items():

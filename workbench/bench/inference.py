@@ -176,7 +176,7 @@ def write_random_adapter(
     (completions are forced to full length)."""
     import torch
 
-    from workbench.trainer.broadcast import write_adapter
+    from workbench.trainer.runs.broadcast import write_adapter
 
     generator = torch.Generator().manual_seed(seed)
     state = {}

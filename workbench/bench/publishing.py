@@ -2,7 +2,7 @@
 update costs, at N runs: the time and bytes to write them and to load them into vLLM.
 
 After an update the trainer's master copies each updated run's adapter out of its slot
-and checks it is finite (`workbench.trainer.publisher.AdapterCopy.checked`): that copy is
+and checks it is finite (`workbench.trainer.runs.publisher.AdapterCopy.checked`): that copy is
 all the next update waits for. The copies are then written as `broadcast/step_N/`
 (`write_adapter`, the old steps pruned) on `PUBLISH_THREADS` background threads while the
 next update computes. Each publication is measured that way (the copies, then the writes)
@@ -85,7 +85,7 @@ def measure_publishing(shape: str, runs: int, rank: int | None, steps: int) -> P
     """Publish `runs` synthetic adapters of `shape` `steps` times: write as the trainer does,
     load as vLLM does."""
     from workbench.bench.trainer import model_config
-    from workbench.trainer.publisher import PUBLISH_THREADS, AdapterPublisher
+    from workbench.trainer.runs.publisher import PUBLISH_THREADS, AdapterPublisher
 
     rank = rank or DEFAULT_RANK.get(shape, 8)
     config = model_config(shape)
@@ -152,7 +152,7 @@ def copy_out(
     """What the trainer's master does for one run before its next update: the slot's
     tensors copied into the publisher's buffers of the slot (`AdapterPublisher.copy_out`)
     and checked finite."""
-    from workbench.trainer.publisher import AdapterCopy
+    from workbench.trainer.runs.publisher import AdapterCopy
 
     return AdapterCopy.checked(
         run,

@@ -95,7 +95,7 @@ PRESETS = {
 
 def model_config(shape: str):
     if shape == "tiny":
-        from workbench.trainer.tiny_reverse import TinyReverseSpec, llama_config
+        from workbench.trainer.sft.tiny_reverse import TinyReverseSpec, llama_config
 
         return llama_config(TinyReverseSpec())
     from transformers import Qwen3Config
@@ -232,7 +232,7 @@ def run_worker(spec: WorkerSpec) -> dict[str, Any]:
     """Measure one configuration; {"oom": why} if it ran out of memory."""
     import torch
 
-    from workbench.trainer import distributed
+    from workbench.trainer.parallel import distributed
 
     try:
         result = _measure_worker(spec)
@@ -259,8 +259,8 @@ def _measure_worker(spec: WorkerSpec) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from workbench.trainer import distributed
-    from workbench.trainer.packer import distribute, pack_batches
+    from workbench.trainer.parallel import distributed
+    from workbench.trainer.rl.packer import distribute, pack_batches
 
     device = distributed.init_process_group()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -310,7 +310,7 @@ def _measure_worker(spec: WorkerSpec) -> dict[str, Any]:
     if "peak_rss_mb" in result:
         result["added_rss_mb"] = max(0.0, result["peak_rss_mb"] - baseline_rss)
     if spec.mode != "peft":
-        from workbench.trainer.sharding import base_parameter_bytes
+        from workbench.trainer.compute.sharding import base_parameter_bytes
 
         result["base_mb"] = base_parameter_bytes(model) / 2**20
     return _worst_rank(result)
@@ -320,7 +320,7 @@ def _worst_rank(result: dict[str, Any]) -> dict[str, Any]:
     """Rank 0's result with each memory figure the largest of any rank's (one rank: as is)."""
     import torch.distributed as dist
 
-    from workbench.trainer import distributed
+    from workbench.trainer.parallel import distributed
 
     if distributed.world_size() == 1:
         return result
@@ -388,8 +388,8 @@ def bench_loss(name: str):
 def _shared_step(model, rows, spec: WorkerSpec, device, rows_per_rank: int):
     from workbench.config import DefaultLoss, ModelSection, OrchestratorConfig, TrainerConfig
     from workbench.experiment import write_run
-    from workbench.trainer.lora import lora_compute_summary
-    from workbench.trainer.rl import build_trainer, train_step
+    from workbench.trainer.lora.layer import lora_compute_summary
+    from workbench.trainer.rl.trainer import build_trainer, train_step
 
     experiment = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
     for idx in range(spec.runs):
@@ -421,8 +421,8 @@ def _peft_step(model, rows, spec: WorkerSpec, device, rows_per_rank: int):
     from peft import LoraConfig, get_peft_model
 
     from workbench.config import LORA_TARGET_MODULES, DefaultLoss
-    from workbench.trainer.compute import packed_row_logprobs, prepare_model
-    from workbench.trainer.loss import compute_rl_loss
+    from workbench.trainer.compute.model import packed_row_logprobs, prepare_model
+    from workbench.trainer.rl.loss import compute_rl_loss
 
     # The same attention, log-prob and recomputation settings: only the LoRA layers differ.
     plan = prepare_model(model, _trainer_section(spec), device)

@@ -1,5 +1,5 @@
 """`workbench sft` and `workbench model ...`: training and building a model outside an
-experiment. The work is `workbench.trainer.sft_flow` (sft) and `workbench.models` (build);
+experiment. The work is `workbench.trainer.sft.flow` (sft) and `workbench.models` (build);
 torch loads only when one of them runs.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from workbench.commands.common import EXIT_BAD_INPUT, command_group, err_console, fail, say, warn
-from workbench.trainer.sft_flow import SFTInputError, describe_result, run_sft
+from workbench.trainer.sft.flow import SFTInputError, describe_result, run_sft
 
 model_app = command_group("model", "The models the project builds itself (builtin:tiny-reverse).")
 

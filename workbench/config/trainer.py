@@ -15,7 +15,7 @@ MAX_POLL_INTERVAL_S = 60.0
 
 
 # The trainer's attention paths that run rows whose samples share prompts (`share_prompts`;
-# `workbench.trainer.attention.packed_attention` refuses such rows on the others).
+# `workbench.trainer.compute.attention.packed_attention` refuses such rows on the others).
 PROMPT_SHARING_ATTENTION = ("per_sample", "dense")
 
 
@@ -179,7 +179,7 @@ class TrainerSection(StrictModel):
 
 
 class TrainerConfig(StrictModel):
-    """What `torchrun -m workbench.trainer.rl --config` reads (written by the supervisor)."""
+    """What `torchrun -m workbench.trainer.rl.trainer --config` reads (written by the supervisor)."""
 
     output_dir: Path = Field(description="the experiment directory, where the runs are")
     model: ModelSection = Field(description="the base model")

@@ -7,7 +7,7 @@ nothing is downloaded and the stream never runs out.
 
 The default lengths (8 to 14 letters) are longer than the 3 to 8 letters the built-in tiny
 model is warmed up on: it starts RL with a greedy reward of about 0.48 there (0.98 on its
-warm-up lengths, 0.64 on 6 to 12 letters; see `workbench.trainer.tiny_reverse`), clearly above
+warm-up lengths, 0.64 on 6 to 12 letters; see `workbench.trainer.sft.tiny_reverse`), clearly above
 0 and with room to climb.
 """
 

@@ -17,7 +17,7 @@ from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 from workbench.models.resolve import is_builtin
 from workbench.sweep.values import flatten_values, show_value
-from workbench.trainer.broadcast import read_adapter_info
+from workbench.trainer.runs.broadcast import read_adapter_info
 
 CARD_FILE = "README.md"
 WINDOW = 5  # steps averaged at each end of the reward curve

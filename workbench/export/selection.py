@@ -21,7 +21,7 @@ from typing import Literal
 from workbench.curves import metric_curve
 from workbench.files import layout
 from workbench.files.metrics import read_metrics
-from workbench.trainer.checkpoint import PART as TRAINER_PART
+from workbench.trainer.runs.checkpoint import PART as TRAINER_PART
 
 Which = Literal["best", "latest"]
 EVAL_METRIC = "eval_reward_mean"

@@ -14,8 +14,8 @@ from safetensors import SafetensorError, safe_open
 from workbench.export.card import CARD_FILE, model_card
 from workbench.export.selection import Choice, ExportError, KeptAdapter, Which, choose_adapter
 from workbench.files import layout
-from workbench.trainer.broadcast import WEIGHTS_FILE, save_adapter_weights
-from workbench.trainer.checkpoint import adapter_state_dict
+from workbench.trainer.runs.broadcast import WEIGHTS_FILE, save_adapter_weights
+from workbench.trainer.runs.checkpoint import adapter_state_dict
 
 CONFIG_FILE = "adapter_config.json"
 

@@ -18,7 +18,7 @@ which looks at the run again and clears it if the new file is valid (`reconsider
     evicted_by: trainer
 
 An eviction whose reason starts with `diverged:` is a divergence: the trainer evicted the
-run because its training stopped producing finite numbers (`workbench.trainer.divergence`).
+run because its training stopped producing finite numbers (`workbench.trainer.runs.divergence`).
 It is an eviction like any other to the processes (the trainer lets the run go, its
 orchestrator stops, `workbench restart` lifts it); readers that show runs call it
 `diverged` (`RunCondition.status`, `is_divergence`).

@@ -3,7 +3,7 @@
     resolve_model("builtin:tiny-reverse")  # -> ~/.cache/workbench/models/tiny-reverse-<hash>
     resolve_model("/path/to/model")        # -> unchanged
 
-The builders (`workbench.trainer.tiny_reverse`, which trains with the SFT trainer) are
+The builders (`workbench.trainer.sft.tiny_reverse`, which trains with the SFT trainer) are
 imported only when a builtin model is asked for.
 """
 

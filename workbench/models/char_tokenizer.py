@@ -52,7 +52,7 @@ CHAT_TEMPLATE = (
 def build_char_tokenizer(model_max_length: int = 1024) -> PreTrainedTokenizerFast:
     """The character tokenizer, ready to `save_char_tokenizer`; ids are fixed by construction."""
     # Imported here: the constants above are what a cached model's identity needs
-    # (`workbench.trainer.tiny_reverse`), and transformers takes seconds to import.
+    # (`workbench.trainer.sft.tiny_reverse`), and transformers takes seconds to import.
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

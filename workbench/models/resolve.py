@@ -58,8 +58,8 @@ def ignore_steps(step: int, steps: int, what: str) -> None:
 # name -> "module:attribute" of its `BuiltinModel`; imported only when asked for, so resolving
 # a local path never imports the builders (and their training code).
 _BUILTINS = {
-    "tiny-reverse": "workbench.trainer.tiny_reverse:TINY_REVERSE",
-    "tiny-reverse-chat": "workbench.trainer.tiny_reverse:TINY_REVERSE_CHAT",
+    "tiny-reverse": "workbench.trainer.sft.tiny_reverse:TINY_REVERSE",
+    "tiny-reverse-chat": "workbench.trainer.sft.tiny_reverse:TINY_REVERSE_CHAT",
 }
 # name -> "module:function" making the builtin's tokenizer, the one its build writes; kept
 # apart so that knowing a prompt's length imports no builder (torch, training code).

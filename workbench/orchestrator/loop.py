@@ -302,7 +302,7 @@ def first_policy_version(run: Path, config: OrchestratorConfig) -> int | None:
 
     A run that starts from a trainer checkpoint at step K (a fork, a copied checkpoint, a
     restart) has no version before K: the trainer restores K when it admits the run and
-    publishes it as `broadcast/step_K` (`workbench.trainer.rl`). A run started from an
+    publishes it as `broadcast/step_K` (`workbench.trainer.rl.trainer`). A run started from an
     adapter (`lora.init_from`) has that adapter as version 0, published the same way."""
     checkpoint = layout.latest_checkpoint_step(run, "trainer")
     if checkpoint is not None:

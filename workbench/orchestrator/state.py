@@ -80,7 +80,7 @@ def load_state(run: Path, step: int | None = None) -> OrchestratorState | None:
 def trained_step(run: Path) -> int:
     """The step the trainer will hand this run's next adapter after: its newest broadcast
     or, when it has none (yet) that far, its newest trainer checkpoint, which the trainer
-    resumes from and publishes (`workbench.trainer.rl.build_trainer`)."""
+    resumes from and publishes (`workbench.trainer.rl.trainer.build_trainer`)."""
     return max(
         layout.latest_stable_step(layout.broadcasts_dir(run)) or 0,
         layout.latest_checkpoint_step(run, "trainer") or 0,

@@ -40,7 +40,7 @@ from workbench.supervisor.plan import read_rendezvous, trainer_argv
 from workbench.system.ports import interface_names
 from workbench.system.procfs import child_pids
 from workbench.system.signals import sigterm_as_interrupt
-from workbench.trainer.launch import (
+from workbench.trainer.parallel.launch import (
     SOCKET_INTERFACE_VARIABLES,
     socket_interface,
     socket_interface_env,

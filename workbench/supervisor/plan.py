@@ -59,14 +59,14 @@ from workbench.system.ports import (
 from workbench.system.priority import NICE_ENV, inference_nice
 from workbench.system.small_machine import is_small_machine
 from workbench.tracking.target import TrackingTarget
-from workbench.trainer.launch import LOOPBACK, rendezvous_args, socket_interface_env
+from workbench.trainer.parallel.launch import LOOPBACK, rendezvous_args, socket_interface_env
 
 DEFAULT_PLAN = "workbench.supervisor.plan:plan_from_recipe"
 INFERENCE_MODULE = "workbench.inference"
-TRAINER_MODULE = "workbench.trainer.rl"
+TRAINER_MODULE = "workbench.trainer.rl.trainer"
 # torchrun's agent, run so that a SIGTERM-ed trainer exits with its workers' status and
 # its rendezvous store listens on one address only.
-TRAINER_LAUNCHER = "workbench.trainer.launch"
+TRAINER_LAUNCHER = "workbench.trainer.parallel.launch"
 ORCHESTRATOR_MODULE = "workbench.orchestrator"
 
 # Exit code 2 is "my setup is wrong" (bad config, vLLM missing, port taken) for inference and
@@ -403,7 +403,7 @@ def _module_preflight(module: str) -> Callable[[], str | None]:
 def trainer_argv(
     config_path: Path, nproc_per_node: int, rendezvous: Rendezvous, node_rank: int = 0
 ) -> list[str]:
-    """The command of one node's trainer: torchrun's agent (`workbench.trainer.launch`) with
+    """The command of one node's trainer: torchrun's agent (`workbench.trainer.parallel.launch`) with
     `nproc_per_node` workers, meeting the other nodes at `rendezvous`."""
     return [
         sys.executable, "-m", TRAINER_LAUNCHER,

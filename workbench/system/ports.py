@@ -6,7 +6,7 @@ The one port picker of workbench: the supervisor's plan picks the inference port
 the recipe's), the inference process picks a new one when the planned port was taken
 meanwhile, and the local servers of the benchmarks and tests pick theirs here. The
 trainer's rendezvous store needs none on one node: it binds port 0 itself
-(`workbench.trainer.launch`); on several, the recipe fixes it.
+(`workbench.trainer.parallel.launch`); on several, the recipe fixes it.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from safetensors.torch import save_file
 
 from tests.helpers import gradients_at_each_update, iterate_published
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
-from workbench.trainer import distributed
-from workbench.trainer.rl import build_trainer, load_base_model
-from workbench.trainer.sharding import base_parameter_bytes
+from workbench.trainer.compute.sharding import base_parameter_bytes
+from workbench.trainer.parallel import distributed
+from workbench.trainer.rl.trainer import build_trainer, load_base_model
 
 
 def main(experiment: Path, model_dir: Path, out: Path, settings: dict) -> None:

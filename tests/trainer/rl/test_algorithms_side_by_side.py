@@ -19,8 +19,8 @@ from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files import run_control
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer import rl
-from workbench.trainer.rl import build_trainer, load_base_model
+from workbench.trainer.rl import trainer as rl
+from workbench.trainer.rl.trainer import build_trainer, load_base_model
 
 # Every kind once, with the aggregations and a KL term to the base spread over them.
 RUNS = {

@@ -16,10 +16,10 @@ from tests.trainer.rl.test_rl_trainer import make_trainer
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer import optim
-from workbench.trainer.checkpoint import ADAPTER_FILE, PART
-from workbench.trainer.divergence import NON_FINITE_UPDATES, STALLED, non_finite_names
-from workbench.trainer.rl import Trainer
+from workbench.trainer.optim import per_run as optim
+from workbench.trainer.rl.trainer import Trainer
+from workbench.trainer.runs.checkpoint import ADAPTER_FILE, PART
+from workbench.trainer.runs.divergence import NON_FINITE_UPDATES, STALLED, non_finite_names
 
 GOOD = "lr = 0.01\nmax_steps = 8\n"
 STEPS = 6
@@ -268,7 +268,7 @@ def test_an_adapter_that_is_not_finite_is_never_written_and_its_run_is_evicted(
 
 @pytest.mark.parametrize("what", ["adapter weights", "AdamW state"])
 def test_a_checkpoint_with_a_non_finite_value_is_refused(tmp_path, tiny_llama, what):
-    from workbench.trainer.divergence import NonFiniteWeights
+    from workbench.trainer.runs.divergence import NonFiniteWeights
 
     experiment = tmp_path / "exp"
     run = make_run(experiment, "run_a", GOOD)

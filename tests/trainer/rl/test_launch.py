@@ -1,4 +1,4 @@
-"""The trainer as the supervisor starts it (`python -m workbench.trainer.launch`, torchrun's
+"""The trainer as the supervisor starts it (`python -m workbench.trainer.parallel.launch`, torchrun's
 agent and its workers): a SIGTERM stop is a clean exit, a killed agent leaves no worker,
 and nothing of it listens beyond 127.0.0.1."""
 
@@ -21,8 +21,8 @@ from tests.trainer.rl.test_multi_process import (
 )
 from workbench.files import layout
 from workbench.system.procfs import child_pids, process_is_alive
-from workbench.trainer.checkpoint import remove_killed_writes
-from workbench.trainer.launch import rendezvous_args
+from workbench.trainer.parallel.launch import rendezvous_args
+from workbench.trainer.runs.checkpoint import remove_killed_writes
 
 RUNS = ("run_a", "run_b")
 
@@ -39,8 +39,8 @@ def start_trainer(
     log = open(tmp_path / "trainer.log", "w")  # noqa: SIM115 - the child holds it
     launcher = subprocess.Popen(
         [
-            sys.executable, "-m", "workbench.trainer.launch", "--nproc_per_node", str(ranks),
-            *rendezvous_args(), "-m", "workbench.trainer.rl", "--config", str(config_path),
+            sys.executable, "-m", "workbench.trainer.parallel.launch", "--nproc_per_node", str(ranks),
+            *rendezvous_args(), "-m", "workbench.trainer.rl.trainer", "--config", str(config_path),
         ],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )  # fmt: skip

@@ -21,7 +21,7 @@ from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer.rl import build_trainer, load_base_model
+from workbench.trainer.rl.trainer import build_trainer, load_base_model
 
 # One run per aggregation (GSPO's is sequence_mean, by verl's rule).
 RUNS = {

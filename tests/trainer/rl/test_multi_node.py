@@ -28,7 +28,7 @@ from workbench.files.rollouts import write_rollouts
 from workbench.supervisor import paths
 from workbench.supervisor.plan import Rendezvous, trainer_argv, write_rendezvous
 from workbench.system.ports import free_port
-from workbench.trainer.launch import rendezvous_args
+from workbench.trainer.parallel.launch import rendezvous_args
 
 
 def start_node(node_rank: int, port: int, log: Path, *worker_args: str) -> subprocess.Popen:
@@ -36,7 +36,7 @@ def start_node(node_rank: int, port: int, log: Path, *worker_args: str) -> subpr
     env = {k: v for k, v in worker_environment().items() if k not in ("RANK", "WORLD_SIZE")}
     return subprocess.Popen(
         [
-            sys.executable, "-m", "workbench.trainer.launch", "--nproc_per_node", "1",
+            sys.executable, "-m", "workbench.trainer.parallel.launch", "--nproc_per_node", "1",
             *rendezvous_args("127.0.0.1", port, nnodes=2, node_rank=node_rank),
             str(WORKER), *worker_args,
         ],

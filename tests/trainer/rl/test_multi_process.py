@@ -19,7 +19,7 @@ from workbench.config import ModelSection, TrainerConfig, TrainerSection, model_
 from workbench.files import layout
 from workbench.files.rollouts import write_rollouts
 from workbench.system.ports import free_port
-from workbench.trainer.rl import build_trainer, load_base_model
+from workbench.trainer.rl.trainer import build_trainer, load_base_model
 
 WORKER = Path(__file__).with_name("step_worker.py")
 
@@ -126,7 +126,7 @@ def test_killed_trainer_resumes_each_run_from_its_checkpoint_with_identical_stat
 ):
     experiment = experiment_with_batches(tmp_path / "exp", steps=2, lr=0.05, checkpoint_interval=1)
     config, config_path = write_trainer_config(tmp_path, experiment, tiny_llama)
-    command = [sys.executable, "-m", "workbench.trainer.rl", "--config", str(config_path)]
+    command = [sys.executable, "-m", "workbench.trainer.rl.trainer", "--config", str(config_path)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     log = open(tmp_path / "trainer.log", "w")  # noqa: SIM115 - closed at the end of the test
     first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -11,8 +11,8 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from workbench.system.ports import free_port, interface_ipv4, interface_names
-from workbench.trainer import rendezvous
-from workbench.trainer.launch import RENDEZVOUS_BACKEND
+from workbench.trainer.parallel import rendezvous
+from workbench.trainer.parallel.launch import RENDEZVOUS_BACKEND
 
 
 def parameters(

@@ -25,8 +25,8 @@ from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import RolloutBatch, write_rollouts
-from workbench.trainer.lora import set_lora_num_tokens
-from workbench.trainer.rl import build_trainer, load_base_model
+from workbench.trainer.lora.layer import set_lora_num_tokens
+from workbench.trainer.rl.trainer import build_trainer, load_base_model
 
 
 def make_trainer(experiment: Path, model_dir: Path, **section):
@@ -194,7 +194,7 @@ def test_the_update_ignores_the_environments_tokens_and_does_not_count_them(tmp_
 
 
 def test_packed_samples_do_not_attend_across_sample_boundaries(tiny_llama):
-    from workbench.trainer.attention import packed_attention_mask
+    from workbench.trainer.compute.attention import packed_attention_mask
 
     model = AutoModelForCausalLM.from_pretrained(
         str(tiny_llama), dtype=torch.float32, attn_implementation="sdpa"
@@ -299,8 +299,8 @@ def test_the_trainer_logs_one_line_per_run_and_update_with_its_figures(
 def test_an_update_returns_before_its_adapters_are_written_and_they_land_after(
     experiment, tiny_llama, monkeypatch
 ):
-    from workbench.trainer import publisher
-    from workbench.trainer.rl import iterate, wait_for_publications
+    from workbench.trainer.rl.trainer import iterate, wait_for_publications
+    from workbench.trainer.runs import publisher
 
     release, real = threading.Event(), publisher.write_adapter
 

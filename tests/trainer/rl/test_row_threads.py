@@ -12,7 +12,7 @@ from tests.helpers import iterate_published, make_run, random_batch
 from tests.trainer.rl.test_rl_trainer import make_trainer
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer.lora import get_lora_routing
+from workbench.trainer.lora.layer import get_lora_routing
 from workbench.trainer.row_threads import RowThreads, resolve_row_threads, torch_threads
 
 LEARNING_RATES = {"run_a": "0.01", "run_b": "0.03", "run_c": "0.002"}

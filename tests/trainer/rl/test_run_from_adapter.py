@@ -16,7 +16,7 @@ from tests.helpers import iterate_published, make_run, random_batch
 from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files import layout, run_control
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer.rl import build_trainer, load_base_model
+from workbench.trainer.rl.trainer import build_trainer, load_base_model
 
 PREFIX = "base_model.model."
 

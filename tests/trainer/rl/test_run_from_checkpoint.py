@@ -16,8 +16,8 @@ from workbench.config import ModelSection, TrainerConfig, TrainerSection
 from workbench.files import layout
 from workbench.files.metrics import read_metrics
 from workbench.files.rollouts import write_rollouts
-from workbench.trainer.optim import lr_factor
-from workbench.trainer.rl import build_trainer, load_base_model
+from workbench.trainer.optim.per_run import lr_factor
+from workbench.trainer.rl.trainer import build_trainer, load_base_model
 
 # A warm-up longer than the steps trained: a schedule started afresh would show.
 SOURCE = "lr = 0.05\ncheckpoint_interval = 1\nmax_steps = 6\n[scheduler]\nwarmup_steps = 4\n"

@@ -9,7 +9,7 @@ import pytest
 from workbench.supervisor import plan
 from workbench.supervisor.plan import RENDEZVOUS_HOST_ENV, rendezvous_host
 from workbench.system.ports import interface_ipv4, interface_names
-from workbench.trainer.launch import endpoint_host, main, rendezvous_args, socket_interface
+from workbench.trainer.parallel.launch import endpoint_host, main, rendezvous_args, socket_interface
 
 
 def test_the_endpoint_host_is_read_from_torchruns_arguments():
@@ -31,9 +31,9 @@ def test_the_ranks_bind_the_interface_that_holds_or_reaches_the_rendezvous_addre
 def test_a_rendezvous_host_no_route_reaches_is_refused_before_torchrun_starts(monkeypatch, capsys):
     for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setattr("workbench.trainer.launch.interface_reaching", lambda host: None)
-    monkeypatch.setattr("workbench.trainer.launch.die_with_parent", lambda: None)
-    monkeypatch.setattr("workbench.trainer.launch.run_as_batch", lambda: None)
+    monkeypatch.setattr("workbench.trainer.parallel.launch.interface_reaching", lambda host: None)
+    monkeypatch.setattr("workbench.trainer.parallel.launch.die_with_parent", lambda: None)
+    monkeypatch.setattr("workbench.trainer.parallel.launch.run_as_batch", lambda: None)
     assert main(rendezvous_args("10.9.9.9", 29400, 2)) == 2
     assert "no network interface of this machine reaches" in capsys.readouterr().err
 

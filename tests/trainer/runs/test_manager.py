@@ -14,8 +14,12 @@ import torch.distributed as dist
 from tests.helpers import make_run
 from workbench.files import layout, run_control
 from workbench.system.ports import free_port
-from workbench.trainer import runs
-from workbench.trainer.runs import MultiRunManager, get_multi_run_manager, setup_multi_run_manager
+from workbench.trainer.runs import manager as runs
+from workbench.trainer.runs.manager import (
+    MultiRunManager,
+    get_multi_run_manager,
+    setup_multi_run_manager,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)

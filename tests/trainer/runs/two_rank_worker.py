@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.runs.manager import MultiRunManager
 
 
 def make_run(experiment: Path, run_id: str, orch_toml: str) -> None:

@@ -1,7 +1,7 @@
 """Policy losses by name: what one run's tokens contribute, before aggregation.
 
 A loss is one function of one run's tokens in one packed micro-batch, `LossInputs`, that
-returns each token's term, `TokenLoss`; `compute_rl_loss` (trainer/loss.py) calls each run's
+returns each token's term, `TokenLoss`; `compute_rl_loss` (trainer/rl/loss.py) calls each run's
 own loss on its own slice of the row, then aggregates per run, so runs with different losses
 share one forward and backward and never see each other's tokens.
 

@@ -35,7 +35,7 @@ import torch
 
 from workbench.files import layout
 from workbench.files.rollouts import InvalidRollouts, TensorBatch, read_rollouts
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.runs.manager import MultiRunManager
 
 logger = logging.getLogger(__name__)
 

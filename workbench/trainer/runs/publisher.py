@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from workbench.files import layout
-from workbench.trainer.broadcast import prune_broadcasts, write_adapter
-from workbench.trainer.divergence import check_finite
+from workbench.trainer.runs.broadcast import prune_broadcasts, write_adapter
+from workbench.trainer.runs.divergence import check_finite
 
 # Adapters written at once: their fsyncs overlap (7 a write).
 PUBLISH_THREADS = 8

@@ -15,7 +15,7 @@ Static, as torchrun's `static` backend: the number of nodes is fixed (`--nnodes 
 each node knows its rank (`--rdzv-conf node_rank=K`). Node 0 holds the store; the agents of
 the other nodes connect to it as clients (retrying until the timeout, so a node may start
 first) and torchrun hands out global ranks through it, node by node. The backend is
-registered by `workbench.trainer.launch` (torchrun's agent runs in that process), which
+registered by `workbench.trainer.parallel.launch` (torchrun's agent runs in that process), which
 also builds the arguments that ask for it (`rendezvous_args`).
 """
 

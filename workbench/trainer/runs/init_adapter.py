@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from workbench.models.adapters import WEIGHTS_FILE, init_adapter_problem, read_peft_adapter
-from workbench.trainer.broadcast import PEFT_PREFIX
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.runs.broadcast import PEFT_PREFIX
+from workbench.trainer.runs.manager import MultiRunManager
 
 logger = logging.getLogger(__name__)
 

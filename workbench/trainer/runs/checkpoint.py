@@ -27,8 +27,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from workbench.files import layout
-from workbench.trainer.divergence import check_finite
-from workbench.trainer.runs import MultiRunManager, Progress
+from workbench.trainer.runs.divergence import check_finite
+from workbench.trainer.runs.manager import MultiRunManager, Progress
 
 logger = logging.getLogger(__name__)
 PART = "trainer"

@@ -8,7 +8,7 @@ sha256 (`workbench.models.shipped`). They were made by this module's build, whic
 1. a Llama config (hidden 128, 4 layers, 4 heads of 32, MLP 384, character vocabulary of 77
    tokens) initialised from a fixed seed, with the character tokenizer and chat template of
    `workbench.models.char_tokenizer`;
-2. warmed up with `workbench.trainer.sft.train_sft` (full fine-tuning, the same code path as
+2. warmed up with `workbench.trainer.sft.train.train_sft` (full fine-tuning, the same code path as
    `workbench sft`) on `reverse_text` prompts of 3 to 8 letters;
 3. measured: greedy reward on held-out prompts of the warm-up lengths and of `reverse_text`'s
    default (RL) lengths, written to `build.json` next to the weights.
@@ -162,7 +162,7 @@ class TinyReverse:
         # The seeded initial weights go to a scratch directory next to the target (so a killed
         # build's scratch is found and removed by the next one); the warmed-up model goes to
         # `target`, which the caller renames into the cache once this returns.
-        from workbench.trainer.sft import SFTConfig, train_sft
+        from workbench.trainer.sft.train import SFTConfig, train_sft
 
         scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.init.", dir=target.parent))
         try:
@@ -229,7 +229,7 @@ def write_initial_model(directory: Path, spec: TinyReverseSpec) -> None:
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
-    from workbench.trainer.sft import hf_progress_bars_disabled
+    from workbench.trainer.sft.train import hf_progress_bars_disabled
 
     tokenizer = char_tokenizer.build_char_tokenizer(spec.max_position_embeddings)
     config = llama_config(spec)
@@ -252,7 +252,7 @@ def measure_rewards(model_dir: Path, spec: TinyReverseSpec) -> dict[str, float]:
     (RL) lengths."""
     from workbench.envs import get_environment
     from workbench.trainer.row_threads import torch_threads
-    from workbench.trainer.sft import evaluate_greedy, load_model
+    from workbench.trainer.sft.train import evaluate_greedy, load_model
 
     tokenizer, model = load_model(model_dir)
     model.eval()

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from workbench.files import layout
 from workbench.models.resolve import loadable_base
-from workbench.trainer.divergence import check_finite
+from workbench.trainer.runs.divergence import check_finite
 
 PEFT_PREFIX = "base_model.model."
 WEIGHTS_FILE = "adapter_model.safetensors"

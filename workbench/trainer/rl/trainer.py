@@ -1,11 +1,11 @@
-"""`torchrun ... -m workbench.trainer.rl --config PATH`: the one trainer every run shares.
+"""`torchrun ... -m workbench.trainer.rl.trainer --config PATH`: the one trainer every run shares.
 
 Read top to bottom: `main` loads the frozen base model (`load_base_model`) and hands it to
 `build_trainer`, which wraps its linears in multi-adapter LoRA layers and wires the per-run
 optimizer, scheduler and checkpoints to the multi-run manager's hooks; `train_forever` is
 the loop; `iterate` is one pass of it; `train_step` is one update of every run with data.
-How the ranks split the work and sum their gradients is `workbench.trainer.distributed`;
-how they hold the frozen base (whole, or sharded by FSDP2) is `workbench.trainer.sharding`.
+How the ranks split the work and sum their gradients is `workbench.trainer.parallel.distributed`;
+how they hold the frozen base (whole, or sharded by FSDP2) is `workbench.trainer.compute.sharding`.
 """
 
 from __future__ import annotations
@@ -26,31 +26,31 @@ from workbench.files import busy, layout
 from workbench.files.metrics import append_metrics
 from workbench.system.lifeline import die_with_parent
 from workbench.system.priority import run_as_batch
-from workbench.trainer import distributed
-from workbench.trainer.checkpoint import RunCheckpointer, remove_killed_writes
-from workbench.trainer.compute import HostRow, RowLogprobs, prepare_model
-from workbench.trainer.divergence import DivergenceWatch, NonFiniteWeights, adapter_divergence
-from workbench.trainer.init_adapter import check_init_adapter, load_adapter_into_slot
-from workbench.trainer.lora import (
+from workbench.trainer.compute.model import HostRow, RowLogprobs, prepare_model
+from workbench.trainer.compute.sharding import shard_base
+from workbench.trainer.lora.layer import (
     adapters_disabled,
     apply_lora_to_model,
     resolve_run_lora,
     set_lora_num_tokens,
 )
-from workbench.trainer.loss import RLLossOutput, compute_rl_loss
 from workbench.trainer.losses.admission import validate_run_loss
-from workbench.trainer.optim import MultiLoRAOptimizer, MultiLoRAScheduler
-from workbench.trainer.packer import MicroBatch, Packer, filler_row
-from workbench.trainer.publisher import AdapterCopy, AdapterPublisher, FailedWrite
+from workbench.trainer.optim.per_run import MultiLoRAOptimizer, MultiLoRAScheduler
+from workbench.trainer.parallel import distributed
+from workbench.trainer.rl.loss import RLLossOutput, compute_rl_loss
+from workbench.trainer.rl.packer import MicroBatch, Packer, filler_row
+from workbench.trainer.rl.step_stats import StepStats, StepTally
 from workbench.trainer.row_threads import (
     RowThreads,
     accumulate_in_order,
     resolve_row_threads,
     torch_threads,
 )
-from workbench.trainer.runs import MultiRunManager
-from workbench.trainer.sharding import shard_base
-from workbench.trainer.step_stats import StepStats, StepTally
+from workbench.trainer.runs.checkpoint import RunCheckpointer, remove_killed_writes
+from workbench.trainer.runs.divergence import DivergenceWatch, NonFiniteWeights, adapter_divergence
+from workbench.trainer.runs.init_adapter import check_init_adapter, load_adapter_into_slot
+from workbench.trainer.runs.manager import MultiRunManager
+from workbench.trainer.runs.publisher import AdapterCopy, AdapterPublisher, FailedWrite
 from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
@@ -392,7 +392,7 @@ def _significant(value: float) -> float:
 def publish_updates(trainer: Trainer, stats: StepStats, step_s: float) -> None:
     """Master: broadcast each updated run's adapter, log its metrics, checkpoint if due.
 
-    A run whose training diverged (`workbench.trainer.divergence`: its loss or gradient
+    A run whose training diverged (`workbench.trainer.runs.divergence`: its loss or gradient
     norm not finite, or its gradient 0 although its advantages were not, for several
     updates in a row, or its adapter not finite) is evicted
     instead, its metrics still logged; its adapter of this update is not broadcast."""
@@ -550,7 +550,9 @@ def iterate(trainer: Trainer) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchrun -m workbench.trainer.rl", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="torchrun -m workbench.trainer.rl.trainer", description=__doc__
+    )
     parser.add_argument("--config", type=Path, required=True, help="a TrainerConfig TOML")
     args = parser.parse_args(argv)
     # torchrun starts each worker in a session of its own: without this a killed agent

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench.config import LossConfig
-from workbench.trainer import distributed
-from workbench.trainer.loss import RLLossOutput
+from workbench.trainer.parallel import distributed
+from workbench.trainer.rl.loss import RLLossOutput
 
 # The rows of the per-run tally (sums over the update's rows and ranks).
 LOSS, MASKED, TOKENS, ADVANTAGED, RATIO_SUM, BASE_KL = range(6)

@@ -46,7 +46,7 @@ from workbench.config import (
 )
 from workbench.files import layout, run_control
 from workbench.system.clock import now_iso
-from workbench.trainer import distributed
+from workbench.trainer.parallel import distributed
 
 logger = logging.getLogger(__name__)
 

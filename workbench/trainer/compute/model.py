@@ -20,16 +20,16 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from workbench.config import TrainerSection
-from workbench.trainer.attention import (
+from workbench.trainer.compute.attention import (
     EAGER_UNDER_COMPILE,
     AttentionPath,
     PackedSequences,
     use_packed_attention,
 )
-from workbench.trainer.attention_choice import AttentionRuntime, resolve_attention
-from workbench.trainer.lm_head import chunkable_lm_head, chunked_token_logprobs
-from workbench.trainer.lora import LoRARouting, find_lora_routing
-from workbench.trainer.loss import compute_logprobs
+from workbench.trainer.compute.attention_choice import AttentionRuntime, resolve_attention
+from workbench.trainer.compute.lm_head import chunkable_lm_head, chunked_token_logprobs
+from workbench.trainer.lora.layer import LoRARouting, find_lora_routing
+from workbench.trainer.rl.loss import compute_logprobs
 from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger(__name__)

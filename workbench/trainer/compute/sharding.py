@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from workbench.trainer.compute import decoder_layers
+from workbench.trainer.compute.model import decoder_layers
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ a target. AdamW, optional linear warm-up then a constant or cosine learning rate
 clipping. The result is saved in Hugging Face format (a full model, or a peft adapter for
 LoRA) and written atomically: a killed run leaves no half-written output directory.
 
-The built-in tiny model's warm-up (`workbench.trainer.tiny_reverse`) runs through this same
+The built-in tiny model's warm-up (`workbench.trainer.sft.tiny_reverse`) runs through this same
 `train_sft`, so what `workbench sft` does is what the default model went through.
 
 Read top to bottom: config, data, encoding, the loop (`train_sft`), greedy evaluation, saving.

@@ -4,7 +4,7 @@ As in prime-rl's `MultiLoRAOptimizer` / `MultiLoRAScheduler`: every run gets its
 own AdamW over its own adapter parameters, made by a manager creation hook and dropped by a
 deletion hook, and its own schedule. `step()` touches only the runs with data this step
 (`manager.ready_to_update_idxs`): on a GPU all of them in one set of foreach calls
-(`workbench.trainer.multi_adamw`), on the CPU each with torch's fused AdamW (`fused_on`).
+(`workbench.trainer.optim.multi_adamw`), on the CPU each with torch's fused AdamW (`fused_on`).
 Each run's gradient is clipped by its own norm with its own `max_norm`, so a run with a
 huge loss cannot shrink another run's update: that, the per-run loss normalisation
 (`loss.py`) and the separate parameters are what keep runs isolated.
@@ -22,12 +22,12 @@ from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from workbench.config import SchedulerConfig
-from workbench.trainer.multi_adamw import (
+from workbench.trainer.optim.multi_adamw import (
     adamw_step_together,
     clip_grad_norms_together,
     steps_together,
 )
-from workbench.trainer.runs import MultiRunManager
+from workbench.trainer.runs.manager import MultiRunManager
 
 logger = logging.getLogger(__name__)
 

@@ -50,11 +50,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import LORA_TARGET_MODULES, OrchestratorConfig, lora_rank_problem
-from workbench.trainer.lora_ops import grouped_mm_problem, multi_lora
+from workbench.trainer.lora.ops import grouped_mm_problem, multi_lora
 from workbench.trainer.transfer import to_device
 
 if TYPE_CHECKING:
-    from workbench.trainer.runs import MultiRunManager
+    from workbench.trainer.runs.manager import MultiRunManager
 
 logger = logging.getLogger(__name__)
 

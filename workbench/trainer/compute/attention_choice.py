@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from workbench.trainer.attention import ATTENTION_PATHS, AttentionChoice, AttentionPath
+from workbench.trainer.compute.attention import ATTENTION_PATHS, AttentionChoice, AttentionPath
 
 # "auto" takes the first of these that can run: FlashAttention's varlen kernel (in torch,
 # then from the flash-attn package), then flex attention, then causal SDPA per sample.

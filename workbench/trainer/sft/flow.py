@@ -19,7 +19,7 @@ from rich.console import Console
 from workbench.config import parse_assignment
 
 if TYPE_CHECKING:
-    from workbench.trainer.sft import SFTResult
+    from workbench.trainer.sft.train import SFTResult
 
 
 class SFTInputError(Exception):
@@ -41,7 +41,7 @@ def run_sft(
 
     from workbench.envs import EnvironmentConfigError
     from workbench.models import ModelResolutionError
-    from workbench.trainer.sft import SFTConfig, SFTLoraConfig, train_sft
+    from workbench.trainer.sft.train import SFTConfig, SFTLoraConfig, train_sft
 
     try:
         config = SFTConfig(

@@ -1,4 +1,4 @@
-"""`python -m workbench.trainer.launch TORCHRUN_ARGS...`: torchrun, with a stop that is clean.
+"""`python -m workbench.trainer.parallel.launch TORCHRUN_ARGS...`: torchrun, with a stop that is clean.
 
 torchrun's agent answers SIGTERM by raising an exception: it forwards the signal to its
 workers, waits for them, and exits 1 even when every worker checkpointed and exited 0, so
@@ -12,7 +12,7 @@ killed agent never leaves one behind, and this process arms one for the supervis
 
 Nothing of the trainer listens beyond 127.0.0.1 unless the recipe names a network
 interface (`[trainer] rendezvous_interface`, for several nodes): the agent's store through
-the `workbench-static` rendezvous (`workbench.trainer.rendezvous`), registered here, in the
+the `workbench-static` rendezvous (`workbench.trainer.parallel.rendezvous`), registered here, in the
 agent's process, bound to the endpoint's address alone; gloo's and nccl's ranks through
 GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, which the workers inherit. Unless the environment
 names one, the interface is the one this machine reaches the rendezvous endpoint through
@@ -113,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         host = endpoint_host(args)
         interface = socket_interface(host)
         if interface is None:
-            print(f"workbench.trainer.launch: {no_interface_message(host)}", file=sys.stderr)
+            print(
+                f"workbench.trainer.parallel.launch: {no_interface_message(host)}", file=sys.stderr
+            )
             return 2
         for variable in SOCKET_INTERFACE_VARIABLES:
             os.environ[variable] = os.environ.get(variable) or interface
     from torch.distributed.run import main as torchrun_main
 
-    from workbench.trainer import rendezvous
+    from workbench.trainer.parallel import rendezvous
 
     rendezvous.register(RENDEZVOUS_BACKEND)
     torchrun_main([*AGENT_SIGNALS, *args])

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import PROMPT_SHARING_ATTENTION
-from workbench.trainer.flex_mask import document_causal_block_mask
+from workbench.trainer.compute.flex_mask import document_causal_block_mask
 from workbench.trainer.transfer import to_device
 
 AttentionChoice = Literal["auto", "per_sample", "varlen", "flash", "flex", "dense"]
