@@ -1,7 +1,7 @@
 """The `workbench` command line: one thin function per command, that parses options and
 prints; the work lives elsewhere (`workbench.up` is all of `up`). Here: the app and the
 commands that run an experiment (up, evict, attach, down, join, restart, logs). In modules of
-their own: `status`, `plot`, `compare`, `slurm`, `export`, `samples` and `runs`, `sft` and
+their own: `status`, `alerts`, `plot`, `compare`, `slurm`, `export`, `samples` and `runs`, `sft` and
 `model`, `env`, `sweep`, `web` (`workbench/commands/`) and `bench` (`bench/cli.py`).
 
 Exit codes: 0 success, 1 the command failed (a run or experiment it names is unknown, ...),
@@ -20,6 +20,7 @@ import typer
 from rich.markup import escape
 
 from workbench.bench.cli import bench_app
+from workbench.commands.alerts import alerts
 from workbench.commands.common import (
     EXIT_BAD_INPUT,
     ExperimentArg,
@@ -159,6 +160,7 @@ app.command()(plot)
 app.command()(compare)
 app.command()(slurm)
 app.command()(web)
+app.command()(alerts)
 
 
 @app.command()

@@ -12,7 +12,8 @@ them there rather than expanding the sweep again.
 
 - `Recipe`: experiment, model, inference, trainer, `[defaults]` for every run's
   orchestrator, `[[runs]]` overriding them, a `[sweep]` that expands into more runs
-  (`workbench.sweep`), `[tracking]` (`workbench.tracking`) and `[slurm]` (`workbench slurm`).
+  (`workbench.sweep`), `[tracking]` (`workbench.tracking`), `[alerts]` (`workbench.alerts`)
+  and `[slurm]` (`workbench slurm`).
 - `RunSpec`: one run's id and the `[defaults]` keys it overrides.
 """
 
@@ -26,6 +27,7 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from workbench.config import (
     VLLM_MAX_LORA_RANKS,
+    AlertsSection,
     ConfigError,
     ConfigProblem,
     ExperimentSection,
@@ -99,6 +101,10 @@ class Recipe(StrictModel):
     tracking: TrackingSection = Field(
         default_factory=TrackingSection,
         description="every run's metrics forwarded to trackio or wandb by the supervisor",
+    )
+    alerts: AlertsSection = Field(
+        default_factory=AlertsSection,
+        description="rules the supervisor checks as records arrive: `workbench alerts`",
     )
     slurm: SlurmSection = Field(
         default_factory=SlurmSection,

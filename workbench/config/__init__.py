@@ -14,6 +14,7 @@ trainer and orchestrators import it. Every name is re-exported here, so callers 
 - `inference`: the `[inference]` section and what the supervisor hands vLLM;
 - `trainer`: the `[trainer]` section and what the supervisor hands the trainer;
 - `tracking`: the `[tracking]` section;
+- `alerts`: the `[alerts]` section;
 - `slurm`: the `[slurm]` section, which only `workbench slurm` reads.
 
 The recipe itself, its `[[runs]]` and its `[sweep]` are assembled in `workbench.recipe`.
@@ -21,6 +22,7 @@ The recipe itself, its `[[runs]]` and its `[sweep]` are assembled in `workbench.
 
 from __future__ import annotations
 
+from workbench.config.alerts import ALERT_RULES, AlertsSection
 from workbench.config.base import (
     LORA_TARGET_MODULES,
     MAX_RUN_ID_CHARS,
@@ -99,6 +101,7 @@ from workbench.config.trainer import (
 )
 
 __all__ = [
+    "ALERT_RULES",
     "GREEDY_TRAINING",
     "GROUP_OF_ONE",
     "LORA_TARGET_MODULES",
@@ -111,6 +114,7 @@ __all__ = [
     "USER_KIND",
     "VLLM_MAX_LORA_RANKS",
     "AdvantageConfig",
+    "AlertsSection",
     "CispoLoss",
     "ConfigError",
     "ConfigProblem",

@@ -56,6 +56,11 @@ def recipe_path(experiment: Path) -> Path:
     return experiment / "recipe.toml"
 
 
+def alerts_path(experiment: Path) -> Path:
+    """Appended by the supervisor: one line per alert (`workbench.files.alerts`)."""
+    return experiment / "alerts.jsonl"
+
+
 def supervisor_dir(experiment: Path) -> Path:
     return experiment / "supervisor"
 

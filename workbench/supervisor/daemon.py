@@ -32,9 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench.alerts import AlertWatcher
 from workbench.config import ConfigError, normalize_run_id
 from workbench.experiment import write_run
 from workbench.files import layout, run_control
+from workbench.files.alerts import Alert
 from workbench.orchestrator.state import remove_killed_writes
 from workbench.supervisor import paths
 from workbench.supervisor.client import STATE_HEARTBEAT_S
@@ -184,6 +186,7 @@ class Supervisor:
             if plan.early_stopping is not None
             else None
         )
+        self.alerts = AlertWatcher(self.experiment, plan.alerts, on_alert=self._alert_tracker)
 
     # -------------------------------------------------------------- loop
 
@@ -243,6 +246,7 @@ class Supervisor:
                 self.status = SupervisorStatus.RUNNING
             if self.exit_when_done:
                 self._stop_when_done()
+            self._check_alerts()
         self._publish_state()
 
     def _log_fault(self, err: Exception) -> None:
@@ -252,6 +256,28 @@ class Supervisor:
         if self._faults.get(message, -60.0) + 60.0 <= now:
             self._faults[message] = now
             log.exception("supervisor tick failed (children keep running): %s", message)
+
+    def _check_alerts(self) -> None:
+        """The alert rules over what the runs recorded and the processes' failed exits
+        (`workbench.alerts`); a fault there (a full disk) is logged, and the loop goes on."""
+        failures = {
+            proc.name: [
+                at
+                for record in proc.exits
+                if not record.ok
+                and not record.stop_requested
+                and (at := unix_time(record.time)) is not None
+            ]
+            for proc in self.processes.values()
+        }
+        try:
+            self.alerts.poll(failures)
+        except Exception as err:
+            self._log_fault(err)
+
+    def _alert_tracker(self, alert: Alert) -> None:
+        if self.tracking is not None:
+            self.tracking.alert(alert)
 
     def request_stop(self, reason: str) -> None:
         """Stop everything and exit (safe from another thread; signal handlers go through

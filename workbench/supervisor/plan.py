@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.config import ConfigError, TrainerSection, model_to_toml
+from workbench.config.alerts import AlertsSection
 from workbench.files import endpoint, layout
 from workbench.inference.engine_errors import engine_fatal_error
 from workbench.recipe import Recipe, load_recipe
@@ -102,6 +103,7 @@ class Plan:
     early_stopping, when set, is the sweep's scheduler: ASHA evicts runs that fall behind at a
     rung; PBT has runs that fall behind take the checkpoint of runs ahead.
     tracking, when set, has it forward every run's metrics to a tracker (workbench.tracking).
+    alerts: the rules it checks as records arrive (workbench.alerts; on by default).
     """
 
     processes: list[ProcessSpec]
@@ -110,6 +112,7 @@ class Plan:
     placement: str = ""  # which GPUs run what, and how the trainer's ranks hold the base
     early_stopping: AshaSpec | PbtSpec | None = None
     tracking: TrackingTarget | None = None
+    alerts: AlertsSection = field(default_factory=AlertsSection)
 
 
 PlanFactory = Callable[[Path], Plan]
@@ -454,6 +457,7 @@ def plan_from_recipe(experiment: Path) -> Plan:
         placement=placement,
         early_stopping=early_stopping,
         tracking=tracking,
+        alerts=recipe.alerts,
     )
 
 

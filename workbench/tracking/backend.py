@@ -28,6 +28,9 @@ class TrackerRun(Protocol):
     def log(self, source: str, step: int, values: dict[str, float]) -> None:
         """One record: `values` keyed `<source>/<key>`, at the record's `step`."""
 
+    def alert(self, title: str, text: str, level: str, step: int | None) -> None:
+        """One of workbench's alerts (`workbench.alerts`); `level` is "warn" or "error"."""
+
     def finish(self) -> None: ...
 
 

@@ -8,6 +8,11 @@ each record, and writes the progress file. A run that is finished or evicted and
 nothing new gets its tracker run finished; a record that comes later reopens it. On stop
 it forwards what is left, finishes every tracker run and releases the library.
 
+Alerts (`workbench.alerts`) come through `alert`, from the supervisor's loop: each is sent
+on the next pass as the tracker's own alert, to its run's tracker run (reopened if it was
+finished), or to every open one for an alert of the inference server or the trainer. One
+still queued when the supervisor is killed is not sent (alerts.jsonl keeps it).
+
 Any failure (the library missing or failing, a disk error) is logged as a warning, listed
 in `warnings()` (the supervisor puts them into state.json, where `workbench status` and the
 TUI show them), and retried after `retry_s`. It never reaches the runs.
@@ -20,6 +25,7 @@ import logging
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +33,7 @@ from typing import Any
 
 from workbench.config import ConfigError, load_orchestrator_config
 from workbench.files import layout, run_control
+from workbench.files.alerts import Alert
 from workbench.files.metrics import parse_record
 from workbench.sweep.values import flatten_values
 from workbench.system.file_tail import AppendedLines
@@ -41,6 +48,8 @@ RETRY_S = 30.0
 STOP_TIMEOUT_S = 60.0
 LOG_AGAIN_S = 60.0
 BACKEND = "(backend)"  # the problems key of the library itself, beside the runs'
+# Alerts of these rules are errors to a tracker; the others warnings.
+ERROR_RULES = frozenset({"non_finite", "restarts"})
 # Fields of every record that say where it comes from, not what was measured.
 RECORD_FIELDS = frozenset({"source", "step", "time"})
 
@@ -131,6 +140,7 @@ class MetricsForwarder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._restore_showwarning: Callable[[], None] | None = None
+        self._alerts: deque[Alert] = deque()  # appended by the supervisor's thread
 
     # ---------------------------------------------------------------- the thread
 
@@ -155,6 +165,10 @@ class MetricsForwarder:
                 timeout_s,
                 self.target.backend,
             )
+
+    def alert(self, alert: Alert) -> None:
+        """Send `alert` to the tracker on the next pass (safe from another thread)."""
+        self._alerts.append(alert)
 
     def warnings(self) -> list[str]:
         """What is wrong with tracking now, one line each (for state.json)."""
@@ -182,6 +196,7 @@ class MetricsForwarder:
                 del self._runs[run_id]
             for run_id, run in runs.items():
                 self._poll_run(backend, run_id, run, now)
+            self._send_alerts(backend, runs)
         except Exception as err:  # a bug here must not end tracking, let alone training
             self._problems.report(BACKEND, self._describe(f"tracking failed: {err!r}"))
 
@@ -236,6 +251,23 @@ class MetricsForwarder:
         self._problems.clear(run_id)
         if not sent and followed.tracker is not None and _is_over(run):
             self._finish(run_id)
+
+    def _send_alerts(self, backend: Backend, runs: dict[str, Path]) -> None:
+        while self._alerts:
+            alert = self._alerts[0]
+            if alert.run is not None:
+                targets = [alert.run] if alert.run in runs else []
+            else:  # the inference server or the trainer: every run's concern
+                targets = [run_id for run_id, f in self._runs.items() if f.tracker is not None]
+            for run_id in targets:
+                followed = self._runs.setdefault(run_id, self._resume_point(run_id, runs[run_id]))
+                if followed.tracker is None:
+                    self._open(backend, run_id, runs[run_id], followed)
+                assert followed.tracker is not None
+                level = "error" if alert.rule in ERROR_RULES else "warn"
+                title = f"{alert.run or alert.process}: {alert.rule}"
+                followed.tracker.alert(title, alert.message, level, alert.step)
+            self._alerts.popleft()  # sent (or nowhere to send): a failure above retries it
 
     def _resume_point(self, run_id: str, run: Path) -> _FollowedRun:
         progress = read_progress(self.experiment, run_id)

@@ -69,6 +69,12 @@ class TrackioRun:
     def log(self, source: str, step: int, values: dict[str, float]) -> None:
         self._handle.log(values, step=step)
 
+    def alert(self, title: str, text: str, level: str, step: int | None) -> None:
+        from trackio import AlertLevel
+
+        with _quiet():  # trackio prints each alert too; the supervisor's log has it
+            self._handle.alert(title=title, text=text, level=AlertLevel(level), step=step)
+
     def finish(self) -> None:
         with _quiet():
             self._handle.finish()  # writes what its sender thread still holds

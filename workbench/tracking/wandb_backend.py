@@ -85,5 +85,11 @@ class WandbRun:
             self._sources.add(source)
         self._handle.log({**values, f"{source}/step": step})
 
+    def alert(self, title: str, text: str, level: str, step: int | None) -> None:
+        # wandb has no step for an alert: the text says it. Its title is at most 64
+        # characters, and a repeat of a title within wait_duration is dropped by wandb.
+        said = text if step is None else f"{text} (step {step})"
+        self._handle.alert(title=title[:64], text=said, level=level.upper(), wait_duration=1)
+
     def finish(self) -> None:
         self._handle.finish()
