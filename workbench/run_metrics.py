@@ -33,6 +33,9 @@ METRICS_READ_LIMIT = 4 * 1024 * 1024
 # Every run's curves of these, by step: the curves screen draws them side by side, the run
 # detail its eval curve.
 FOLLOWED_CURVES = frozenset({REWARD_METRIC, EVAL_METRIC})
+# How much of the end of a run's metrics.jsonl `latest_rewards` reads first: a few hundred
+# steps of records, evals among them.
+TAIL_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -79,11 +82,16 @@ class MetricsReader:
         history: int = HISTORY_POINTS,
         curve_metrics: frozenset[str] = FOLLOWED_CURVES,
         settle_ns: int = SETTLE_NS,
+        initial_bytes: int | None = None,
     ) -> None:
+        """`initial_bytes`: start that far from the file's end (its first, cut, line left
+        out) rather than at its start."""
         self.path = path
         self._history = history
         self.curve_metrics = curve_metrics
-        self._lines = AppendedLines(path, read_limit=METRICS_READ_LIMIT)
+        self._lines = AppendedLines(
+            path, initial_bytes=initial_bytes, read_limit=METRICS_READ_LIMIT
+        )
         self._path = str(path)
         self._settle_ns = settle_ns
         # The file's signature at the last read that reached its end, if settled then
@@ -202,16 +210,31 @@ class LatestRewards:
         return {"reward": self.reward, "eval": held_out}
 
 
-def latest_rewards(run: Path) -> LatestRewards:
-    """`run`'s newest batch reward and held-out eval, its metrics.jsonl read once to its
-    end as the TUI reads it (no file yet: neither)."""
-    # One reward kept and only the eval curve followed: a long run's file costs its
-    # parsing, not a history held in memory.
-    reader = MetricsReader(
-        layout.metrics_path(run), history=1, curve_metrics=frozenset({EVAL_METRIC})
-    )
-    reader.read_to_end()
-    return LatestRewards.of(reader)
+def latest_rewards(run: Path, tail_bytes: int = TAIL_BYTES) -> LatestRewards:
+    """`run`'s newest batch reward and held-out eval, read from the end of its
+    metrics.jsonl as the TUI reads the file (no file yet: neither). Both are near the end
+    of a run's file: the last `tail_bytes` are read, then 8 times more, ..., until both
+    are found or the whole file was read (a run without evals)."""
+    path = layout.metrics_path(run)
+    window = tail_bytes
+    while True:
+        try:
+            whole = path.stat().st_size <= window
+        except FileNotFoundError:
+            return LatestRewards()
+        # One reward kept and only the eval curve followed: reading costs the parsing
+        # of the lines read, not a history held in memory.
+        reader = MetricsReader(
+            path,
+            history=1,
+            curve_metrics=frozenset({EVAL_METRIC}),
+            initial_bytes=None if whole else window,
+        )
+        reader.read_to_end()
+        found = LatestRewards.of(reader)
+        if whole or (found.reward is not None and found.eval_step is not None):
+            return found
+        window *= 8
 
 
 # ---------------------------------------------------------------- small helpers

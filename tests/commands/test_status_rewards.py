@@ -84,3 +84,24 @@ def test_status_table_piped_has_one_whole_line_per_run(experiment: Path):
     assert cells["run_a"][4:6] == ["0.750", "0.850 at 4"]
     assert cells["run_b"][4:] == ["0.250", "", EVICTED_WHY]
     assert cells["run_c"][4:] == ["", "", ""]
+
+
+def test_the_newest_eval_is_found_however_far_back_it_was_written(tmp_path: Path):
+    """`latest_rewards` reads the end of the file first and further back until it finds
+    an eval, or reads the whole file of a run that has none: as one read of it all."""
+    from workbench.run_metrics import LatestRewards, latest_rewards
+
+    with_eval, without = tmp_path / "run_a", tmp_path / "run_b"
+    for run in (with_eval, without):
+        run.mkdir()
+        for step in range(1, 60):
+            append_metrics(run, "orchestrator", step, reward_mean=step / 100)
+            append_metrics(run, "trainer", step, loss=0.1, tokens=100 * step)
+            if run is with_eval and step == 1:  # its only eval, at the file's start
+                append_metrics(run, "eval", 1, eval_reward_mean=0.61)
+    append_metrics(with_eval, "orchestrator", 60, reward_mean=0.6)
+    size = layout.metrics_path(with_eval).stat().st_size
+    for tail_bytes in (200, 2_000, size + 1):
+        assert latest_rewards(with_eval, tail_bytes) == LatestRewards(0.6, 1, 0.61)
+        assert latest_rewards(without, tail_bytes) == LatestRewards(0.59, None, None)
+    assert latest_rewards(tmp_path / "run_c") == LatestRewards()
