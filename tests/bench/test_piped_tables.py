@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rich.table import Table
 
-from workbench.bench import e2e, separate, supervisor, sweep
+from workbench.bench import e2e, evaluation, inference, separate, supervisor, sweep, trainer
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
@@ -31,6 +31,12 @@ PRINTERS: dict[str, tuple[Callable[[Any], None], Callable[[], Any]]] = {
     "e2e-separate": (separate.print_table, lambda: _report("e2e-separate")),
     "sweep": (sweep.print_table, lambda: _report("sweep")),
     "supervisor": (supervisor.print_table, lambda: _report("supervisor")),
+    "eval": (evaluation.print_table, lambda: _report("eval")),
+    "inference": (inference.print_table, lambda: _report("inference")),
+    "trainer": (
+        trainer.print_table,
+        lambda: [trainer.Measurement(**m) for m in _latest("trainer")["measurements"]],
+    ),
 }
 
 

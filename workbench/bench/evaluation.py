@@ -187,15 +187,16 @@ def summary_rows(medians: dict[str, float], config: OrchestratorConfig) -> list[
 
 
 def print_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from workbench.system.console import output_console
 
     table = Table(title=f"eval cost: {report['recipe']}")
     table.add_column("what")
     table.add_column("median s", justify="right")
     for name, value in report["medians_s"].items():
         table.add_row(name.replace("_", " "), f"{value:.3f}")
-    console = Console()
+    console = output_console()  # tables whole when piped or logged
     console.print(table)
     for row in report["summary"]:
         console.print(f"{row['metric']}: {row['value']}", highlight=False)

@@ -385,8 +385,9 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from workbench.system.console import output_console
 
     workload = report["workload"]
     table = Table(
@@ -411,7 +412,7 @@ def print_table(report: dict[str, Any]) -> None:
             f"{configuration['median_api_server_cpu_s']:.2f}",
             f"{configuration['median_engine_cpu_s']:.2f}",
         )
-    console = Console()
+    console = output_console()  # tables whole when piped or logged
     console.print(table)
     console.print(
         f"server startup {report['server_startup_s']:.1f} s, adapter load "

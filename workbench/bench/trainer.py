@@ -809,8 +809,9 @@ def _add_replicated_ratios(sharded: Measurement, measurements: list[Measurement]
 
 
 def print_table(measurements: list[Measurement]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from workbench.system.console import output_console
 
     def ratio(value: float | None) -> str:
         return f"{value:.2f}x" if value is not None else ""
@@ -839,8 +840,9 @@ def print_table(measurements: list[Measurement]) -> None:
             m.lora,
             m.note or (f"losses {m.losses}; {m.compute}" if m.losses else m.compute),
         )  # fmt: skip
-    Console().print(table)
-    Console().print(
+    console = output_console()  # tables whole when piped or logged
+    console.print(table)
+    console.print(
         "MFU = tokens/s x (4 x linear params + 12 x layers x heads x head_dim x "
         "(sample_len + 1) / 2) / peak bf16 FLOP/s (CUDA only). Memory is the peak of the "
         "measured updates (warm-up excluded). added MB: on the CPU, RSS the updates added to "
