@@ -110,7 +110,7 @@ def test_a_small_kl_that_grows_slowly_is_no_spike():
 def test_a_mean_importance_ratio_far_from_one_is_a_spike():
     ratios = [1.0, 0.99, 3.5, 4.0, 1.01, 0.2, math.nan]
     found = findings(RatioSpike(limit=2.0), trainer("ratio_mean", ratios))
-    assert [f.step for f in found] == [3, 6]  # the nan continues the episode at step 6
+    assert [f.step for f in found] == [3, 6]  # a NaN is non_finite's: no third
 
 
 def test_healthy_ratios_of_a_real_run_are_no_spike():

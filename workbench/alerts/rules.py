@@ -202,7 +202,8 @@ class KlSpike:
 
 class RatioSpike:
     """An update whose mean importance ratio (trainer / sampler) is above `limit` or below
-    1 / `limit`: the trainer's policy is not the one that sampled."""
+    1 / `limit`: the trainer's policy is not the one that sampled. A NaN ratio is left to
+    non_finite (its loss is NaN too)."""
 
     rule = "ratio_spike"
 
@@ -214,7 +215,9 @@ class RatioSpike:
         ratio, step = number(record, "ratio_mean"), _step(record)
         if record.get("source") != "trainer" or ratio is None or step is None:
             return None
-        off = not (1 / self.limit <= ratio <= self.limit)  # NaN is off too
+        if math.isnan(ratio):
+            return None  # a NaN update is non_finite's alert; this one goes on as it was
+        off = not (1 / self.limit <= ratio <= self.limit)
         was_active, self.active = self.active, off
         if not off or was_active:
             return None

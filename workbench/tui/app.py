@@ -42,6 +42,7 @@ from workbench.tui.messages import (
     EvictRun,
     RestartProcess,
     RestartRun,
+    ShowAlerts,
     ShowCurves,
     ShowLeaderboard,
     ShowRun,
@@ -50,6 +51,7 @@ from workbench.tui.messages import (
     SwitchRanking,
 )
 from workbench.tui.screens.add_run import AddRunRequest, AddRunScreen
+from workbench.tui.screens.alerts import AlertsScreen
 from workbench.tui.screens.confirm import ConfirmScreen
 from workbench.tui.screens.curves import CurvesScreen
 from workbench.tui.screens.evict import EvictScreen
@@ -186,6 +188,10 @@ class WorkbenchApp(App[None]):
     def _show_leaderboard(self) -> None:
         self.push_screen(LeaderboardScreen())
         self.action_poll_now()  # rank now rather than at the next tick
+
+    @on(ShowAlerts)
+    def _show_alerts(self) -> None:
+        self.push_screen(AlertsScreen())
 
     @on(ShowCurves)
     def _show_curves(self) -> None:

@@ -20,6 +20,8 @@ to repeat every second:
   busy share of the last minute from its record (`workbench.files.busy`), as `status` shows it;
   a trainer on several nodes adds a row per joined node (`nodes/`, `workbench.files.nodes`),
   and a warning naming each node that is silent or failed;
+- the supervisor's alerts (`alerts.jsonl`, `workbench.files.alerts`) are read as they are
+  appended, the newest `ALERTS_KEPT` kept, with the count of all;
 - the leaderboard ranks the runs as `workbench sweep report` does (`tui.leaderboard`),
   from the curves of the metric the metrics readers follow.
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -45,6 +48,7 @@ from typing import Any
 
 from workbench.curves import EVAL_METRIC, REWARD_METRIC
 from workbench.files import layout
+from workbench.files.alerts import Alert, parse_alert
 from workbench.files.busy import BusyReader
 from workbench.files.experiment_changes import ExperimentChanges
 from workbench.files.nodes import NodeStatus
@@ -68,7 +72,11 @@ from workbench.supervisor.startup import StartupPhase
 from workbench.sweep.report import RANKINGS
 from workbench.system.clock import unix_time
 from workbench.system.file_change import SETTLE_NS, OnFileChange, signature
+from workbench.system.file_tail import AppendedLines
 from workbench.tui.leaderboard import Leaderboard, LeaderboardReader, Ranking, RunMetric
+
+# Alerts kept for the alerts screen (the newest); the count goes on past them.
+ALERTS_KEPT = 200
 
 SUPERVISOR_PROCESS = "supervisor"
 # A joined node's row: `trainer-node<K>`, the name of its trainer log.
@@ -131,6 +139,8 @@ class ExperimentSnapshot:
     leaderboard: Leaderboard | None = None
     startup: StartupPhase | None = None  # None unless a live supervisor published one
     warnings: tuple[str, ...] = ()  # the supervisor's (experiment tracking failing, ...)
+    alerts: tuple[Alert, ...] = ()  # the newest ALERTS_KEPT, oldest first
+    alerts_raised: int = 0  # every alert of alerts.jsonl, kept or not
 
     def run(self, run_id: str) -> RunView | None:
         return next((run for run in self.runs if run.id == run_id), None)
@@ -268,6 +278,10 @@ class ExperimentReader:
         self._busy = BusyReader(experiment)
         # Which runs and busy records to look at in a poll, from file events.
         self._changes = ExperimentChanges(experiment)
+        self._alert_lines = AppendedLines(layout.alerts_path(experiment))
+        self._alerts: deque[Alert] = deque(maxlen=ALERTS_KEPT)
+        self._alerts_raised = 0
+        self._alerts_view: tuple[Alert, ...] = ()
 
     def close(self) -> None:
         """Stop following the experiment's file events (the reader still polls, looking
@@ -340,7 +354,24 @@ class ExperimentReader:
             warnings=tuple(
                 node_warnings(nodes, experiment.supervisor_running) + experiment.warnings
             ),
+            alerts=self._poll_alerts(),
+            alerts_raised=self._alerts_raised,
         )
+
+    def _poll_alerts(self) -> tuple[Alert, ...]:
+        """The kept alerts: the same tuple as the last poll's unless the file grew."""
+        restarts = self._alert_lines.restarts
+        lines = self._alert_lines.read()
+        replaced = self._alert_lines.restarts != restarts
+        if replaced:  # a new file: counted again from its start
+            self._alerts.clear()
+            self._alerts_raised = 0
+        new = [alert for line in lines if (alert := parse_alert(line)) is not None]
+        if new or replaced:
+            self._alerts.extend(new)
+            self._alerts_raised += len(new)
+            self._alerts_view = tuple(self._alerts)
+        return self._alerts_view
 
     def _processes_of(
         self,

@@ -61,6 +61,10 @@ class ShowCurves(Message):
     """Open the curves screen: every run's reward or eval curve on one chart."""
 
 
+class ShowAlerts(Message):
+    """Open the alerts screen: every alert the supervisor raised, newest first."""
+
+
 class ShowLeaderboard(Message):
     """Open the leaderboard: every run ranked by the sweep's metric."""
 

@@ -2,7 +2,8 @@
 
 While the experiment starts, a line under the top bar says what it is doing (building the
 model, step k/n; starting inference, seconds so far and its log's last line); it goes
-once every process is up.
+once every process is up. A banner under it says when the supervisor raised alerts not
+yet seen (how many, and the newest); `!` opens the list of alerts and clears it.
 
 At 120 columns and more the two tables sit side by side; below that they stack, capped in
 height so the log keeps most of the screen, and the processes' "last exit" column is
@@ -34,6 +35,7 @@ from workbench.tui.messages import (
     EvictRun,
     RestartProcess,
     RestartRun,
+    ShowAlerts,
     ShowCurves,
     ShowLeaderboard,
     ShowRun,
@@ -78,6 +80,18 @@ def _supervisor_text(supervisor: SupervisorView) -> Text:
     return Text("supervisor gone", style="bold red")
 
 
+def alerts_banner_text(snapshot: ExperimentSnapshot, seen: int) -> Text | None:
+    """The banner of alerts raised since the list was last opened; None when none was."""
+    new = snapshot.alerts_raised - seen
+    if new <= 0 or not snapshot.alerts:
+        return None
+    newest = snapshot.alerts[-1]
+    text = Text(no_wrap=True, overflow="ellipsis", style="bold black on yellow")
+    text.append(f" ! {new} new alert{'s' if new > 1 else ''} (! lists them): ")
+    text.append(f"{newest.run or newest.process} {newest.rule}: {newest.message}")
+    return text
+
+
 def startup_text(startup: StartupPhase | None, now: float) -> Text | None:
     """The startup line at unix time `now`; None when there is nothing starting."""
     if startup is None or startup.ready:
@@ -100,6 +114,7 @@ class MainScreen(Screen[None]):
         # Not in the footer, which 80 columns fill: the help lists it, and the leaderboard's
         # and a run's footers show it.
         Binding("c", "curves", "curves", show=False),
+        Binding("exclamation_mark", "alerts", "alerts", show=False),
     ]
 
     def __init__(
@@ -112,12 +127,15 @@ class MainScreen(Screen[None]):
         self.snapshot: ExperimentSnapshot | None = None
         self._top_bar: Text | None = None
         self._startup: Text | None = None
+        self._alerts_banner: Text | None = None
+        self.alerts_seen = 0  # alerts raised when the list was last opened
         # What `f`, `r` and `e` act on: the selected row of the table focused last.
         self.selected_kind = "run"
 
     def compose(self) -> ComposeResult:
         yield Static(" workbench", id="top-bar")
         yield Static(id="startup")
+        yield Static(id="alerts-banner")
         with Container(id="tables"):
             runs = RunsTable(id="runs")
             runs.border_title = "runs"
@@ -154,6 +172,7 @@ class MainScreen(Screen[None]):
             line = self.query_one("#startup", Static)
             line.display = startup is not None
             line.update(startup or "")
+        self._show_alerts_banner()
         self.query_one(RunsTable).show_runs(snapshot.runs, now)
         self.query_one(ProcessesTable).show_processes(snapshot.processes, now)
         log_pane = self.query_one(LogPane)
@@ -166,6 +185,16 @@ class MainScreen(Screen[None]):
                 target = self._process_target(snapshot.processes[0].name)
                 if target is not None:
                     log_pane.follow(target)
+
+    def _show_alerts_banner(self) -> None:
+        if self.snapshot is None:
+            return
+        banner = alerts_banner_text(self.snapshot, self.alerts_seen)
+        if banner != self._alerts_banner:
+            self._alerts_banner = banner
+            line = self.query_one("#alerts-banner", Static)
+            line.display = banner is not None
+            line.update(banner or "")
 
     def _run_target(self, run_id: str) -> LogTarget:
         return LogTarget(title=run_id, path=layout.process_log_path(self.experiment, run_id))
@@ -250,6 +279,12 @@ class MainScreen(Screen[None]):
 
     def action_leaderboard(self) -> None:
         self.post_message(ShowLeaderboard())
+
+    def action_alerts(self) -> None:
+        if self.snapshot is not None:
+            self.alerts_seen = self.snapshot.alerts_raised
+            self._show_alerts_banner()
+        self.post_message(ShowAlerts())
 
     def action_curves(self) -> None:
         self.post_message(ShowCurves())
