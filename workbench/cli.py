@@ -37,6 +37,7 @@ from workbench.commands.envs import env_app
 from workbench.commands.models import model_app, sft
 from workbench.commands.plot import plot
 from workbench.commands.runs import export, runs_app, samples
+from workbench.commands.serve import serve
 from workbench.commands.slurm import slurm
 from workbench.commands.status import status
 from workbench.commands.sweep import print_run_plan, sweep_app
@@ -161,6 +162,7 @@ app.command()(compare)
 app.command()(slurm)
 app.command()(web)
 app.command()(alerts)
+app.command()(serve)
 
 
 @app.command()

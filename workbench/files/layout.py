@@ -70,7 +70,7 @@ def logs_dir(experiment: Path) -> Path:
 
 
 # The processes that log under logs/; an orchestrator logs in its run directory.
-PROCESS_LOG_NAMES = ("inference", "trainer", "supervisor")
+PROCESS_LOG_NAMES = ("inference", "trainer", "supervisor", "tinker")
 
 
 def process_log_path(experiment: Path, name: str) -> Path:

@@ -164,6 +164,10 @@ class InferenceClient:
     def unload_adapter(self, name: str) -> None:
         self._post("/v1/unload_lora_adapter", {"lora_name": name})
 
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Any request of vLLM's API as given (the Tinker service's samples); its JSON answer."""
+        return self._post(path, body)
+
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = self.endpoint.server_url + path
         response = self._http.post(url, json=body)

@@ -59,6 +59,7 @@ from workbench.system.ports import (
 )
 from workbench.system.priority import NICE_ENV, inference_nice
 from workbench.system.small_machine import is_small_machine
+from workbench.tinker.serving import service_spec as tinker_service_spec
 from workbench.tracking.target import TrackingTarget
 from workbench.trainer.parallel.launch import LOOPBACK, rendezvous_args, socket_interface_env
 
@@ -447,11 +448,13 @@ def plan_from_recipe(experiment: Path) -> Plan:
     tracking = TrackingTarget.from_recipe(recipe)
     api_key = _write_process_files(experiment, recipe, inference_port, rendezvous)
     orchestrator_env = _orchestrator_env(gpu_count)
+    processes = [
+        _inference_spec(experiment, recipe, devices, gpu_count, api_key),
+        _trainer_spec(experiment, recipe, devices, gpu_count, rendezvous),
+    ]
+    tinker = tinker_service_spec(experiment)  # `workbench serve` asked for it
     return Plan(
-        processes=[
-            _inference_spec(experiment, recipe, devices, gpu_count, api_key),
-            _trainer_spec(experiment, recipe, devices, gpu_count, rendezvous),
-        ],
+        processes=processes if tinker is None else [*processes, tinker],
         orchestrator=lambda run_id, run_dir: orchestrator_spec(run_id, run_dir, orchestrator_env),
         notes=notes,
         placement=placement,

@@ -15,6 +15,7 @@ import uvicorn
 from workbench.files import layout
 from workbench.models.resolve import loadable_base
 from workbench.recipe import load_recipe
+from workbench.system.lifeline import die_with_parent
 from workbench.tinker.app import ServiceSettings, create_app
 
 API_KEY_ENV = "WORKBENCH_TINKER_API_KEY"
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8780)
     parser.add_argument("--session-timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
+    die_with_parent()  # a SIGTERM when the supervisor dies, as on `workbench down`
     api_key = os.environ.get(API_KEY_ENV)
     if not api_key:
         print(

@@ -18,9 +18,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from workbench.files import tinker_work as tw
+from workbench.tinker import checkpoints as ckpt
 from workbench.tinker import wire
 from workbench.tinker.futures import Answer, FutureStore, try_again
 from workbench.tinker.models import Models, TinkerModel
+from workbench.tinker.sampling import Sampler, Samplers, SamplingError
 from workbench.tinker.sessions import Sessions
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     app.state.sessions = Sessions(settings.session_timeout_s)
     app.state.models = Models(settings.experiment)
     app.state.futures = FutureStore()
+    app.state.samplers = Samplers(settings.experiment, settings.base_model)
 
     @app.middleware("http")
     async def require_key(request: Request, call_next):
@@ -69,11 +72,16 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             return await call_next(request)
         except TinkerError as err:
             return error_response(err.status, err.message)
-        except wire.WireError as err:
+        except (wire.WireError, SamplingError, ckpt.CheckpointError) as err:
             return error_response(err.status, err.message)
 
     _service_routes(app, settings)
     _training_routes(app, settings)
+    # Here to keep the import order acyclic: the routes need the helpers above.
+    from workbench.tinker.routes import checkpoint_routes, sampling_routes
+
+    sampling_routes(app, settings)
+    checkpoint_routes(app, settings)
 
     @app.on_event("startup")
     async def start_reaper() -> None:
@@ -273,10 +281,7 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
     async def optim_step(request: Request) -> dict:
         document = await _json(request)
         model = _model(app, document.get("model_id"))
-        params = document.get("adam_params") or document.get("optim_params") or {}
-        adam = tw.AdamParams(
-            **{k: float(params[k]) for k in tw.AdamParams.__dataclass_fields__ if k in params}
-        )
+        adam = adam_params(document.get("adam_params") or document.get("optim_params") or {})
         work = tw.WorkRequest(seq=0, op="optim_step", adam=adam)
         answer = lambda result: Answer(body={"type": "optim_step", "metrics": result.metrics})  # noqa: E731
         return {"request_id": _submit(app, model, document.get("seq_id"), work, {}, answer)}
@@ -292,13 +297,13 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request) -> dict:
         document = await _json(request)
-        model = _model(app, document.get("model_id"))
         directory = _checkpoint_from_path(models, _field(document, "path"))
+        with_optimizer = bool(document.get("optimizer"))
+        if document.get("model_id") is None and document.get("session_id") is not None:
+            return {"request_id": _model_from_state(app, settings, document, directory)}
+        model = _model(app, document.get("model_id"))
         work = tw.WorkRequest(
-            seq=0,
-            op="load_state",
-            path=str(directory),
-            with_optimizer=bool(document.get("optimizer")),
+            seq=0, op="load_state", path=str(directory), with_optimizer=with_optimizer
         )
         answer = lambda result: Answer(body={"type": "load_weights", "path": document["path"]})  # noqa: E731
         return {"request_id": _submit(app, model, document.get("seq_id"), work, {}, answer)}
@@ -324,6 +329,13 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
                 return _answer_response(answer)
             await asyncio.sleep(0.05)
         return JSONResponse(try_again(request_id))
+
+
+def adam_params(params: dict[str, Any]) -> tw.AdamParams:
+    """The SDK's AdamParams (`learning_rate`, ...) as the work item's (`lr`, ...)."""
+    given = {("lr" if k == "learning_rate" else k): v for k, v in params.items()}
+    fields = tw.AdamParams.__dataclass_fields__
+    return tw.AdamParams(**{k: float(v) for k, v in given.items() if k in fields})
 
 
 def _datum_tensors(body: wire.ForwardBackwardBody) -> dict[str, np.ndarray]:
@@ -368,42 +380,79 @@ def _submit(
 
 
 async def _save(app: FastAPI, request: Request, op: str, kind: str) -> dict:
+    """save_weights / save_weights_for_sampler: a new tinker:// path of the model, written by
+    the trainer. A sampler save without a name (`save_weights_and_get_sampling_client`)
+    also makes a sampling session pinned to it, named in the answer."""
     document = await _json(request)
     model = _model(app, document.get("model_id"))
     name = document.get("path") or f"seq{document.get('seq_id')}"
-    if not isinstance(name, str) or "/" in name or name.startswith("."):
+    if not ckpt.valid_name(name):
         raise TinkerError(400, f"checkpoint name {name!r}: a plain name, without '/'")
-    directory = tw.tinker_dir(model.run) / kind / name
-    if directory.exists():
+    path = ckpt.TinkerPath(model.model_id, kind, name)
+    known = model.request_ids.get(document.get("seq_id"))  # a retry: answered as the first
+    if known is None and (
+        ckpt.directory(model.run, path).exists() or ckpt.is_deleted(model.run, path)
+    ):
         raise TinkerError(
-            409,
-            f"tinker://{model.model_id}/{kind}/{name} exists; tinker:// paths never change: pick another name",
+            409, f"{path} exists or existed; tinker:// paths never change: pick another name"
         )
-    work = tw.WorkRequest(seq=0, op=op, path=str(directory), with_optimizer=op == "save_state")
-    path = f"tinker://{model.model_id}/{kind}/{name}"
-
-    def answer(result):
-        return Answer(
-            body={
-                "type": "save_weights" if op == "save_state" else "save_weights_for_sampler",
-                "path": path,
-            }
+    work = tw.WorkRequest(
+        seq=0, op=op, path=str(ckpt.directory(model.run, path)), with_optimizer=op == "save_state"
+    )
+    body: dict[str, Any] = {
+        "type": "save_weights" if op == "save_state" else "save_weights_for_sampler",
+        "path": str(path),
+    }
+    session_seq = document.get("sampling_session_seq_id")
+    if op == "save_weights_for_sampler" and isinstance(session_seq, int):
+        sampler_id = f"{model.session_id}:sample:{session_seq}"
+        app.state.samplers.add(Sampler(sampler_id, app.state.settings.base_model, model.run, path))
+        body["sampling_session_id"] = sampler_id
+    return {
+        "request_id": _submit(
+            app, model, document.get("seq_id"), work, {}, lambda result: Answer(body=body)
         )
+    }
 
-    return {"request_id": _submit(app, model, document.get("seq_id"), work, {}, answer)}
+
+def _model_from_state(
+    app: FastAPI, settings: ServiceSettings, document: dict, directory: Path
+) -> str:
+    """create_training_client_from_state: a new model of the checkpoint's rank whose first
+    work item (seq 0, before the client's first seq_id 1) loads it."""
+    session_id = _field(document, "session_id")
+    if app.state.sessions.get(session_id) is None:
+        raise TinkerError(404, f"unknown session {session_id!r}")
+    source = app.state.models.get(ckpt.parse(document["path"]).model_id)
+    model = app.state.models.create(
+        session_id, _field(document, "model_seq_id", int), source.rank, None
+    )
+    app.state.sessions.get(session_id).model_ids.append(model.model_id)
+    futures: FutureStore = app.state.futures
+    with app.state.models.lock:
+        if 0 not in model.request_ids:
+            work = tw.WorkRequest(
+                seq=0,
+                op="load_state",
+                path=str(directory),
+                with_optimizer=bool(document.get("optimizer")),
+            )
+            tw.write_request(model.run, work)
+            answer = lambda result: Answer(  # noqa: E731
+                body={"type": "load_weights", "path": document["path"], "model_id": model.model_id}
+            )
+            model.request_ids[0] = futures.pending(_work_answer(model, 0, answer))
+    log.info("%s: model %s from %s", model.run.name, model.model_id, document["path"])
+    return model.request_ids[0]
 
 
 def _checkpoint_from_path(models: Models, path: str) -> Path:
     """`tinker://<model_id>/<kind>/<name>` -> its directory in the model's run."""
-    prefix = "tinker://"
-    parts = path[len(prefix) :].split("/") if path.startswith(prefix) else []
-    if len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
-        raise TinkerError(400, f"{path!r} is not a tinker://<model id>/weights/<name> path")
-    model = models.get(parts[0])
-    directory = None if model is None else tw.tinker_dir(model.run) / parts[1] / parts[2]
-    if directory is None or not directory.is_dir():
-        raise TinkerError(404, f"no checkpoint at {path}")
-    return directory
+    parsed = ckpt.parse(path)
+    model = models.get(parsed.model_id)
+    if model is None:
+        raise TinkerError(404, f"no checkpoint at {path}: no model {parsed.model_id} here")
+    return ckpt.existing(model.run, parsed)
 
 
 def _answer_response(answer: Answer) -> Response:

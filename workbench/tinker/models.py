@@ -40,7 +40,7 @@ def orch_toml(rank: int, seed: int | None) -> str:
 class Models:
     def __init__(self, experiment: Path):
         self.experiment = experiment
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._models: dict[str, TinkerModel] = {}
 
     def create(
@@ -57,6 +57,11 @@ class Models:
             model = TinkerModel(model_id, session_id, run, rank)
             self._models[model_id] = model
             return model
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while a model's request ids and work items change."""
+        return self._lock
 
     def get(self, model_id: str) -> TinkerModel | None:
         with self._lock:

@@ -150,3 +150,21 @@ def forward_backward_output(
         field_.offsets = offsets.tobytes()
         field_.dtype = pb.DTYPE_FLOAT32
     return message.SerializeToString()
+
+
+def sample_response(
+    sequences: list[tuple[list[int], list[float], str]], prompt_logprobs: np.ndarray | None
+) -> bytes:
+    """The SDK's proto `SampleResponse` (it takes no JSON for it): per sequence its tokens
+    (int32), their logprobs (float32) and "stop" or "length"; the prompt's logprobs
+    (float32, NaN where none was computed) when asked."""
+    message = pb.SampleResponse()
+    for tokens, logprobs, stop_reason in sequences:
+        message.sequences.add(
+            stop_reason=pb.STOP_REASON_LENGTH if stop_reason == "length" else pb.STOP_REASON_STOP,
+            tokens=np.asarray(tokens, dtype=np.int32).tobytes(),
+            logprobs=np.asarray(logprobs, dtype=np.float32).tobytes(),
+        )
+    if prompt_logprobs is not None:
+        message.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
+    return message.SerializeToString()
