@@ -15,7 +15,8 @@ from tests.trainer.builders import (
     packed_logits,
     tiny_llama,
 )
-from workbench.trainer.rl.loss import compute_logprobs, compute_rl_loss
+from workbench.trainer.compute.lm_head import compute_logprobs
+from workbench.trainer.rl.loss import compute_rl_loss
 
 PROMPT_TOKENS = 2
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from workbench.config import DefaultLoss
-from workbench.trainer.rl.loss import compute_logprobs, compute_rl_loss
+from workbench.trainer.compute.lm_head import compute_logprobs
+from workbench.trainer.rl.loss import compute_rl_loss
 
 NO_KL = DefaultLoss(kl_coef=0.0)
 

@@ -17,7 +17,7 @@ from workbench.config import PROMPT_SHARING_ATTENTION, TrainerSection
 from workbench.trainer.compute import attention, lm_head
 from workbench.trainer.compute.attention import PackedSequences
 from workbench.trainer.compute.attention_choice import AttentionRuntime, available_attention_paths
-from workbench.trainer.compute.lm_head import chunked_token_logprobs
+from workbench.trainer.compute.lm_head import chunked_token_logprobs, compute_logprobs
 from workbench.trainer.compute.model import (
     apply_activation_checkpointing,
     decoder_layers,
@@ -25,7 +25,6 @@ from workbench.trainer.compute.model import (
     prepare_model,
 )
 from workbench.trainer.lora.layer import set_lora_num_tokens
-from workbench.trainer.rl.loss import compute_logprobs
 from workbench.trainer.row_threads import torch_threads
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

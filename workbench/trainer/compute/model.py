@@ -27,9 +27,12 @@ from workbench.trainer.compute.attention import (
     use_packed_attention,
 )
 from workbench.trainer.compute.attention_choice import AttentionRuntime, resolve_attention
-from workbench.trainer.compute.lm_head import chunkable_lm_head, chunked_token_logprobs
+from workbench.trainer.compute.lm_head import (
+    chunkable_lm_head,
+    chunked_token_logprobs,
+    compute_logprobs,
+)
 from workbench.trainer.lora.layer import LoRARouting, find_lora_routing
-from workbench.trainer.rl.loss import compute_logprobs
 from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The RL loss over a packed multi-run micro-batch, and token log-probabilities.
+"""The RL loss over a packed multi-run micro-batch.
 
 Each run's tokens go to its own policy loss (`loss.kind`, `workbench.trainer.losses`),
 which gives each token's term; a KL term to the base model is added for runs that ask
@@ -397,78 +397,3 @@ def _denominators(
                 )
             values.append(tokens.new_tensor(float(constant)))
     return torch.stack(values)
-
-
-# ---------------------------------------------------------------------------- log-probs
-
-
-def compute_logprobs(
-    logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
-) -> torch.Tensor:
-    """log p(input_ids[t] | tokens before t) in float32, aligned with `input_ids`.
-
-    `logits` [B, T, V] (or [T, V]) are the model's outputs for `input_ids` [B, T] (or [T]);
-    the value at position 0 (no prediction for it) is 0, as is, in a packed row, the value
-    at the first token of each sample (it is predicted from the previous sample); keep
-    those out of the loss mask (they are prompt tokens). Computed `chunk_size` positions
-    at a time, forward and backward, so at most one chunk of float32 vocabulary-wide
-    values exists besides the logits and their gradient.
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
-    squeeze = logits.ndim == 2
-    if squeeze:
-        logits, input_ids = logits.unsqueeze(0), input_ids.unsqueeze(0)
-    batch, seq_len, vocab = logits.shape
-    if tuple(input_ids.shape) != (batch, seq_len):
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)} do not match logits {tuple(logits.shape)}"
-        )
-    # Position t predicts token t + 1; the last position predicts nothing we have, so its
-    # target is a dummy 0 and its result is shifted out below.
-    targets = torch.cat([input_ids[:, 1:], input_ids.new_zeros(batch, 1)], dim=1)
-    next_token_logprobs = _SelectedLogSoftmax.apply(
-        logits.reshape(batch * seq_len, vocab), targets.reshape(-1), temperature, chunk_size
-    ).view(batch, seq_len)
-    result = torch.cat(
-        [next_token_logprobs.new_zeros(batch, 1), next_token_logprobs[:, :-1]], dim=1
-    )
-    return result.squeeze(0) if squeeze else result
-
-
-class _SelectedLogSoftmax(torch.autograd.Function):
-    """log_softmax(logits / T)[target] per row, chunked; backward recomputes the softmax.
-
-    Saves only the logits (alive anyway as the model's output) and one logsumexp per row,
-    instead of autograd's float32 copy of the whole [rows, vocab] log-softmax.
-    """
-
-    @staticmethod
-    def forward(ctx, logits, targets, temperature, chunk_size):  # type: ignore[override]
-        out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-        logsumexp = torch.empty_like(out)
-        for start in range(0, logits.shape[0], chunk_size):
-            rows = slice(start, start + chunk_size)
-            scaled = logits[rows].float() / temperature
-            logsumexp[rows] = torch.logsumexp(scaled, dim=-1)
-            out[rows] = scaled.gather(-1, targets[rows, None]).squeeze(-1) - logsumexp[rows]
-        ctx.save_for_backward(logits, targets, logsumexp)
-        ctx.temperature = temperature
-        ctx.chunk_size = chunk_size
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
-        logits, targets, logsumexp = ctx.saved_tensors
-        grad_logits = torch.empty_like(logits)
-        for start in range(0, logits.shape[0], ctx.chunk_size):
-            rows = slice(start, start + ctx.chunk_size)
-            grad = grad_out[rows, None].float()
-            probs = torch.exp(logits[rows].float() / ctx.temperature - logsumexp[rows, None])
-            chunk_grad = -probs * grad
-            chunk_grad.scatter_add_(-1, targets[rows, None], grad)
-            grad_logits[rows] = (chunk_grad / ctx.temperature).to(grad_logits.dtype)
-        return grad_logits, None, None, None
