@@ -135,7 +135,7 @@ def greedy(sampler) -> list[int]:
 
 @pytest.mark.slow
 def test_the_base_model_samples_reproducibly_with_a_seed_num_samples_and_stop(client, vllm):
-    sampler = client.create_sampling_client(base_model=BASE)
+    sampler = client.create_sampling_client(base_model=BASE).result(timeout=60)
     params = tinker.types.SamplingParams(max_tokens=12, temperature=1.0, seed=11)
     first = sampler.sample(prompt(), 3, params).result(timeout=300)
     again = sampler.sample(prompt(), 3, params).result(timeout=300)
@@ -163,7 +163,7 @@ def test_the_base_model_samples_reproducibly_with_a_seed_num_samples_and_stop(cl
 
 @pytest.mark.slow
 def test_prompt_logprobs_come_with_a_sample_and_from_compute_logprobs(client, vllm):
-    sampler = client.create_sampling_client(base_model=BASE)
+    sampler = client.create_sampling_client(base_model=BASE).result(timeout=60)
     params = tinker.types.SamplingParams(max_tokens=1, temperature=1.0, seed=1)
     result = sampler.sample(prompt(), 1, params, include_prompt_logprobs=True).result(timeout=300)
     logprobs = result.prompt_logprobs
@@ -186,7 +186,7 @@ def test_a_sampler_keeps_the_weights_it_was_made_from_after_a_later_publish(
     future = training.save_weights_and_get_sampling_client()
     publish_adapter(experiment, model_dir, seed=2)
     second = future.result(timeout=120)
-    base = greedy(client.create_sampling_client(base_model=BASE))
+    base = greedy(client.create_sampling_client(base_model=BASE).result(timeout=60))
     # Three different models (the adapters are strong enough to change greedy output) ...
     assert len({tuple(first_tokens), tuple(greedy(second)), tuple(base)}) == 3
     # ... and the first sampler still samples the first version.
@@ -202,7 +202,7 @@ def test_checkpoints_listed_described_and_deleted_then_sampling_them_is_a_4xx(
     publish_adapter(experiment, model_dir, seed=3)
     path = save.result(timeout=60).path
     assert path == f"tinker://{training.model_id}/sampler_weights/keep"
-    sampler = client.create_sampling_client(model_path=path)
+    sampler = client.create_sampling_client(model_path=path).result(timeout=60)
     assert greedy(sampler)
     listed = rest.list_checkpoints(training.model_id).result(timeout=60).checkpoints
     assert [(c.tinker_path, c.checkpoint_type) for c in listed] == [(path, "sampler")]
@@ -243,3 +243,16 @@ def test_a_training_client_from_state_loads_it_as_its_first_work_item(client, re
     assert restored.get_info().lora_rank == 2
     info = rest.get_weights_info_by_tinker_path(path).result(timeout=60)
     assert info.lora_rank == 2
+
+
+def test_token_ids_outside_the_vocabulary_or_unserved_options_are_a_400(client):
+    sampler = client.create_sampling_client(base_model=BASE).result(timeout=60)
+    params = tinker.types.SamplingParams(max_tokens=2)
+    outside = tinker.types.ModelInput.from_ints([5, 100_000])
+    with pytest.raises(tinker.APIStatusError, match="outside the vocabulary") as refused:
+        sampler.sample(outside, 1, params).result(timeout=60)
+    assert refused.value.status_code == 400
+    with pytest.raises(tinker.APIStatusError, match="topk_prompt_logprobs"):
+        sampler.sample(prompt(), 1, params, topk_prompt_logprobs=3).result(timeout=60)
+    with pytest.raises(tinker.APIStatusError, match="not served here"):
+        client.create_sampling_client(base_model="Qwen/Qwen3-8B").result(timeout=60)

@@ -5,13 +5,17 @@ deleted."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import secrets
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from workbench.inference.client import InferenceError
 from workbench.tinker import checkpoints as ckpt
 from workbench.tinker.app import ServiceSettings, TinkerError, _field, _json
 from workbench.tinker.futures import Answer, FutureStore
@@ -54,6 +58,11 @@ def sampling_routes(app: FastAPI, settings: ServiceSettings) -> None:
         if key[1] is not None and key in submitted:
             return submitted[key]
         job = parse_job(document)
+        vocab = vocab_size(settings.tokenizer_dir)
+        if vocab is not None and max(job.tokens) >= vocab:
+            raise TinkerError(
+                400, f"prompt token {max(job.tokens)} is outside the vocabulary (0..{vocab - 1})"
+            )
         future = samplers.submit(sampler, job)
         request_id = futures.pending(lambda: _sample_answer(future))
         ids = [f"{sampler.sampler_id}:{key[1]}:{i}" for i in range(job.num_samples)]
@@ -89,6 +98,15 @@ def _pinned(app: FastAPI, settings: ServiceSettings, sampler_id: str, document: 
     return Sampler(sampler_id, settings.base_model, model.run, path)
 
 
+@functools.cache
+def vocab_size(model_dir: str) -> int | None:
+    """The served model's vocabulary size (its config.json), None where it cannot be read."""
+    try:
+        return int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _sample_answer(future) -> Answer | None:
     if not future.done():
         return None
@@ -97,6 +115,8 @@ def _sample_answer(future) -> Answer | None:
         return Answer(proto=future.result())
     if isinstance(error, SamplingError | ckpt.CheckpointError):
         return Answer(error=error.message)
+    if isinstance(error, InferenceError):  # vLLM refused what the client asked
+        return Answer(error=f"vLLM refused the sample: {error}")
     return Answer(error=f"sampling failed: {error}", category="server")
 
 
