@@ -217,8 +217,9 @@ def test_checkpoints_listed_described_and_deleted_then_sampling_them_is_a_4xx(
     with pytest.raises(tinker.APIStatusError, match="was deleted"):
         client.create_sampling_client(model_path=path).result(timeout=60)
     # The path stays taken: a save under its name would give it a second content.
-    with pytest.raises(Exception, match="never change"):
+    with pytest.raises(tinker.APIStatusError, match="never change") as taken:
         training.save_weights_for_sampler("keep").result(timeout=30)
+    assert taken.value.status_code == 400
 
 
 def test_a_training_client_from_state_loads_it_as_its_first_work_item(client, rest, experiment):

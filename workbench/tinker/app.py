@@ -394,7 +394,9 @@ async def _save(app: FastAPI, request: Request, op: str, kind: str) -> dict:
         ckpt.directory(model.run, path).exists() or ckpt.is_deleted(model.run, path)
     ):
         raise TinkerError(
-            409, f"{path} exists or existed; tinker:// paths never change: pick another name"
+            # Not 409: the SDK retries a 409, and this one never resolves by waiting.
+            400,
+            f"{path} exists or existed; tinker:// paths never change: pick another name",
         )
     work = tw.WorkRequest(
         seq=0, op=op, path=str(ckpt.directory(model.run, path)), with_optimizer=op == "save_state"
