@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.bench import separate
+from workbench.bench import separate, separate_setup
 from workbench.bench.seed_control import (
     OUTCOME_STEPS,
     control_run_id,
@@ -140,6 +140,7 @@ def test_the_benchmark_runs_the_control_for_split_runs_and_judges_by_it(
         }  # fmt: skip
 
     monkeypatch.setattr(separate, "run_setup", fake_run_setup)
+    monkeypatch.setattr(separate_setup, "run_setup", fake_run_setup)  # as seed_control calls it
     monkeypatch.setattr(results, "RESULTS_DIR", tmp_path / "results")
     report = separate.run_separate_benchmark(RECIPE, runs=1, max_steps=3, at_once=False)
     assert ran == [

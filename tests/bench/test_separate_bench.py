@@ -12,16 +12,8 @@ from pathlib import Path
 import pytest
 
 from workbench.bench.process_trees import TreeSampler, role_of, tree_members
-from workbench.bench.separate import (
-    SeparateBenchError,
-    at_once_plan,
-    compare_curves,
-    curves_pass,
-    run_id_for,
-    speedups,
-    verdict_of,
-    write_recipes,
-)
+from workbench.bench.separate import at_once_plan, compare_curves, curves_pass, speedups, verdict_of
+from workbench.bench.separate_setup import SeparateBenchError, run_id_for, write_recipes
 from workbench.recipe import load_recipe
 from workbench.system.procfs import all_stats
 

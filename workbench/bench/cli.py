@@ -599,7 +599,8 @@ def _e2e_vs_separate(
     separate: bool,
     seed_control: bool,
 ) -> None:
-    from workbench.bench.separate import SeparateBenchError, run_separate_benchmark
+    from workbench.bench.separate import run_separate_benchmark
+    from workbench.bench.separate_setup import SeparateBenchError
 
     if vs != "separate":
         raise typer.BadParameter(f"compare with: separate, not {vs!r}", param_hint="--vs")

@@ -30,8 +30,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from workbench.bench import separate
-from workbench.bench.separate import (
+from workbench.bench import separate_setup as separate
+from workbench.bench.separate_setup import (
     CURVE_TOLERANCE,
     LEARNING_RATES,
     BenchRun,
