@@ -1,5 +1,5 @@
 """Advantage estimators per run, against hand-computed values from the reference's formulas
-(../shared/reference/rl-algorithms.md, section 4)."""
+(RLOO, GRPO's and REINFORCE++'s, as verl's `core_algos.py` computes them), written out here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Every loss kind and aggregation against its formula from the reference, written out here
-(../shared/reference/rl-algorithms.md) rather than by calling the implementation: per-token
-loss and gradient on random log-probs, advantages and masks, ratios that overflow included."""
+"""Every loss kind and aggregation against its formula from its source (verl's
+`core_algos.py`, the GSPO and CISPO papers, prime-rl's loss), written out here rather than by
+calling the implementation: per-token loss and gradient on random log-probs, advantages and
+masks, ratios that overflow included."""
 
 from __future__ import annotations
 

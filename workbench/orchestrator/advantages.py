@@ -2,7 +2,9 @@
 
 The default (`group_advantages`) is Dr. GRPO's and prime-rl's: the reward minus its
 group's mean. `compute_advantages` adds the other estimators a run may choose
-(`advantage.baseline`, `advantage.scale`, ../shared/reference/rl-algorithms.md, section 4):
+(`advantage.baseline`, `advantage.scale`; verl's `core_algos.py`:
+`compute_rloo_outcome_advantage`, `compute_grpo_outcome_advantage`,
+`compute_reinforce_plus_plus_baseline_outcome_advantage`):
 
 - baseline `leave_one_out` (RLOO): `R_i - sum_{j != i} R_j / (G - 1)`;
 - scale `group_std` (GRPO, verl): divided by the group's std + eps (unbiased std, as

@@ -1,6 +1,6 @@
 """The built-in policy losses, one function each, with the formulas they implement.
 
-Notation (../shared/reference/rl-algorithms.md, section 0): per token, `lp` the trainer's
+Notation (as in docs/guides/algorithms.md): per token, `lp` the trainer's
 log-prob (carries the gradient), `lp_s` the sampler's, `r = exp(lp - lp_s)`, `A` the
 advantage, `sg` stop-gradient. Each returns its per-token term; `compute_rl_loss` keeps the
 loss tokens and aggregates per run. Knobs are the fields of the run's kind's class
