@@ -66,3 +66,22 @@ def test_no_module_or_page_cites_a_file_outside_the_repository():
         if outside.search(line)
     ]
     assert not citing, f"cites a file outside the repository: {citing}"
+
+
+def test_every_package_docstring_names_what_is_in_it():
+    """A package's docstring is its table of contents: each module and sub-package by name
+    (the package root, `workbench/__init__.py`, is the architecture page's job)."""
+    import ast
+
+    unnamed = {}
+    for init in sorted((REPO / "workbench").rglob("__init__.py")):
+        package = init.parent
+        if package == REPO / "workbench":
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        parts = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+        parts |= {d.name for d in package.iterdir() if (d / "__init__.py").exists()}
+        missing = sorted(n for n in parts if not re.search(rf"(?<!\w){re.escape(n)}(?!\w)", doc))
+        if missing:
+            unnamed[str(package.relative_to(REPO))] = missing
+    assert not unnamed, f"package docstrings that leave out modules: {unnamed}"

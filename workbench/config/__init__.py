@@ -15,7 +15,8 @@ trainer and orchestrators import it. Every name is re-exported here, so callers 
 - `trainer`: the `[trainer]` section and what the supervisor hands the trainer;
 - `tracking`: the `[tracking]` section;
 - `alerts`: the `[alerts]` section;
-- `slurm`: the `[slurm]` section, which only `workbench slurm` reads.
+- `slurm`: the `[slurm]` section, which only `workbench slurm` reads;
+- `user_code`: importing a loss or an environment the recipe names as `package.module:name`.
 
 The recipe itself, its `[[runs]]` and its `[sweep]` are assembled in `workbench.recipe`.
 """

@@ -11,6 +11,11 @@ A verifiers environment runs in a process of its own (`verifiers_env`, `verifier
 (`external.ExternalEpisodes`). `episode`
 holds `Episode`, what every environment's episodes are made of; `checks` builds a run's
 environment once and says why it cannot be built, for preflight and the orchestrator.
+
+`base` is the interface; `registry` finds an environment by name; `multi_turn` the
+several-turn kind; `splits` which tasks are held out; `answers` pulls an answer out of a
+completion and compares it; `data_files` reads JSON Lines, CSV or Parquet for `dataset`;
+`verifiers_versions` the verifiers releases that process was tested against.
 """
 
 from workbench.envs.base import (

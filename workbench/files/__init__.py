@@ -1,5 +1,8 @@
 """The experiment directory's files: the contracts between the processes.
 
-`layout` says where each file lives; the other modules own one format each (metrics,
-rollouts, run control, samples, the busy file, the experiment's changes, the inference
-endpoint), written atomically by one process and read by the others."""
+`layout` says where each file lives; the other modules own one format each, written
+atomically by one process and read by the others: `metrics`, `rollouts`, `run_control` (a
+run's control files and condition), `samples`, `busy`, `experiment_changes` (which runs
+changed since the last look), `endpoint` (where the server listens), `nodes` (the
+trainer's joined nodes), `alerts` (`alerts.jsonl`) and `tinker_work` (a Tinker client's
+work items for the trainer and their results)."""

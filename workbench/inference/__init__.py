@@ -10,6 +10,9 @@
   `vllm_plugin`, which vLLM loads in each of its processes and which installs it in a server
   workbench starts; `seeded_sampling`, seeded sampling kept when a prefill is split;
   `eager_ranks`, the sampled tokens' ranks counted without a kernel compiled at startup;
+  `token_id_logprobs`, log-probs without token strings for the requests that ask so;
+  `engine_fork`, on a small CPU machine the engine core forked from the API server rather
+  than spawned;
 - `engine_version`: the vLLM release those patches were tested against, checked at start;
 - `engine_errors`: what killed vLLM's engine, read from the server's log.
 """

@@ -5,6 +5,11 @@
 
 The builders (`workbench.trainer.sft.tiny_reverse`, which trains with the SFT trainer) are
 imported only when a builtin model is asked for.
+
+`resolve` turns `[model] base` into a path; `shipped` verifies and copies the weights that
+ship in `weights/`; `build_progress` tells how far a build has come; `char_tokenizer` is
+the builtin models' tokenizer; `hub` whether a hub id loads here; `adapters` reads a peft
+adapter a run starts from (`lora.init_from`).
 """
 
 from workbench.models.resolve import (

@@ -13,6 +13,10 @@
 - `client`: `SupervisorClient` for the CLI and the TUI.
 - `join`: another node's share of the trainer, joined to an experiment started elsewhere.
 - `preflight`: what can be found wrong with a recipe or a run to add before anything starts.
+- `devices`: which GPUs run vLLM and which the trainer, checked against the machine.
+- `slots`: how many runs fit at once (`max_concurrent_runs = "auto"`), from memory.
+- `fork`: a new run from a checkpoint another run keeps (`workbench runs fork`, PBT).
+- `__main__`: `python -m workbench.supervisor --experiment DIR`, the daemon's entry.
 
 Processes are read from /proc through `workbench.system.procfs`. The stand-in plan that tests and
 benchmarks run in place of the real children is `workbench.testing.standins`.

@@ -1,4 +1,5 @@
-"""Sweeps: a recipe's `[sweep]` table expanded into runs, early stopping (ASHA), reports.
+"""Sweeps: a recipe's `[sweep]` table expanded into runs, early stopping (ASHA) or
+population-based training (PBT), reports.
 
 The recipe loader (`workbench.recipe`) calls `expand.plan_sweep` once per load and keeps
 the runs; nothing in this package imports the recipe back.
@@ -11,7 +12,12 @@ the runs; nothing in this package imports the recipe back.
 - `files`: `sweep/plan.json` and `sweep/asha.json` in the experiment directory.
 - `asha`: the pure early-stopping decision at each rung.
 - `scheduler`: the supervisor's component that follows each run's metrics and evicts.
+- `pbt`, `pbt_checks`, `pbt_scheduler`: population-based training's pure decisions, what
+  it needs of the recipe, and the supervisor's component that forks and evicts.
+- `schedulers`: the scheduler a `[sweep.scheduler]` names (ASHA or PBT), started for the
+  supervisor.
 - `fit`, `report`: a sigmoid fit of each run's eval curve; the runs ranked once they ran.
+- `compare`: runs of several experiments ranked together (`workbench compare`).
 - `compare`: the runs of several experiments ranked (and drawn) together, by base model
   and environment.
 """

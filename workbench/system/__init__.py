@@ -1,5 +1,8 @@
-"""Operating-system helpers: clocks, /proc, process priorities, free ports, a child's
-lifeline to its parent, the small-machine check, file tails, file-change signatures and a
-directory tree's file events (watchdog, `tree_events`).
+"""Operating-system helpers, one idea a module: `clock` (UTC timestamps, durations),
+`procfs` (processes and memory from /proc), `priority` (batch priorities), `ports`
+(free ports, the interface that reaches a host), `lifeline` (a child's tie to its parent),
+`signals` (SIGTERM taken as Ctrl-C), `small_machine` (at most two CPUs), `gpus`,
+`file_tail`, `file_change` (signatures), `tree_events` (a directory tree's file events,
+watchdog), `polling` (waiting for another process) and `console` (tables whole when piped).
 
 Nothing here knows an experiment; everything else may use it."""

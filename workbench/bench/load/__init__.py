@@ -6,4 +6,5 @@
 - `checks`: what must hold afterwards, as pure reads of the experiment's files.
 - `keys`: the TUI attached to the experiment, keys pressed and key-to-screen latency timed.
 - `runner`: one benchmark run from `up` to `down`, the JSON and the table.
+- `stalls`: where a slow key's or poll's time went, in the TUI's own process.
 """

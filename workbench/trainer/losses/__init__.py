@@ -10,6 +10,9 @@ run's config as `loss.kind = "package.module:my_loss"` (its arguments in `loss.a
 make it built in with `@register_loss("my_loss")` in `builtin.py` and a class of its knobs
 in `workbench/config/loss.py` (the config refuses a kind or a knob it does not know, before
 launch).
+
+`inputs` holds `LossInputs` and `TokenLoss`; `builtin` the built-in losses; `kl` the KL
+estimators to the base model; `admission` tries a run's loss once before it gets a slot.
 """
 
 from __future__ import annotations

@@ -1,1 +1,3 @@
-"""Screens of the TUI: the main screen, a run's detail, and the dialogs."""
+"""Screens of the TUI: the main screen (`main`), a run's detail (`run_detail`), its
+curves (`curves`) and samples (`samples`), experiments compared (`compare`), the
+`leaderboard`, the `alerts` list, `help`, and the dialogs (`add_run`, `evict`, `confirm`)."""
