@@ -74,35 +74,68 @@ app = typer.Typer(
 )
 PRINTED = Report(say=say, warn=warn)
 
+# The options of `up` and `join`, named once so each signature reads as its parameters.
+RecipeArg = Annotated[
+    Path, typer.Argument(help="Recipe TOML file, e.g. recipes/reverse_text.toml.")
+]
+HeadlessOption = Annotated[
+    bool,
+    typer.Option(
+        help="No TUI: print one line per change and exit when every run is done, with "
+        "status 0 if every run finished and 1 otherwise (scripts, CI)."
+    ),
+]
+DetachOption = Annotated[
+    bool,
+    typer.Option(help="Start everything and return at once; `workbench attach` later."),
+]
+MaxStepsOption = Annotated[
+    int | None,
+    typer.Option(min=1, help="Override \\[defaults] max_steps for every run."),
+]
+DryRunOption = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Check the recipe and print its runs (a sweep expanded, in the order they "
+        "get trainer slots) without writing or starting anything.",
+    ),
+]
+SharedExperimentArg = Annotated[
+    Path,
+    typer.Argument(
+        help="The experiment directory, on a filesystem every node shares, at the same "
+        "path as on node 0."
+    ),
+]
+NodeRankOption = Annotated[
+    int, typer.Option(min=1, help="This node's rank: 1 to \\[trainer] nnodes - 1.")
+]
+InterfaceOption = Annotated[
+    str | None,
+    typer.Option(
+        help="This node's network interface for gloo and nccl (default: the one this "
+        "node reaches node 0's rendezvous address through).",
+        show_default=False,
+    ),
+]
+WaitOption = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="Wait up to this many seconds for node 0's supervisor to start (a node "
+        "started with node 0, as in a Slurm job); 0: it must run already.",
+    ),
+]
+
 
 @app.command()
 def up(
-    recipe: Annotated[
-        Path, typer.Argument(help="Recipe TOML file, e.g. recipes/reverse_text.toml.")
-    ],
-    headless: Annotated[
-        bool,
-        typer.Option(
-            help="No TUI: print one line per change and exit when every run is done, with "
-            "status 0 if every run finished and 1 otherwise (scripts, CI)."
-        ),
-    ] = False,
-    detach: Annotated[
-        bool,
-        typer.Option(help="Start everything and return at once; `workbench attach` later."),
-    ] = False,
-    max_steps: Annotated[
-        int | None,
-        typer.Option(min=1, help="Override \\[defaults] max_steps for every run."),
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="Check the recipe and print its runs (a sweep expanded, in the order they "
-            "get trainer slots) without writing or starting anything.",
-        ),
-    ] = False,
+    recipe: RecipeArg,
+    headless: HeadlessOption = False,
+    detach: DetachOption = False,
+    max_steps: MaxStepsOption = None,
+    dry_run: DryRunOption = False,
 ) -> None:
     """Start an experiment from RECIPE: its directory, the supervisor and every process.
 
@@ -131,13 +164,7 @@ def up(
     against what each has), and nothing is written or started; `workbench sweep plan RECIPE` prints the runs too.
     """
     if dry_run:
-        _, resolved = recipe_or_fail(recipe, max_steps)
-        print_run_plan(recipe, resolved, as_json=False)
-        say(recipe_devices(resolved, detect_gpu_count())[1])
-        for line in resolved.slot_arithmetic:
-            say(line)
-        say(recipe_rendezvous(resolved).describe())
-        say("nothing was written or started (--dry-run)")
+        _print_dry_run(recipe, max_steps)
         return
     try:
         status = launch_experiment(
@@ -264,32 +291,10 @@ def down(
 
 @app.command()
 def join(
-    experiment: Annotated[
-        Path,
-        typer.Argument(
-            help="The experiment directory, on a filesystem every node shares, at the same "
-            "path as on node 0."
-        ),
-    ],
-    node_rank: Annotated[
-        int, typer.Option(min=1, help="This node's rank: 1 to \\[trainer] nnodes - 1.")
-    ],
-    interface: Annotated[
-        str | None,
-        typer.Option(
-            help="This node's network interface for gloo and nccl (default: the one this "
-            "node reaches node 0's rendezvous address through).",
-            show_default=False,
-        ),
-    ] = None,
-    wait: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            help="Wait up to this many seconds for node 0's supervisor to start (a node "
-            "started with node 0, as in a Slurm job); 0: it must run already.",
-        ),
-    ] = 0,
+    experiment: SharedExperimentArg,
+    node_rank: NodeRankOption,
+    interface: InterfaceOption = None,
+    wait: WaitOption = 0,
 ) -> None:
     """Run this machine's share of an experiment's trainer, as one more node.
 
@@ -434,6 +439,17 @@ app.add_typer(env_app, name="env")
 
 
 # ------------------------------------------------------------------ helpers of the commands
+
+
+def _print_dry_run(recipe: Path, max_steps: int | None) -> None:
+    """`up --dry-run`: the runs, the devices, the slot arithmetic and the rendezvous."""
+    _, resolved = recipe_or_fail(recipe, max_steps)
+    print_run_plan(recipe, resolved, as_json=False)
+    say(recipe_devices(resolved, detect_gpu_count())[1])
+    for line in resolved.slot_arithmetic:
+        say(line)
+    say(recipe_rendezvous(resolved).describe())
+    say("nothing was written or started (--dry-run)")
 
 
 def _running_client(experiment: Path) -> SupervisorClient:
