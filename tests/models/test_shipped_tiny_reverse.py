@@ -110,3 +110,36 @@ def test_a_build_from_scratch_records_its_files_and_the_machine_that_made_it(
     verify(target)
     assert info["made_with"]["torch"] and info["made_with"]["processor"]
     assert info["spec"] == small_spec.model_dump(mode="json")
+
+
+def test_a_build_warms_up_on_and_measures_the_environment_its_spec_names(
+    tmp_path: Path, small_spec: TinyReverseSpec, monkeypatch: pytest.MonkeyPatch
+):
+    """The builder is not tied to reverse_text: a counting model (letter_count) is built by
+    the same code, trained and measured on letter_count's prompts."""
+    from rich.console import Console
+
+    import workbench.trainer.sft.train as sft_train
+
+    warmed_up_on = []
+    real_train_sft = sft_train.train_sft
+
+    def recording_train_sft(config, **kwargs):
+        warmed_up_on.append((config.env, config.env_args))
+        return real_train_sft(config, **kwargs)
+
+    monkeypatch.setattr(sft_train, "train_sft", recording_train_sft)
+    spec = small_spec.model_copy(
+        update={"warmup_env": "letter_count", "warmup_env_args": {"max_length": 5}}
+    )
+    target = tmp_path / "built"
+    target.mkdir()
+    TinyReverse("tiny-count", spec).build_from_scratch(
+        target, spec, show_progress=False, console=Console(stderr=True)
+    )
+    assert warmed_up_on == [("letter_count", {"max_length": 5})]
+    # letter_count's lengths (3-5 warming up, its default 3-10 for RL), not reverse_text's.
+    assert set(read_build_info(target)["greedy_reward"]) == {
+        "warmup (3-5 letters)",
+        "rl (3-10 letters)",
+    }

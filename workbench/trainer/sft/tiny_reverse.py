@@ -73,6 +73,9 @@ class TinyReverseSpec(BaseModel):
     warmup_steps: int = Field(150, ge=1, description="SFT steps")
     batch_size: int = 128
     lr: float = 3e-3
+    # The same builder warms up on another built-in environment (a counting model on
+    # letter_count, say); its greedy reward is measured on that environment too.
+    warmup_env: str = Field("reverse_text", description="the built-in environment warmed up on")
     warmup_env_args: dict[str, Any] = Field(
         default_factory=lambda: {"min_length": 3, "max_length": 8}
     )
@@ -173,7 +176,7 @@ class TinyReverse:
                 SFTConfig(
                     model=str(scratch),
                     output_dir=target,
-                    env="reverse_text",
+                    env=spec.warmup_env,
                     env_args=spec.warmup_env_args,
                     steps=spec.warmup_steps,
                     batch_size=spec.batch_size,
@@ -248,8 +251,8 @@ def write_initial_model(directory: Path, spec: TinyReverseSpec) -> None:
 
 
 def measure_rewards(model_dir: Path, spec: TinyReverseSpec) -> dict[str, float]:
-    """Greedy `reverse_text` reward on held-out prompts: the warm-up lengths and the default
-    (RL) lengths."""
+    """Greedy reward of the warm-up environment on held-out prompts: the warm-up lengths and
+    the environment's default (RL) lengths."""
     from workbench.envs import get_environment
     from workbench.trainer.row_threads import torch_threads
     from workbench.trainer.sft.train import evaluate_greedy, load_model
@@ -257,8 +260,8 @@ def measure_rewards(model_dir: Path, spec: TinyReverseSpec) -> dict[str, float]:
     tokenizer, model = load_model(model_dir)
     model.eval()
     distributions = {
-        "warmup": get_environment("reverse_text", **spec.warmup_env_args),
-        "rl": get_environment("reverse_text"),
+        "warmup": get_environment(spec.warmup_env, **spec.warmup_env_args),
+        "rl": get_environment(spec.warmup_env),
     }
     rewards = {}
     with torch_threads(BUILD_THREADS):
