@@ -165,7 +165,7 @@ def _service_routes(app: FastAPI, settings: ServiceSettings) -> None:
 
     @app.get("/api/v1/get_server_capabilities")
     async def capabilities() -> dict:
-        model = {"model_name": settings.base_model, "trainable": True, "sampleable": False}
+        model = {"model_name": settings.base_model, "trainable": True, "sampleable": True}
         return {"supported_models": [model]}
 
     @app.post("/api/v1/create_session")
