@@ -16,6 +16,7 @@ from rich.table import Table
 from workbench.commands.common import (
     EXIT_BAD_INPUT,
     ExperimentArg,
+    JsonOption,
     console,
     experiment_or_fail,
     fail,
@@ -52,7 +53,7 @@ def alerts(
             show_default=False,
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Show the alerts the supervisor raised for an experiment, oldest first.
 

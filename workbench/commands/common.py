@@ -54,6 +54,7 @@ def warn(text: str) -> None:
     err_console.print(escape(text), highlight=False, soft_wrap=True)
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 ExperimentArg = Annotated[
     Path | None,
     typer.Argument(

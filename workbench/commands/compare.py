@@ -10,38 +10,49 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from workbench.commands.common import ExperimentsArg, console, experiments_or_fail, say
+from workbench.commands.common import (
+    ExperimentsArg,
+    JsonOption,
+    console,
+    experiments_or_fail,
+    say,
+)
 from workbench.commands.sweep import describe_fit, evicted_cell, metric_cell
 from workbench.sweep.compare import Comparison, ComparisonGroup, compare_experiments
 from workbench.sweep.values import describe_values
 
+# The options of `compare`, named once so its signature reads as its parameters.
+MetricOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Metric of metrics.jsonl to rank by (default: the one the experiments' "
+        "`sweep report` ranks by when they all agree, else eval_reward_mean).",
+        show_default=False,
+    ),
+]
+ModeOption = Annotated[
+    str | None,
+    typer.Option(
+        help="max: higher is better; min: lower is better (default: the metric's mode "
+        "in the experiments, else max).",
+        show_default=False,
+    ),
+]
+ByOption = Annotated[
+    str,
+    typer.Option(
+        help="last: the metric at each run's last record; asymptote: where a sigmoid "
+        "fit of its curve says it is heading (runs with a reliable fit first)."
+    ),
+]
+
 
 def compare(
     experiments: ExperimentsArg = None,
-    metric: Annotated[
-        str | None,
-        typer.Option(
-            help="Metric of metrics.jsonl to rank by (default: the one the experiments' "
-            "`sweep report` ranks by when they all agree, else eval_reward_mean).",
-            show_default=False,
-        ),
-    ] = None,
-    mode: Annotated[
-        str | None,
-        typer.Option(
-            help="max: higher is better; min: lower is better (default: the metric's mode "
-            "in the experiments, else max).",
-            show_default=False,
-        ),
-    ] = None,
-    by: Annotated[
-        str,
-        typer.Option(
-            help="last: the metric at each run's last record; asymptote: where a sigmoid "
-            "fit of its curve says it is heading (runs with a reliable fit first)."
-        ),
-    ] = "last",
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    metric: MetricOption = None,
+    mode: ModeOption = None,
+    by: ByOption = "last",
+    as_json: JsonOption = False,
 ) -> None:
     """Rank the runs of several experiments together, as `sweep report` ranks one's.
 

@@ -30,39 +30,48 @@ from workbench.slurm.job import (
 )
 from workbench.slurm.submit import SubmitError, submit_job, write_job
 
+# The options of `slurm`, named once so its signature reads as its parameters; the last
+# five override the recipe's [slurm] section.
+RecipeArg = Annotated[
+    Path, typer.Argument(help="Recipe TOML file, e.g. recipes/reverse_text_2nodes.toml.")
+]
+SubmitOption = Annotated[
+    bool, typer.Option("--submit", help="Submit the script with sbatch once written.")
+]
+DryRunOption = Annotated[
+    bool,
+    typer.Option("--dry-run", help="Print the script; write and submit nothing."),
+]
+PartitionOption = Annotated[
+    str | None, typer.Option(help="\\[slurm] partition.", show_default=False)
+]
+AccountOption = Annotated[str | None, typer.Option(help="\\[slurm] account.", show_default=False)]
+TimeOption = Annotated[
+    str | None,
+    typer.Option(help="\\[slurm] time: the job's time limit (4:00:00).", show_default=False),
+]
+GpusPerNodeOption = Annotated[
+    int | None, typer.Option(min=0, help="\\[slurm] gpus_per_node.", show_default=False)
+]
+SbatchOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="One more #SBATCH line, e.g. --sbatch=--qos=high (repeatable; added to "
+        "\\[slurm] extra).",
+        show_default=False,
+    ),
+]
+
 
 def slurm(
-    recipe: Annotated[
-        Path, typer.Argument(help="Recipe TOML file, e.g. recipes/reverse_text_2nodes.toml.")
-    ],
-    submit: Annotated[
-        bool, typer.Option("--submit", help="Submit the script with sbatch once written.")
-    ] = False,
-    dry_run: Annotated[
-        bool,
-        typer.Option("--dry-run", help="Print the script; write and submit nothing."),
-    ] = False,
-    partition: Annotated[
-        str | None, typer.Option(help="\\[slurm] partition.", show_default=False)
-    ] = None,
-    account: Annotated[
-        str | None, typer.Option(help="\\[slurm] account.", show_default=False)
-    ] = None,
-    time: Annotated[
-        str | None,
-        typer.Option(help="\\[slurm] time: the job's time limit (4:00:00).", show_default=False),
-    ] = None,
-    gpus_per_node: Annotated[
-        int | None, typer.Option(min=0, help="\\[slurm] gpus_per_node.", show_default=False)
-    ] = None,
-    sbatch: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="One more #SBATCH line, e.g. --sbatch=--qos=high (repeatable; added to "
-            "\\[slurm] extra).",
-            show_default=False,
-        ),
-    ] = None,
+    recipe: RecipeArg,
+    submit: SubmitOption = False,
+    dry_run: DryRunOption = False,
+    partition: PartitionOption = None,
+    account: AccountOption = None,
+    time: TimeOption = None,
+    gpus_per_node: GpusPerNodeOption = None,
+    sbatch: SbatchOption = None,
 ) -> None:
     """Write a Slurm batch script that runs RECIPE's experiment over its \\[trainer] nnodes.
 

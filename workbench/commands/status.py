@@ -8,13 +8,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
 
-import typer
 from rich.markup import escape
 from rich.table import Table
 
-from workbench.commands.common import ExperimentArg, console, experiment_or_fail, say
+from workbench.commands.common import (
+    ExperimentArg,
+    JsonOption,
+    console,
+    experiment_or_fail,
+    say,
+)
 from workbench.files import layout
 from workbench.files.busy import BusyReader
 from workbench.files.nodes import NodeStatus
@@ -26,10 +30,7 @@ from workbench.sweep.values import describe_values
 from workbench.system.clock import format_duration
 
 
-def status(
-    experiment: ExperimentArg = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
-) -> None:
+def status(experiment: ExperimentArg = None, as_json: JsonOption = False) -> None:
     """Show every run of an experiment and every process of its supervisor.
 
     Runs: id, status, step, slot, reward, eval and reason. Reward is the mean reward of
@@ -88,6 +89,11 @@ def status(
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
         return
+    print_status(report)
+
+
+def print_status(report: StatusReport) -> None:
+    """The tables of `workbench status`: runs, processes, placement, nodes, startup, warnings."""
     console.print(_runs_table(report))
     _print_processes(report.supervisor, report.processes)
     if report.placement:

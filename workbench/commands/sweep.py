@@ -14,6 +14,7 @@ from rich.table import Table
 
 from workbench.commands.common import (
     ExperimentArg,
+    JsonOption,
     command_group,
     console,
     experiment_or_fail,
@@ -39,7 +40,7 @@ def sweep_plan(
         int | None,
         typer.Option(min=1, help="Override \\[defaults] max_steps, as `up --max-steps` would."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Print the runs RECIPE makes, a [sweep] expanded, without writing or starting anything.
 
@@ -64,7 +65,7 @@ def sweep_plan(
 @sweep_app.command("report")
 def sweep_report(
     experiment: ExperimentArg = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    as_json: JsonOption = False,
     by: Annotated[
         str,
         typer.Option(

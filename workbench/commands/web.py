@@ -72,29 +72,33 @@ def checked_token(token: str | None, host: str) -> str:
     return token
 
 
+# The options of `web`, named once so its signature reads as its parameters.
+PortOption = Annotated[int, typer.Option(min=1, max=65535, help="TCP port to serve the page on.")]
+HostOption = Annotated[
+    str,
+    typer.Option(
+        help="Address to bind. Any address but a loopback one (127.0.0.1, ::1, "
+        "localhost) needs --token as well."
+    ),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar=TOKEN_ENV,
+        help=f"The token the page asks for before it shows anything, at least "
+        f"{MIN_TOKEN_CHARS} characters; without one a new token is made and printed in "
+        f"the page's address. Prefer setting {TOKEN_ENV}: an option is visible to other "
+        "users in `ps`.",
+        show_default=False,
+    ),
+]
+
+
 def web(
     experiment: ExperimentArg = None,
-    port: Annotated[
-        int, typer.Option(min=1, max=65535, help="TCP port to serve the page on.")
-    ] = DEFAULT_PORT,
-    host: Annotated[
-        str,
-        typer.Option(
-            help="Address to bind. Any address but a loopback one (127.0.0.1, ::1, "
-            "localhost) needs --token as well."
-        ),
-    ] = "127.0.0.1",
-    token: Annotated[
-        str | None,
-        typer.Option(
-            envvar=TOKEN_ENV,
-            help=f"The token the page asks for before it shows anything, at least "
-            f"{MIN_TOKEN_CHARS} characters; without one a new token is made and printed in "
-            f"the page's address. Prefer setting {TOKEN_ENV}: an option is visible to other "
-            "users in `ps`.",
-            show_default=False,
-        ),
-    ] = None,
+    port: PortOption = DEFAULT_PORT,
+    host: HostOption = "127.0.0.1",
+    token: TokenOption = None,
 ) -> None:
     """Serve the TUI to a browser: the same screens and keys, for a running experiment or a
     finished one.
