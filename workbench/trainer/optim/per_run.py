@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -119,9 +119,13 @@ class MultiLoRAOptimizer:
             optimizer._opt_called = True  # type: ignore[attr-defined]
         return norms
 
-    def zero_grad(self) -> None:
-        """Drop the gradients of every slot, including slots no run holds."""
+    def zero_grad(self, keep: Iterable[int] = ()) -> None:
+        """Drop the gradients of every slot, including slots no run holds, but those of
+        `keep` (Tinker runs, whose gradients add up until their client's optim_step)."""
+        kept = set(keep)
         for idx in range(self.manager.max_runs):
+            if idx in kept:
+                continue
             for _, param in self.manager.get_named_parameters_for_run(idx):
                 param.grad = None
 

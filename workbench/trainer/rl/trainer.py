@@ -40,6 +40,18 @@ from workbench.trainer.parallel import distributed
 from workbench.trainer.rl.loss import RLLossOutput, compute_rl_loss
 from workbench.trainer.rl.packer import MicroBatch, Packer, filler_row
 from workbench.trainer.rl.step_stats import StepStats, StepTally
+from workbench.trainer.rl.tinker_work import (
+    TinkerPass,
+    TinkerRow,
+    TinkerRowOutput,
+    TinkerTally,
+    collect_tinker_work,
+    finish_tinker_pass,
+    forget_tinker_slot,
+    row_parameters,
+    tinker_row_output,
+    tinker_slots,
+)
 from workbench.trainer.row_threads import (
     RowThreads,
     accumulate_in_order,
@@ -76,6 +88,8 @@ class Trainer:
     row_threads: RowThreads | None = None
     # The master's adapter writes, done while the next update computes.
     publisher: AdapterPublisher = field(default_factory=AdapterPublisher)
+    # Tinker runs' losses and tokens since their last optim_step (master).
+    tinker_tally: TinkerTally = field(default_factory=TinkerTally)
 
 
 # ---------------------------------------------------------------------- setup
@@ -183,6 +197,8 @@ def _register_run_hooks(trainer: Trainer) -> None:
     manager.register_creation_hook(resume_run)
     manager.register_forgotten_hook(checkpoint_leaving_run)
     manager.register_deletion_hook(trainer.divergence.forget)
+    # A Tinker run's gradients outlive a pass; they must not outlive its slot.
+    manager.register_deletion_hook(lambda idx, run_id: forget_tinker_slot(trainer, idx))
 
 
 def start_from_adapter(trainer: Trainer, idx: int) -> None:
@@ -202,8 +218,16 @@ def start_from_adapter(trainer: Trainer, idx: int) -> None:
 # ---------------------------------------------------------------------- one update
 
 
-def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0) -> StepStats:
+def train_step(
+    trainer: Trainer,
+    rows: list[MicroBatch | TinkerRow],
+    rows_per_rank: int = 0,
+    tinker_outputs: list[TinkerRowOutput] | None = None,
+) -> StepStats:
     """Forward/backward this rank's rows, sum adapter gradients over ranks, step ready runs.
+
+    Rows of Tinker datums (`tinker_work.TinkerRow`) go into `tinker_outputs`; their runs
+    are not stepped here and keep their gradients (an optim_step work item steps them).
 
     With the base sharded every rank runs `rows_per_rank` rows (the most any rank has),
     making up its own count with rows that train nothing (`filler_row`): each layer is
@@ -220,7 +244,7 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
     ready = manager.ready_to_update_idxs
     settings = _RunLossSettings.of(manager)
     tally = StepTally(manager.max_runs, device)
-    _backward_rows(trainer, settings, rows, tally)
+    _backward_rows(trainer, settings, rows, tally, tinker_outputs)
     if trainer.base_sharded:
         for _ in range(rows_per_rank - len(rows)):
             run_filler_row(trainer)
@@ -229,9 +253,9 @@ def train_step(trainer: Trainer, rows: list[MicroBatch], rows_per_rank: int = 0)
         [param for idx in ready for _, param in manager.get_named_parameters_for_run(idx)], device
     )
     tally.reduce_over_ranks(device)
-    norms = trainer.optimizer.step()
+    norms = trainer.optimizer.step() if ready else {}
     trainer.scheduler.step()
-    trainer.optimizer.zero_grad()
+    trainer.optimizer.zero_grad(keep=tinker_slots(manager))
     lrs = {idx: trainer.optimizer.get_lr(idx) for idx in ready}
     return tally.step_stats(ready, norms, lrs, settings.loss_configs)
 
@@ -298,20 +322,42 @@ def _row_loss(trainer: Trainer, settings: _RunLossSettings, row: MicroBatch) -> 
 
 
 def _backward_rows(
-    trainer: Trainer, settings: _RunLossSettings, rows: list[MicroBatch], tally: StepTally
+    trainer: Trainer,
+    settings: _RunLossSettings,
+    rows: list[MicroBatch | TinkerRow],
+    tally: StepTally,
+    tinker_outputs: list[TinkerRowOutput] | None = None,
 ) -> None:
     """Every row's loss and its adapter gradients, accumulated in row order."""
+
+    def record(out: RLLossOutput | TinkerRowOutput) -> None:
+        if isinstance(out, TinkerRowOutput):
+            if tinker_outputs is not None:
+                tinker_outputs.append(out)
+        else:
+            tally.add(out)
+
     if trainer.row_threads is None:
         for row in rows:
-            out = _row_loss(trainer, settings, row)
-            out.loss.backward()
-            tally.add(out)
+            if isinstance(row, TinkerRow):
+                out = tinker_row_output(trainer, row)
+                if row.grad:
+                    out.loss.backward()
+            else:
+                out = _row_loss(trainer, settings, row)
+                out.loss.backward()
+            record(out)
         return
     manager = trainer.manager
 
     # On the CPU, rows side by side: each row's adapter gradients come back to this thread
     # and are added in row order, the sums the loop above makes (row_threads.py).
-    def row_gradients(row: MicroBatch):
+    def row_gradients(row: MicroBatch | TinkerRow):
+        if isinstance(row, TinkerRow):
+            out = tinker_row_output(trainer, row)
+            params = row_parameters(trainer, row)
+            grads = torch.autograd.grad(out.loss, params, allow_unused=True) if params else ()
+            return params, grads, out
         out = _row_loss(trainer, settings, row)
         params = [
             param
@@ -324,7 +370,7 @@ def _backward_rows(
     with torch_threads(1):
         for params, grads, out in trainer.row_threads.map_in_order(row_gradients, rows):
             accumulate_in_order(params, grads)
-            tally.add(out)
+            record(out)
 
 
 def run_filler_row(trainer: Trainer) -> None:
@@ -512,14 +558,18 @@ def iterate(trainer: Trainer) -> str:
         manager.discover_runs()
     manager.synchronize_state()  # creation hooks: optimizers, schedules, resumes
     shares: list[list[MicroBatch]] = [[] for _ in range(world)]
+    tinker = TinkerPass()
     # Read once, before collecting: collecting advances each run's step, so a batch collected
     # and then not trained because a signal came in between would be checkpointed as trained
     # (and skipped on resume). A signal after this line stops the next pass instead.
     stopping = trainer.stop_requested
     if manager.is_master and not stopping:
         shares = trainer.packer.pack(trainer.packer.collect(), world)
+        tinker = collect_tinker_work(trainer)
     manager.synchronize_state()  # progress and ready flags of what was collected
-    payload = distributed.broadcast_from_master({"stop": stopping, "shares": shares})
+    payload = distributed.broadcast_from_master(
+        {"stop": stopping, "shares": shares, "tinker": tinker}
+    )
     if payload["stop"]:
         if manager.is_master:
             log_unwritten(trainer.publisher.reap(wait_all=True))
@@ -533,14 +583,20 @@ def iterate(trainer: Trainer) -> str:
         distributed.barrier()
         logger.info("stopping: checkpoints written")
         return "stopped"
-    if not manager.ready_to_update_idxs:
+    tinker = payload["tinker"]
+    if not manager.ready_to_update_idxs and not tinker:
         return "idle"
     started = time.monotonic()
     shares = payload["shares"]
+    shares[0] = shares[0] + tinker.rows  # in datum order, on the master (tinker_work.py)
+    tinker_outputs: list[TinkerRowOutput] = []
     with busy.doing("update"):  # a no-op on ranks that keep no busy record
-        stats = train_step(trainer, shares[distributed.rank()], max(map(len, shares)))
+        stats = train_step(
+            trainer, shares[distributed.rank()], max(map(len, shares)), tinker_outputs
+        )
         if manager.is_master:
             publish_updates(trainer, stats, time.monotonic() - started)
+        finish_tinker_pass(trainer, tinker, tinker_outputs)
     for idx in manager.ready_to_update_idxs:
         manager.ready_to_update[idx] = False
     return "trained"

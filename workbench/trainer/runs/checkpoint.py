@@ -76,6 +76,44 @@ def adapter_state_dict(directory: Path, rank: int) -> dict[str, torch.Tensor]:
     return state
 
 
+def write_state(
+    final: Path,
+    params: dict[str, torch.Tensor],
+    optimizer: dict[str, Any] | None,
+    scheduler: dict[str, Any] | None,
+    progress: Progress,
+) -> None:
+    """A checkpoint directory, staged and renamed whole (STABLE last): the slot's
+    parameters, the AdamW and scheduler states (left out when None), the progress."""
+    with layout.staged_directory(final) as staging:
+        save_file(params, str(staging / ADAPTER_FILE))
+        if optimizer is not None:
+            torch.save(optimizer, staging / "optimizer.pt")
+        if scheduler is not None:
+            torch.save(scheduler, staging / "scheduler.pt")
+        (staging / "progress.json").write_text(json.dumps(asdict(progress)))
+
+
+def load_parameters(manager: MultiRunManager, idx: int, directory: Path) -> None:
+    """A checkpoint directory's adapter.safetensors into slot `idx` (names and shapes checked)."""
+    saved = load_file(str(directory / ADAPTER_FILE))
+    params = dict(manager.get_named_parameters_for_run(idx))
+    if set(saved) != set(params):
+        raise ValueError(
+            f"{directory}: checkpoint parameters do not match this trainer's adapter "
+            f"(different target modules or model?); missing {sorted(set(params) - set(saved))[:3]}, "
+            f"unexpected {sorted(set(saved) - set(params))[:3]}"
+        )
+    with torch.no_grad():
+        for name, param in params.items():
+            if saved[name].shape != param.shape:
+                raise ValueError(
+                    f"{directory}: {name} has shape {tuple(saved[name].shape)} in the "
+                    f"checkpoint but {tuple(param.shape)} here (was the LoRA rank changed?)"
+                )
+            param.copy_(saved[name].to(param.device, param.dtype))
+
+
 class RunCheckpointer:
     def __init__(
         self,
@@ -119,11 +157,7 @@ class RunCheckpointer:
         check_finite(params, "adapter weights")
         optimizer = self.optimizer.state_dict_for_run(idx)
         check_finite(_state_tensors(optimizer), "AdamW state")
-        with layout.staged_directory(final) as staging:
-            save_file(params, str(staging / ADAPTER_FILE))
-            torch.save(optimizer, staging / "optimizer.pt")
-            torch.save(self.scheduler.state_dict_for_run(idx), staging / "scheduler.pt")
-            (staging / "progress.json").write_text(json.dumps(asdict(progress)))
+        write_state(final, params, optimizer, self.scheduler.state_dict_for_run(idx), progress)
         self._last_saved_step[idx] = progress.step
         self._prune(run)
         logger.info("checkpoint of %s at step %d: %s", manager.idx_2_id[idx], progress.step, final)
@@ -137,22 +171,7 @@ class RunCheckpointer:
         if step is None:
             return None
         directory = layout.checkpoint_part_dir(run, step, PART)
-        saved = load_file(str(directory / ADAPTER_FILE))
-        params = dict(manager.get_named_parameters_for_run(idx))
-        if set(saved) != set(params):
-            raise ValueError(
-                f"{directory}: checkpoint parameters do not match this trainer's adapter "
-                f"(different target modules or model?); missing {sorted(set(params) - set(saved))[:3]}, "
-                f"unexpected {sorted(set(saved) - set(params))[:3]}"
-            )
-        with torch.no_grad():
-            for name, param in params.items():
-                if saved[name].shape != param.shape:
-                    raise ValueError(
-                        f"{directory}: {name} has shape {tuple(saved[name].shape)} in the "
-                        f"checkpoint but {tuple(param.shape)} here (was the LoRA rank changed?)"
-                    )
-                param.copy_(saved[name].to(param.device, param.dtype))
+        load_parameters(manager, idx, directory)
         self.optimizer.load_state_dict_for_run(
             idx, torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True)
         )

@@ -1,0 +1,363 @@
+"""The trainer's side of Tinker work items (`workbench.files.tinker_work`, docs/contracts.md).
+
+A run whose orch.toml says `source = "tinker"` is driven by its client's work items, taken
+strictly in seq order. Each pass of the trainer's loop (`trainer.iterate`) the master looks
+at every Tinker run's pending items and takes, per run, its leading `forward_backward` /
+`forward` items (at most `MAX_DATUM_ITEMS`), then at most one other op, which applies after
+the pass's backward; the rest waits for the next pass. The taken items form a `TinkerPass`,
+broadcast to every rank with the native runs' rows.
+
+Every datum is a row of its own (`TinkerRow`), computed and backwarded in the same pass as
+the native runs' packed rows (side by side with them on the CPU's row threads). One datum
+per row is what makes a Tinker run's results independent of the company it keeps: a row's
+products round by their shapes, so a datum computed beside other tokens would not give the
+same bits as alone, and 8 datums as 1 x 8 or 2 x 4 would not give the same gradient sum.
+Its gradients are added to the run's slot in datum order and stay there, across passes
+(the trainer's zero_grad keeps Tinker slots), until an `optim_step` item steps and zeroes
+them. Rows go to rank 0, whose master writes the results; with several ranks the run's
+gradients are summed over ranks at its optim_step (the others contribute zeros).
+
+Positions: a datum of length T has `input_ids` x and `target_tokens` y with y[t] the token
+position t predicts. The trainer's rows give log p(token t | tokens before t), so the row
+is x followed by y[T-1], and y[:-1] must equal x[1:] (next-token targets: what the SDK's
+`datum_from_tokens` and the cookbook send); a datum otherwise is refused with that reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from workbench.files import tinker_work as tw
+from workbench.files.metrics import append_metrics
+from workbench.trainer.compute.model import HostRow
+from workbench.trainer.lora.layer import set_lora_num_tokens
+from workbench.trainer.losses.tinker import tinker_loss_problem, tinker_token_losses
+from workbench.trainer.transfer import to_device
+
+if TYPE_CHECKING:
+    from workbench.trainer.rl.trainer import Trainer
+    from workbench.trainer.runs.manager import MultiRunManager
+
+logger = logging.getLogger(__name__)
+
+# Datum items of one run taken in one pass: a client that queued many waits a pass or more,
+# so a pass stays bounded and other runs' work is not held up behind it.
+MAX_DATUM_ITEMS = 4
+_FLOAT_INPUTS = ("weights", "advantages", "logprobs", "clip_low_threshold", "clip_high_threshold")
+
+
+@dataclass
+class TinkerRow:
+    """One datum of a `forward_backward` (grad) or `forward` item, as a row of its own."""
+
+    idx: int
+    seq: int
+    datum: int
+    grad: bool
+    loss_fn: str
+    config: dict[str, float]
+    input_ids: torch.Tensor  # int64 [T + 1]: the datum's input_ids, then its last target
+    inputs: dict[str, torch.Tensor]  # float32 [T] each: weights, advantages, logprobs, ...
+    max_runs: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+@dataclass
+class TinkerRowOutput:
+    """What a row gives back: the datum's loss (what to backward) and, detached, its
+    target tokens' log-probs and loss terms."""
+
+    row: TinkerRow
+    loss: torch.Tensor
+    logprobs: torch.Tensor
+    elementwise_loss: torch.Tensor
+
+
+@dataclass
+class PlannedItem:
+    idx: int
+    run_id: str
+    item: tw.WorkItem
+    error: str | None = None  # refused before the pass: answered with this
+
+
+@dataclass
+class TinkerPass:
+    """The Tinker work of one pass, in the order it applies."""
+
+    items: list[PlannedItem] = field(default_factory=list)
+    rows: list[TinkerRow] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+def is_tinker_run(manager: MultiRunManager, idx: int) -> bool:
+    config = manager.config.get(idx)
+    return config is not None and config.source == tw.SOURCE_TINKER
+
+
+def tinker_slots(manager: MultiRunManager) -> list[int]:
+    return [idx for idx in manager.used_idxs if is_tinker_run(manager, idx)]
+
+
+# ---------------------------------------------------------------- taking the work (master)
+
+
+def collect_tinker_work(trainer: Trainer) -> TinkerPass:
+    """Master: the items every Tinker run has ready for this pass, and their rows."""
+    manager = trainer.manager
+    work = TinkerPass()
+    for idx in tinker_slots(manager):
+        run, run_id = manager.get_run_dir(idx), manager.idx_2_id[idx]
+        try:
+            pending = tw.pending_requests(run)
+        except (OSError, ValueError) as err:  # request.json broken: the service's contract
+            manager.evict_run(idx, f"an unreadable Tinker work item: {err}")
+            continue
+        # Every item before the last taken is a datum item: `taken` counts them.
+        for taken, item in enumerate(pending, start=1):
+            planned = PlannedItem(idx, run_id, item)
+            work.items.append(planned)
+            if item.request.op not in tw.DATUM_OPS:
+                break  # applies after the pass's backward; what follows waits for it
+            try:
+                work.rows += datum_rows(trainer, idx, item)
+            except ValueError as err:
+                planned.error = str(err)
+            if taken >= MAX_DATUM_ITEMS:
+                break
+    return work
+
+
+def datum_rows(trainer: Trainer, idx: int, item: tw.WorkItem) -> list[TinkerRow]:
+    """The item's datums as rows; ValueError naming the datum and what is wrong."""
+    request = item.request
+    config = dict(request.loss_fn_config or {})
+    rows = []
+    for number, datum in enumerate(item.datums()):
+        problem = tinker_loss_problem(request.loss_fn, set(datum), config) or _datum_problem(
+            datum, trainer.packer.vocab_size, trainer.config.trainer.seq_len
+        )
+        if problem:
+            raise ValueError(f"work item {request.seq}, datum {number}: {problem}")
+        input_ids = torch.from_numpy(
+            np.concatenate([datum["input_ids"], datum["target_tokens"][-1:]])
+        )
+        rows.append(
+            TinkerRow(
+                idx=idx,
+                seq=request.seq,
+                datum=number,
+                grad=request.op == "forward_backward",
+                loss_fn=request.loss_fn,
+                config=config,
+                input_ids=input_ids,
+                inputs={k: torch.from_numpy(datum[k].copy()) for k in _FLOAT_INPUTS if k in datum},
+                max_runs=trainer.manager.max_runs,
+            )
+        )
+    return rows
+
+
+def _datum_problem(
+    datum: dict[str, np.ndarray], vocab_size: int | None, seq_len: int
+) -> str | None:
+    input_ids, targets = datum["input_ids"], datum["target_tokens"]
+    if input_ids.size == 0:
+        return "no tokens"
+    if input_ids.size + 1 > seq_len:
+        return f"{input_ids.size} tokens: the trainer's rows hold {seq_len - 1} ([trainer] seq_len)"
+    for name, ids in (("input_ids", input_ids), ("target_tokens", targets)):
+        if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+            return f"{name} holds a token id outside the vocabulary [0, {vocab_size})"
+    if not np.array_equal(targets[:-1], input_ids[1:]):
+        return "target_tokens must be input_ids shifted by one (next-token targets)"
+    for name in _FLOAT_INPUTS:
+        if name in datum and not np.isfinite(datum[name]).all():
+            return f"{name} is not finite"
+    return None
+
+
+# ---------------------------------------------------------------- computing a row
+
+
+def tinker_row_output(trainer: Trainer, row: TinkerRow) -> TinkerRowOutput:
+    """The row's forward (with the gradient for a forward_backward datum) and its loss."""
+    counts = torch.zeros(row.max_runs, dtype=torch.int64)
+    counts[row.idx] = row.num_tokens
+    set_lora_num_tokens(trainer.model, counts)
+    needed = torch.ones(row.num_tokens, dtype=torch.bool)
+    needed[0] = False  # position 0 predicts nothing of the datum's
+    host = HostRow(torch.arange(row.num_tokens), torch.ones(row.num_tokens), needed=needed)
+    with torch.set_grad_enabled(row.grad):
+        logprobs = trainer.row_model(to_device(row.input_ids, trainer.device), host)[1:]
+        inputs = {k: to_device(v, trainer.device) for k, v in row.inputs.items()}
+        terms = tinker_token_losses(row.loss_fn, logprobs, inputs, row.config)
+        loss = terms.sum()
+    return TinkerRowOutput(row, loss, logprobs.detach().float().cpu(), terms.detach().float().cpu())
+
+
+def row_parameters(trainer: Trainer, row: TinkerRow) -> list[torch.nn.Parameter]:
+    """The parameters a row's backward reaches: its run's adapter; none for a forward."""
+    if not row.grad:
+        return []
+    return [param for _, param in trainer.manager.get_named_parameters_for_run(row.idx)]
+
+
+# ---------------------------------------------------------------- after the pass
+
+
+@dataclass
+class TinkerTally:
+    """Per slot, what the run's forward_backward items summed since its last optim_step,
+    for its metrics line (master)."""
+
+    loss: dict[int, float] = field(default_factory=dict)
+    tokens: dict[int, int] = field(default_factory=dict)
+
+    def forget(self, idx: int, run_id: str = "") -> None:
+        self.loss.pop(idx, None)
+        self.tokens.pop(idx, None)
+
+
+def finish_tinker_pass(trainer: Trainer, work: TinkerPass, outputs: list[TinkerRowOutput]) -> None:
+    """Every rank, after the pass's backward: apply the ops in order; the master answers
+    each item. An op that fails answers its item with the error; the trainer goes on."""
+    by_item: dict[tuple[int, int], list[TinkerRowOutput]] = {}
+    for out in outputs:
+        by_item.setdefault((out.row.idx, out.row.seq), []).append(out)
+    for planned in work.items:
+        if not trainer.manager.get_run_dir(planned.idx).is_dir():
+            continue  # deleted meanwhile: the next discovery forgets it
+        try:
+            if planned.error is not None:
+                raise ValueError(planned.error)
+            answer = apply_item(trainer, planned, by_item.get((planned.idx, planned.item.seq), []))
+        except (ValueError, OSError, RuntimeError, KeyError) as err:
+            logger.warning("%s: work item %d failed: %s", planned.run_id, planned.item.seq, err)
+            if trainer.manager.is_master:
+                tw.write_result(planned.item, False, error=f"{type(err).__name__}: {err}")
+            continue
+        if trainer.manager.is_master:
+            tw.write_result(planned.item, True, **answer)
+
+
+def apply_item(trainer: Trainer, planned: PlannedItem, outputs: list[TinkerRowOutput]) -> dict:
+    """One item's effect; returns write_result's keyword arguments (metrics, tensors, ...)."""
+    request = planned.item.request
+    if request.op in tw.DATUM_OPS:
+        return datum_answer(trainer, planned, outputs)
+    if request.op == "optim_step":
+        return optim_step(trainer, planned.idx, request.adam)
+    from workbench.trainer.rl import tinker_state
+
+    if request.op == "save_state":
+        tinker_state.save_state(trainer, planned.idx, Path(request.path), request.with_optimizer)
+        return {"path": request.path}
+    if request.op == "load_state":
+        tinker_state.load_state(trainer, planned.idx, Path(request.path), request.with_optimizer)
+        return {"path": request.path, "step": trainer.manager.progress[planned.idx].step}
+    return tinker_state.save_for_sampler(trainer, planned.idx, Path(request.path))
+
+
+def datum_answer(trainer: Trainer, planned: PlannedItem, outputs: list[TinkerRowOutput]) -> dict:
+    """A forward_backward / forward item's result: each datum's log-probs and loss terms,
+    the loss summed over datums and tokens (`loss:sum`, Tinker's name)."""
+    outputs = sorted(outputs, key=lambda out: out.row.datum)
+    if len(outputs) != planned.item.request.num_datums:
+        raise RuntimeError(f"{len(outputs)} of {planned.item.request.num_datums} datums computed")
+    tensors, loss, tokens = {}, 0.0, 0
+    for out in outputs:
+        tensors[tw.datum_key(out.row.datum, "logprobs")] = out.logprobs.numpy()
+        tensors[tw.datum_key(out.row.datum, "elementwise_loss")] = out.elementwise_loss.numpy()
+        loss += float(out.loss.detach())
+        tokens += out.logprobs.numel()
+    if planned.item.request.op == "forward_backward":
+        progress = trainer.manager.progress[planned.idx]
+        progress.total_tokens += tokens
+        progress.total_samples += len(outputs)
+        tally = trainer.tinker_tally
+        tally.loss[planned.idx] = tally.loss.get(planned.idx, 0.0) + loss
+        tally.tokens[planned.idx] = tally.tokens.get(planned.idx, 0) + tokens
+    return {
+        "metrics": {"loss:sum": loss},
+        "tensors": tensors,
+        "num_datums": len(outputs),
+    }
+
+
+def optim_step(trainer: Trainer, idx: int, adam: tw.AdamParams) -> dict:
+    """The run's AdamW step with the item's parameters (every rank): its gradients summed
+    over ranks, clipped to `grad_clip_norm` (0: not clipped), stepped, then dropped."""
+    from workbench.trainer.optim.multi_adamw import clip_grad_norms_together
+    from workbench.trainer.parallel import distributed
+
+    manager = trainer.manager
+    params = [param for _, param in manager.get_named_parameters_for_run(idx)]
+    distributed.all_reduce_grads(params, trainer.device)
+    max_norm = adam.grad_clip_norm if adam.grad_clip_norm > 0 else math.inf
+    norm = clip_grad_norms_together({idx: params}, {idx: max_norm})[idx]
+    optimizer = trainer.optimizer.optimizers[idx]
+    for group in optimizer.param_groups:
+        group.update(
+            lr=adam.lr,
+            betas=(adam.beta1, adam.beta2),
+            eps=adam.eps,
+            weight_decay=adam.weight_decay,
+        )
+    finite = math.isfinite(norm)
+    if finite:
+        optimizer.step()
+    for param in params:
+        param.grad = None
+    if not finite:
+        raise ValueError(f"the gradient norm is {norm}: update skipped, gradients dropped")
+    progress = manager.progress[idx]
+    progress.step += 1
+    if manager.is_master:
+        _log_tinker_step(trainer, idx, norm, adam.lr)
+    return {
+        "metrics": {"grad_norm:mean": norm, "learning_rate:mean": adam.lr},
+        "step": progress.step,
+    }
+
+
+def _log_tinker_step(trainer: Trainer, idx: int, norm: float, lr: float) -> None:
+    """The run's trainer metrics line, as a native run's update writes one."""
+    manager, tally = trainer.manager, trainer.tinker_tally
+    progress = manager.progress[idx]
+    loss = tally.loss.get(idx, 0.0)
+    append_metrics(
+        manager.get_run_dir(idx),
+        "trainer",
+        progress.step,
+        loss=loss,
+        grad_norm=norm,
+        lr=lr,
+        loss_kind="tinker",
+        tokens=progress.total_tokens,
+        samples=progress.total_samples,
+    )
+    logger.info(
+        "%s step %d loss:sum %.4f grad_norm %.3f lr %.2e tokens %d (tinker)",
+        manager.idx_2_id[idx], progress.step, loss, norm, lr, progress.total_tokens,
+    )  # fmt: skip
+    tally.forget(idx)
+
+
+def forget_tinker_slot(trainer: Trainer, idx: int) -> None:
+    """A run left slot `idx` (deletion hook, every rank): its pending gradients and tally go."""
+    for _, param in trainer.manager.get_named_parameters_for_run(idx):
+        param.grad = None
+    trainer.tinker_tally.forget(idx)
