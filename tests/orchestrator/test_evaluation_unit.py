@@ -20,6 +20,7 @@ from tests.orchestrator.scripted import ScriptedChat, make_orchestrator, publish
 from workbench.envs import EnvironmentConfigError
 from workbench.envs.splits import split_of
 from workbench.files import layout, run_control
+from workbench.files.eval_samples import read_evals
 from workbench.files.metrics import read_metrics
 from workbench.orchestrator.evaluation import next_due_version
 from workbench.orchestrator.loop import Orchestrator
@@ -180,3 +181,27 @@ def test_a_task_space_with_nothing_held_out_fails_at_the_start_unless_evals_are_
         make_orchestrator(run, ScriptedChat(), env_args=tiny, eval=EVERY_2)
     orchestrator = make_orchestrator(run, ScriptedChat(), env_args=tiny, eval={"interval": 0})
     assert orchestrator.dataset[0].question == letter
+
+
+def test_each_eval_records_every_prompt_with_its_completion_and_reward(experiment: Path):
+    """What `workbench samples --compare` reads: per eval and prompt, the prompt, what the
+    policy wrote and its reward, and the rewards are those the eval's score averages."""
+    run = make_run(experiment, "run_a")
+    orchestrator = make_orchestrator(run, ScriptedChat(), max_steps=5, eval=EVERY_2)
+    train_to_the_end(orchestrator, run)
+    evals = read_evals(run)
+    assert [(e.policy_version, e.adapter) for e in evals] == evaluated(run)
+    for record, kept in zip(read_metrics(run, "eval"), evals, strict=True):
+        assert len(kept.prompts) == 4
+        for prompt in kept.prompts:
+            (completion,) = prompt.completions  # greedy: one completion a prompt
+            assert completion.text == prompt.prompt[::-1][:1]  # the scripted answer
+            assert completion.reward == orchestrator.env.reward(
+                _prompt_named(orchestrator, prompt.prompt), completion.text
+            )
+        mean = sum(p.reward for p in kept.prompts) / len(kept.prompts)
+        assert mean == pytest.approx(record["eval_reward_mean"])
+
+
+def _prompt_named(orchestrator: Orchestrator, question: str):
+    return next(p for p in orchestrator.evaluator.prompts if p.question == question)

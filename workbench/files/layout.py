@@ -235,6 +235,11 @@ def samples_path(run: Path) -> Path:
     return run / "samples.jsonl"
 
 
+def eval_samples_path(run: Path) -> Path:
+    """Each recent held-out eval's prompts, completions and rewards (`files.eval_samples`)."""
+    return run / "eval_samples.jsonl"
+
+
 def metrics_path(run: Path) -> Path:
     return run / "metrics.jsonl"
 

@@ -13,7 +13,9 @@ runs at a time: when the next is due before the last has finished, the loop wait
 Versions the loop skips (the trainer got two ahead) are not evaluated: the first version at
 or past the due one is, and its record says which.
 
-Each eval appends one `source="eval"` line to metrics.jsonl (docs/contracts.md). Those lines
+Each eval appends one `source="eval"` line to metrics.jsonl (docs/contracts.md), and its
+prompts with each completion and reward to eval_samples.jsonl (`workbench.files.eval_samples`:
+what `workbench samples --compare` reads runs side by side from). The metrics lines
 are also the record of what was evaluated: a restarted orchestrator reads them and next
 evaluates the first due version it loads, so no version is scored twice; an eval cut short
 by the restart (no line) is done again on the adapter loaded then.
@@ -26,12 +28,14 @@ import random
 import statistics
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench.config import OrchestratorConfig
-from workbench.envs.base import Environment
+from workbench.envs.base import Environment, Prompt
+from workbench.envs.episode import Episode
+from workbench.files.eval_samples import EvalCompletion, EvalPrompt, EvalSamples, record_eval
 from workbench.files.metrics import append_metrics, read_metrics
 from workbench.inference.client import AdapterVersions, HeldVersion
 from workbench.orchestrator.episodes import EpisodeClient, TurnJoiner, run_episodes
@@ -61,6 +65,7 @@ class EvalScores:
     completion_lengths: list[int]
     truncated: int
     seconds: float
+    prompts: list[EvalPrompt] = field(default_factory=list)  # what was written, as text
 
     def metrics(self) -> dict[str, Any]:
         return {
@@ -148,6 +153,7 @@ class PolicyEvaluator:
                 adapter=held.model,
                 **scores.metrics(),
             )
+            self._record_text(held, scores)
             logger.info(
                 "%s eval of policy version %d (%s): reward %.3f +- %.3f over %d samples in %.1f s",
                 self.run.name,
@@ -168,6 +174,14 @@ class PolicyEvaluator:
         finally:
             self.adapters.release(held)
 
+    def _record_text(self, held: HeldVersion, scores: EvalScores) -> None:
+        # After the metrics line, which is the record of what was evaluated: the text is
+        # for reading runs side by side, and a failure to write it costs only that.
+        try:
+            record_eval(self.run, EvalSamples(held.policy_version, held.model, scores.prompts))
+        except OSError as err:
+            logger.warning("%s could not record its eval's completions: %s", self.run.name, err)
+
     def score(self, model: str) -> EvalScores:
         """Complete and score the eval prompts with `model` (a served adapter or the base)."""
         started = time.monotonic()
@@ -186,4 +200,22 @@ class PolicyEvaluator:
             rewards.append(episode.reward)
             lengths.append(episode.model_tokens)
             truncated += episode.truncated
-        return EvalScores(rewards, lengths, truncated, time.monotonic() - started)
+        return EvalScores(
+            rewards,
+            lengths,
+            truncated,
+            time.monotonic() - started,
+            eval_prompts(self.prompts, groups),
+        )
+
+
+def eval_prompts(prompts: list[Prompt], groups: list[list[Episode]]) -> list[EvalPrompt]:
+    """Each prompt with its episodes as text and rewards, as eval_samples.jsonl keeps them."""
+    return [
+        EvalPrompt(
+            prompt.question,
+            prompt.answer,
+            [EvalCompletion(e.transcript(), e.reward, e.truncated) for e in group],
+        )
+        for prompt, group in zip(prompts, groups, strict=True)
+    ]
