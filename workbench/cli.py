@@ -1,7 +1,7 @@
 """The `workbench` command line: one thin function per command, that parses options and
 prints; the work lives elsewhere (`workbench.up` is all of `up`). Here: the app and the
 commands that run an experiment (up, evict, attach, down, join, restart, logs). In modules of
-their own: `status`, `alerts`, `plot`, `compare`, `slurm`, `export`, `samples` and `runs`, `sft` and
+their own: `status`, `alerts`, `trace`, `plot`, `compare`, `slurm`, `export`, `samples` and `runs`, `sft` and
 `model`, `env`, `sweep`, `web` (`workbench/commands/`) and `bench` (`bench/cli.py`).
 
 Exit codes: 0 success, 1 the command failed (a run or experiment it names is unknown, ...),
@@ -41,6 +41,7 @@ from workbench.commands.serve import serve
 from workbench.commands.slurm import slurm
 from workbench.commands.status import status
 from workbench.commands.sweep import print_run_plan, sweep_app
+from workbench.commands.trace import trace
 from workbench.commands.web import web
 from workbench.experiment import RunLookupError, resolve_run
 from workbench.files import layout
@@ -189,6 +190,7 @@ app.command()(compare)
 app.command()(slurm)
 app.command()(web)
 app.command()(alerts)
+app.command()(trace)
 app.command()(serve)
 
 

@@ -13,7 +13,9 @@ every activity's seconds since the process started) goes atomically to the exper
 `busy/<process>.json` (`layout.busy_path`), at most once a second and at `flush()`.
 `WORKBENCH_BUSY_WINDOW_S` widens the window: `bench e2e --vs separate` keeps whole runs.
 Only processes that called `record_to` record; in any other (tests, the trainer's other
-ranks) the marks cost nothing.
+ranks) the marks cost nothing. A recording process also keeps every activity it ended, as
+a span appended to `spans/<process>.jsonl` with each write (`workbench.files.spans`:
+`workbench trace` reads them).
 
 The readers (`workbench status --json`, the TUI's processes pane, the benchmark) use the
 pure functions below: intervals -> shares of a window. vLLM keeps no record of its own;
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.files import layout
+from workbench.files import layout, spans
 from workbench.system.file_change import OnFileChange
 from workbench.system.procfs import process_is_alive, process_started_at
 
@@ -317,8 +319,10 @@ class Recorder:
         started_at: float,
         window_s: float = WINDOW_S,
         clock=time.time,
+        span_log: spans.SpanLog | None = None,
     ) -> None:
         self.path = path
+        self.span_log = span_log  # where each ended activity goes, whole
         self.process = process
         self.window_s = window_s
         self._clock = clock
@@ -354,6 +358,8 @@ class Recorder:
         with contextlib.suppress(OSError):  # a full disk must not stop training
             write_record(self.path, record)
             self._written_at = record.written_at
+        if self.span_log is not None:
+            self.span_log.write()
 
     def _switch(self, change) -> None:
         now = self._clock()
@@ -368,12 +374,18 @@ class Recorder:
             with contextlib.suppress(OSError):
                 write_record(self.path, record)
                 self._written_at = now
+            if self.span_log is not None:
+                self.span_log.write()
 
     def _end(self, interval: Interval) -> None:
         if interval.end <= interval.start:
             return
         kind, seconds = self._totals.get(interval.label, (interval.kind, 0.0))
         self._totals[interval.label] = (kind, seconds + interval.seconds)
+        if self.span_log is not None:
+            self.span_log.add(
+                spans.Span(interval.label, interval.kind, interval.start, interval.end)
+            )
         self._ended.append(interval)
         while self._ended and self._ended[0].end < interval.end - self.window_s:
             self._ended.popleft()
@@ -409,7 +421,11 @@ def record_to(experiment: Path, process: str) -> Recorder:
     except ValueError:
         window_s = WINDOW_S
     _recorder = Recorder(
-        layout.busy_path(experiment, process), process, started_at=started_at, window_s=window_s
+        layout.busy_path(experiment, process),
+        process,
+        started_at=started_at,
+        window_s=window_s,
+        span_log=spans.record_to(experiment, process),
     )
     _recorder.flush()
     atexit.register(flush)

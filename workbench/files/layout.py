@@ -13,6 +13,7 @@ these paths by hand: they come from here, so a rename is a one-line change.
       sweep/                    plan.json (runs and their swept values), asha.json (rungs), pbt.json
       tracking/                 <run_id>.json: how far each run's metrics were forwarded
       busy/                     trainer.json, <run_id>.json: what each process did lately (busy.py)
+      spans/                    trainer.jsonl, <run_id>.jsonl: all it did, span by span (spans.py)
       nodes/                    node<K>.json: how each joined node's trainer share fares (nodes.py)
       run_<id>/
         control/orch.toml, config_validation_error.txt, evicted.txt, finished.txt
@@ -137,6 +138,16 @@ def busy_path(experiment: Path, process: str) -> Path:
     """Written by a process (the trainer's master rank, an orchestrator named by its run
     id) while it runs: what it was busy with or waiting for lately (`workbench.files.busy`)."""
     return busy_dir(experiment) / f"{process}.json"
+
+
+def spans_dir(experiment: Path) -> Path:
+    return experiment / "spans"
+
+
+def spans_path(experiment: Path, process: str) -> Path:
+    """Appended by a process that keeps a busy record: every activity it ended, and its
+    threads' work (`workbench.files.spans`), for `workbench trace`."""
+    return spans_dir(experiment) / f"{process}.jsonl"
 
 
 def run_dir(experiment: Path, run_id: str) -> Path:

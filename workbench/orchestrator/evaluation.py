@@ -36,6 +36,7 @@ from workbench.config import OrchestratorConfig
 from workbench.envs.base import Environment, Prompt
 from workbench.envs.episode import Episode
 from workbench.files.eval_samples import EvalCompletion, EvalPrompt, EvalSamples, record_eval
+from workbench.files import spans
 from workbench.files.metrics import append_metrics, read_metrics
 from workbench.inference.client import AdapterVersions, HeldVersion
 from workbench.orchestrator.episodes import EpisodeClient, TurnJoiner, run_episodes
@@ -144,7 +145,8 @@ class PolicyEvaluator:
     def _evaluate(self, held: HeldVersion) -> None:
         # An eval that fails costs its record, never the run: training goes on.
         try:
-            scores = self.score(held.model)
+            with spans.span("eval", thread="eval"):  # vLLM's work too (`workbench trace`)
+                scores = self.score(held.model)
             record = append_metrics(
                 self.run,
                 SOURCE,

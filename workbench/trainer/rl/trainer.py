@@ -595,7 +595,8 @@ def iterate(trainer: Trainer) -> str:
             trainer, shares[distributed.rank()], max(map(len, shares)), tinker_outputs
         )
         if manager.is_master:
-            publish_updates(trainer, stats, time.monotonic() - started)
+            with busy.doing("publishing adapters"):  # copied out, handed to the writers
+                publish_updates(trainer, stats, time.monotonic() - started)
         finish_tinker_pass(trainer, tinker, tinker_outputs)
     for idx in manager.ready_to_update_idxs:
         manager.ready_to_update[idx] = False

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.files import layout
+from workbench.files import layout, spans
 from workbench.trainer.runs.broadcast import prune_broadcasts, write_adapter
 from workbench.trainer.runs.divergence import check_finite
 
@@ -70,6 +70,12 @@ class AdapterCopy:
             finite_checked=True,
         )
         prune_broadcasts(self.run, KEEP_BROADCASTS)
+
+
+def _write_marked(copy: AdapterCopy) -> None:
+    """`copy.write()`, kept as a span of the writing thread (`workbench trace`)."""
+    with spans.span("writing adapter"):
+        copy.write()
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,7 @@ class AdapterPublisher:
             raise RuntimeError(f"slot {idx}: its previous adapter write was not reaped")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="publish")
-        self._pending[idx] = (run_id, copy, self._pool.submit(copy.write))
+        self._pending[idx] = (run_id, copy, self._pool.submit(_write_marked, copy))
 
     def reap(self, wait_for: Iterable[int] = (), *, wait_all: bool = False) -> list[FailedWrite]:
         """Forget the writes that are done, first waiting for those of `wait_for` (or all);
