@@ -35,8 +35,8 @@ from typing import Any
 from workbench.config import OrchestratorConfig
 from workbench.envs.base import Environment, Prompt
 from workbench.envs.episode import Episode
-from workbench.files.eval_samples import EvalCompletion, EvalPrompt, EvalSamples, record_eval
 from workbench.files import spans
+from workbench.files.eval_samples import EvalCompletion, EvalPrompt, EvalSamples, record_eval
 from workbench.files.metrics import append_metrics, read_metrics
 from workbench.inference.client import AdapterVersions, HeldVersion
 from workbench.orchestrator.episodes import EpisodeClient, TurnJoiner, run_episodes
