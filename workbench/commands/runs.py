@@ -1,5 +1,6 @@
 """The commands about one run: `workbench runs add` and `runs fork` (a Typer sub-app), `workbench export`
-(its adapter with a model card) and `workbench samples` (what its policy wrote lately).
+(its adapter with a model card) and `workbench samples` (what its policy wrote lately, or
+several runs side by side on the same held-out prompts).
 
 A run added while a supervisor runs is added by the supervisor (its discovery starts the
 orchestrator at once); without one, the run directory is written and starts with the
@@ -11,15 +12,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
 from workbench.commands.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     ExperimentOption,
     command_group,
+    console,
     experiment_or_fail,
     fail,
     say,
@@ -35,6 +39,10 @@ from workbench.config import (
 from workbench.experiment import RunLookupError, resolve_run, write_run
 from workbench.supervisor.client import SupervisorClient, SupervisorError
 from workbench.supervisor.control_socket import ControlError, new_run_config
+
+if TYPE_CHECKING:
+    from workbench.files.eval_samples import EvalPrompt
+    from workbench.side_by_side import SideBySide
 
 SetOption = Annotated[
     list[str] | None,
@@ -207,20 +215,60 @@ def export(
 
 
 def samples(
-    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to look at.")],
+    run_ids: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="RUN...",
+            help="The run to look at; with --compare, the runs (a run id, or "
+            "EXPERIMENT/RUN for a run of another experiment).",
+        ),
+    ],
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="The runs side by side on one held-out eval's prompts: a row per prompt, "
+            "a column per run with its completion and reward.",
+        ),
+    ] = False,
     step: Annotated[
-        int | None, typer.Option(help="The step to show (default: the newest recorded).")
+        int | None,
+        typer.Option(
+            help="The step to show (default: the newest recorded; with --compare the "
+            "newest eval step every run has).",
+            show_default=False,
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the step as JSON.")] = False,
     experiment: ExperimentOption = None,
 ) -> None:
-    """Print what a run's policy wrote at a recent step: every prompt and its completions.
+    """Print what a run's policy wrote at a recent step: every prompt and its completions;
+    or, with --compare, several runs side by side on the same held-out prompts.
 
     The orchestrator keeps its last 8 steps as text in run_<id>/samples.jsonl: per GRPO
     group the prompt, the reference answer and each completion with its reward, advantage
     and whether it was cut at max_tokens, plus the step's reward histogram. The TUI shows
     the same with `s`.
+
+    --compare reads each run's held-out evals (run_<id>/eval_samples.jsonl, the last 16):
+    the eval step's prompts, each run's completion and reward (the mean of its completions
+    when an eval samples several). Runs of several experiments compare when they share an
+    environment (env and env_args), else the command refuses, naming the difference. The
+    TUI shows the same with `v`.
     """
+    if compare:
+        _compare_samples(run_ids, step, as_json, experiment)
+        return
+    if len(run_ids) != 1:
+        raise fail(
+            f"{len(run_ids)} runs named: without --compare, samples shows one run "
+            "(add --compare to see runs side by side)",
+            EXIT_BAD_INPUT,
+        )
+    _one_run_samples(run_ids[0], step, as_json, experiment)
+
+
+def _one_run_samples(run_id: str, step: int | None, as_json: bool, experiment: Path | None) -> None:
     from workbench.files.samples import describe_step, find_step, read_steps
 
     try:
@@ -241,3 +289,54 @@ def samples(
         return
     for line in describe_step(shown):
         sys.stdout.write(line + "\n")
+
+
+def _compare_samples(
+    run_ids: list[str], step: int | None, as_json: bool, experiment: Path | None
+) -> None:
+    from workbench.side_by_side import SideBySideError, resolve_run_names, side_by_side
+
+    try:
+        compared = side_by_side(resolve_run_names(run_ids, experiment), step)
+    except SideBySideError as err:
+        raise fail(str(err)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(compared.to_json(), indent=2) + "\n")
+        return
+    console.print(side_by_side_table(compared))
+    for note in compared.notes:
+        say(f"note: {note}")
+
+
+def side_by_side_table(compared: SideBySide) -> Table:
+    """A row per prompt, a column per run: its reward, then its (first) completion."""
+    table = Table(
+        title=f"held-out eval of step {compared.step}",
+        show_lines=True,
+        title_justify="left",
+    )
+    table.add_column("prompt", overflow="fold")
+    for run in compared.runs:
+        evaluated = run.eval_of(compared.step)
+        mean = _mean([p.reward for p in evaluated.prompts]) if evaluated else None
+        header = run.label if mean is None else f"{run.label}\nmean {mean:.3f}"
+        table.add_column(header, overflow="fold")
+    for row in compared.rows:
+        cells = [
+            "-" if cell is None else f"{cell.reward:.2f} {_shown_text(cell)}" for cell in row.cells
+        ]
+        table.add_row(escape(f"{row.prompt}\n-> {row.answer}"), *map(escape, cells))
+    return table
+
+
+def _shown_text(cell: EvalPrompt) -> str:
+    completion = cell.completions[0] if cell.completions else None
+    if completion is None:
+        return ""
+    more = f" (+{len(cell.completions) - 1} more)" if len(cell.completions) > 1 else ""
+    cut = " [cut at max_tokens]" if completion.truncated else ""
+    return repr(completion.text) + cut + more
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
