@@ -20,6 +20,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("b then a", "every experiment under the same folder, its runs ranked together; a: back"),
     ("c", "every run's reward curve on one chart (t: eval curves); c or esc: back"),
     ("!", "the alerts the supervisor raised, newest first (clears the banner); ! or esc: back"),
+    ("t", "the timeline: each process's last minute, a character a second; t or esc: back"),
     ("s", "the selected run's recent samples: prompts, completions, rewards, per group"),
     ("f", "follow the selected run's or process's log"),
     ("e", "evict the selected run (asks for a reason)"),

@@ -3,7 +3,8 @@
 While the experiment starts, a line under the top bar says what it is doing (building the
 model, step k/n; starting inference, seconds so far and its log's last line); it goes
 once every process is up. A banner under it says when the supervisor raised alerts not
-yet seen (how many, and the newest); `!` opens the list of alerts and clears it.
+yet seen (how many, and the newest); `!` opens the list of alerts and clears it. `t` opens
+the timeline: the last minute of each process (`screens.timeline`).
 
 At 120 columns and more the two tables sit side by side; below that they stack, capped in
 height so the log keeps most of the screen, and the processes' "last exit" column is
@@ -42,6 +43,7 @@ from workbench.tui.messages import (
     ShowSamples,
     StopAll,
 )
+from workbench.tui.screens.timeline import TimelineScreen
 from workbench.tui.widgets.footer import Footer
 from workbench.tui.widgets.log_pane import LOG_MAX_LINES, LogPane, LogTarget
 from workbench.tui.widgets.processes_table import ProcessesTable
@@ -115,6 +117,7 @@ class MainScreen(Screen[None]):
         # and a run's footers show it.
         Binding("c", "curves", "curves", show=False),
         Binding("exclamation_mark", "alerts", "alerts", show=False),
+        Binding("t", "timeline", "timeline", show=False),
     ]
 
     def __init__(
@@ -288,6 +291,9 @@ class MainScreen(Screen[None]):
 
     def action_curves(self) -> None:
         self.post_message(ShowCurves())
+
+    def action_timeline(self) -> None:
+        self.app.push_screen(TimelineScreen(self.experiment, self.clock))
 
     def action_search(self) -> None:
         self.query_one(LogPane).start_search()
