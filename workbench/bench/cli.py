@@ -74,12 +74,22 @@ PublishingOption = Annotated[
     ),
 ]
 
+ModelsOption = Annotated[
+    str, typer.Option(help="Model shapes, comma separated: tiny, qwen3-vocab, qwen3-0.6b.")
+]
+AttentionOption = Annotated[
+    str, typer.Option(help="auto, per_sample, varlen, flash, flex or dense.")
+]
+CheckpointingOption = Annotated[str, typer.Option(help="auto (on CUDA), on or off.")]
+LogprobChunkOption = Annotated[int, typer.Option(min=0, help="LM head chunk; 0: full logits.")]
+RowThreadsOption = Annotated[
+    str, typer.Option(help="CPU: rows computed at once, one per thread; auto or a count.")
+]
+
 
 @bench_app.command("trainer")
 def trainer(
-    models: Annotated[
-        str, typer.Option(help="Model shapes, comma separated: tiny, qwen3-vocab, qwen3-0.6b.")
-    ] = "tiny,qwen3-0.6b",
+    models: ModelsOption = "tiny,qwen3-0.6b",
     runs: Annotated[str, typer.Option(help="Run counts N, comma separated.")] = "1,2,4,8",
     steps: Annotated[int, typer.Option(min=1, help="Measured updates per configuration.")] = 3,
     preset: PresetOption = None,
@@ -87,19 +97,11 @@ def trainer(
     seq_len: Annotated[int | None, typer.Option(min=16, help="Tokens per packed row.")] = None,
     sample_len: Annotated[int | None, typer.Option(min=2, help="Tokens per sample.")] = None,
     rank: Annotated[int | None, typer.Option(min=1, help="LoRA rank (alpha = 2 x rank).")] = None,
-    attention: Annotated[
-        str, typer.Option(help="auto, per_sample, varlen, flash, flex or dense.")
-    ] = "auto",
-    activation_checkpointing: Annotated[
-        str, typer.Option(help="auto (on CUDA), on or off.")
-    ] = "auto",
-    logprob_chunk_tokens: Annotated[
-        int, typer.Option(min=0, help="LM head chunk; 0: full logits.")
-    ] = 1024,
+    attention: AttentionOption = "auto",
+    activation_checkpointing: CheckpointingOption = "auto",
+    logprob_chunk_tokens: LogprobChunkOption = 1024,
     compile: Annotated[bool, typer.Option(help="torch.compile each decoder layer.")] = False,
-    row_threads: Annotated[
-        str, typer.Option(help="CPU: rows computed at once, one per thread; auto or a count.")
-    ] = "auto",
+    row_threads: RowThreadsOption = "auto",
     legacy: LegacyOption = True,
     separate: Annotated[bool, typer.Option(help="Also measure N separate trainers.")] = True,
     peft: Annotated[bool, typer.Option(help="Also measure peft with one adapter.")] = True,
@@ -444,20 +446,20 @@ BENCHMARKS: dict[str, Callable[[bool], list[SummaryRow]]] = {
     "load": _load_summary,
 }
 
+AllQuickOption = Annotated[
+    bool,
+    typer.Option(
+        "--quick", help="Fewer steps and sizes in every benchmark: a smoke test of them all."
+    ),
+]
+OnlyOption = Annotated[
+    str | None,
+    typer.Option(help=f"Run only these, comma separated: {', '.join(BENCHMARKS)}."),
+]
+
 
 @bench_app.command("all")
-def all_benchmarks(
-    quick: Annotated[
-        bool,
-        typer.Option(
-            "--quick", help="Fewer steps and sizes in every benchmark: a smoke test of them all."
-        ),
-    ] = False,
-    only: Annotated[
-        str | None,
-        typer.Option(help=f"Run only these, comma separated: {', '.join(BENCHMARKS)}."),
-    ] = None,
-) -> None:
+def all_benchmarks(quick: AllQuickOption = False, only: OnlyOption = None) -> None:
     """Every benchmark of the project, then one summary table (`just bench`).
 
     Runs trainer, inference, prefill, e2e, e2e-separate (2 runs of 5 steps with --quick, else 4 of
@@ -466,12 +468,19 @@ def all_benchmarks(
     benchmarks/results/summary-latest.json.
     One that fails is reported and the others still run; the exit code is 1 if any failed.
     """
-    from rich.console import Console
-    from rich.table import Table
-
     from workbench.bench.results import write_result
-    from workbench.system.console import output_console
 
+    selected = _selected_benchmarks(only)
+    rows, outcomes = _run_benchmarks(selected, quick)
+    _print_summary(rows, quick)
+    path = write_result("summary", {"quick": quick, "benchmarks": outcomes, "rows": rows})
+    typer.echo(f"summary: {path.with_name('summary-latest.json')}")
+    if any(outcome["status"] == "failed" for outcome in outcomes.values()):
+        raise typer.Exit(1)
+
+
+def _selected_benchmarks(only: str | None) -> list[str]:
+    """The benchmarks --only names (all by default), or a bad-parameter exit naming the rest."""
     selected = [name.strip() for name in only.split(",")] if only else list(BENCHMARKS)
     unknown = [name for name in selected if name not in BENCHMARKS]
     if unknown:
@@ -479,6 +488,16 @@ def all_benchmarks(
             f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}",
             param_hint="--only",
         )
+    return selected
+
+
+def _run_benchmarks(
+    selected: list[str], quick: bool
+) -> tuple[list[SummaryRow], dict[str, dict[str, Any]]]:
+    """Each benchmark in turn: its summary rows, and per benchmark ok or failed (why) and
+    its seconds. One that fails is a FAILED row; the others still run."""
+    from rich.console import Console
+
     err_console = Console(stderr=True)
     rows: list[SummaryRow] = []
     outcomes: dict[str, dict[str, Any]] = {}
@@ -498,6 +517,13 @@ def all_benchmarks(
             outcome = {"status": "failed", "message": message}
         outcome["seconds"] = round(time.perf_counter() - started, 1)
         outcomes[name] = outcome
+    return rows, outcomes
+
+
+def _print_summary(rows: list[SummaryRow], quick: bool) -> None:
+    from rich.table import Table
+
+    from workbench.system.console import output_console
 
     table = Table(title="workbench benchmarks" + (" (quick)" if quick else ""))
     for column in ("benchmark", "metric", "value"):
@@ -505,59 +531,64 @@ def all_benchmarks(
     for row in rows:
         table.add_row(row["benchmark"], row["metric"], row["value"])
     output_console().print(table)  # whole when piped or logged
-    path = write_result("summary", {"quick": quick, "benchmarks": outcomes, "rows": rows})
-    typer.echo(f"summary: {path.with_name('summary-latest.json')}")
-    if any(outcome["status"] == "failed" for outcome in outcomes.values()):
-        raise typer.Exit(1)
+
+
+# `bench e2e`'s options, named once so its signature reads as a list.
+RecipeArg = Annotated[Path, typer.Argument(help="Recipe TOML file.")]
+E2eMaxStepsOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Override \\[defaults] max_steps for every run (shorter run); with --vs "
+        "separate the default is 20.",
+    ),
+]
+E2eKeepOption = Annotated[
+    bool,
+    typer.Option(help="Keep the scratch experiment directory (logs, checkpoints) after."),
+]
+VsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--vs",
+        help="separate: the same N runs as one experiment, as N experiments one after "
+        "another, and as N at once (where memory allows); RECIPE's runs are replaced.",
+    ),
+]
+VsRunsOption = Annotated[
+    int, typer.Option(min=1, help="With --vs separate: how many runs (1 to 32).")
+]
+AtOnceOption = Annotated[
+    bool, typer.Option(help="With --vs separate: also start the N experiments together.")
+]
+SeparateOption = Annotated[
+    bool,
+    typer.Option(
+        help="With --vs separate: run the separate setups too (--no-separate: the "
+        "shared experiment alone, e.g. to measure a change at a size whose separate "
+        "figures are known)."
+    ),
+]
+SeedControlOption = Annotated[
+    bool,
+    typer.Option(
+        help="With --vs separate: train a run whose curve split from its twin's alone "
+        "under 4 other seeds, and pass it if it ends where it ends alone (a 95 % "
+        "prediction interval)."
+    ),
+]
 
 
 @bench_app.command("e2e")
 def e2e(
-    recipe: Annotated[Path, typer.Argument(help="Recipe TOML file.")] = Path(
-        "recipes/reverse_text.toml"
-    ),
-    max_steps: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Override \\[defaults] max_steps for every run (shorter run); with --vs "
-            "separate the default is 20.",
-        ),
-    ] = None,
-    keep_outputs: Annotated[
-        bool,
-        typer.Option(help="Keep the scratch experiment directory (logs, checkpoints) after."),
-    ] = False,
-    vs: Annotated[
-        str | None,
-        typer.Option(
-            "--vs",
-            help="separate: the same N runs as one experiment, as N experiments one after "
-            "another, and as N at once (where memory allows); RECIPE's runs are replaced.",
-        ),
-    ] = None,
-    runs: Annotated[
-        int, typer.Option(min=1, help="With --vs separate: how many runs (1 to 32).")
-    ] = 4,
-    at_once: Annotated[
-        bool, typer.Option(help="With --vs separate: also start the N experiments together.")
-    ] = True,
-    separate: Annotated[
-        bool,
-        typer.Option(
-            help="With --vs separate: run the separate setups too (--no-separate: the "
-            "shared experiment alone, e.g. to measure a change at a size whose separate "
-            "figures are known)."
-        ),
-    ] = True,
-    seed_control: Annotated[
-        bool,
-        typer.Option(
-            help="With --vs separate: train a run whose curve split from its twin's alone "
-            "under 4 other seeds, and pass it if it ends where it ends alone (a 95 % "
-            "prediction interval)."
-        ),
-    ] = True,
+    recipe: RecipeArg = Path("recipes/reverse_text.toml"),
+    max_steps: E2eMaxStepsOption = None,
+    keep_outputs: E2eKeepOption = False,
+    vs: VsOption = None,
+    runs: VsRunsOption = 4,
+    at_once: AtOnceOption = True,
+    separate: SeparateOption = True,
+    seed_control: SeedControlOption = True,
 ) -> None:
     """Reward vs wall-clock for RECIPE: `workbench up RECIPE --headless`, for real.
 
@@ -661,9 +692,7 @@ def faults(
 
 @bench_app.command("eval")
 def evaluation(
-    recipe: Annotated[Path, typer.Argument(help="Recipe TOML file.")] = Path(
-        "recipes/reverse_text.toml"
-    ),
+    recipe: RecipeArg = Path("recipes/reverse_text.toml"),
     quick: Annotated[bool, typer.Option(help="Fewer repetitions.")] = False,
     verifiers: Annotated[
         bool,
@@ -730,32 +759,35 @@ def sweep(
         raise typer.Exit(1)
 
 
+# `bench load`'s longer options, named once so its signature reads as a list.
+DurationOption = Annotated[
+    float | None, typer.Option(min=1, help="Seconds of churn (default 600; --quick: 60).")
+]
+IntervalOption = Annotated[
+    float, typer.Option(min=0.5, help="Seconds between evictions (runs are added back).")
+]
+LoadRecipeOption = Annotated[Path, typer.Option(help="The recipe whose model and task to run.")]
+LoadRunsOption = Annotated[
+    int, typer.Option(min=1, help="Unfinished runs at any time (the recipe's and added).")
+]
+SlotsOption = Annotated[
+    int,
+    typer.Option(min=1, help="Trainer slots (\\[trainer] max_concurrent_runs); at most --runs."),
+]
+
+
 @bench_app.command("load")
 def load(
-    duration: Annotated[
-        float | None,
-        typer.Option(min=1, help="Seconds of churn (default 600; --quick: 60)."),
-    ] = None,
+    duration: DurationOption = None,
     quick: Annotated[bool, typer.Option("--quick", help="60 s of churn: a few minutes.")] = False,
-    interval: Annotated[
-        float, typer.Option(min=0.5, help="Seconds between evictions (runs are added back).")
-    ] = 5.0,
+    interval: IntervalOption = 5.0,
     seed: Annotated[int, typer.Option(help="Draws which run each eviction takes.")] = 0,
-    recipe: Annotated[Path, typer.Option(help="The recipe whose model and task to run.")] = Path(
-        "recipes/reverse_text.toml"
-    ),
+    recipe: LoadRecipeOption = Path("recipes/reverse_text.toml"),
     keep_outputs: Annotated[
         bool, typer.Option(help="Keep the scratch experiment directory after.")
     ] = False,
-    runs: Annotated[
-        int, typer.Option(min=1, help="Unfinished runs at any time (the recipe's and added).")
-    ] = 16,
-    slots: Annotated[
-        int,
-        typer.Option(
-            min=1, help="Trainer slots (\\[trainer] max_concurrent_runs); at most --runs."
-        ),
-    ] = 4,
+    runs: LoadRunsOption = 16,
+    slots: SlotsOption = 4,
 ) -> None:
     """The supervisor, trainer and TUI under runs coming and going, and the TUI's latency.
 
