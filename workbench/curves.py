@@ -22,6 +22,7 @@ from __future__ import annotations
 import colorsys
 import io
 import math
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,17 +241,46 @@ def image_format(path: Path) -> str:
 
 
 def run_colours(run_ids: list[str]) -> dict[str, str]:
-    """A colour per run ("#rrggbb"), in order of first appearance: tab10, tab20 beyond ten
-    runs, and evenly spaced hues beyond twenty."""
-    unique = list(dict.fromkeys(run_ids))
-    if len(unique) <= len(TAB10):
-        palette = list(TAB10)
-    elif len(unique) <= len(TAB20):
-        palette = list(TAB20)
-    else:
-        hues = [colorsys.hsv_to_rgb(i / len(unique), 0.65, 0.95) for i in range(len(unique))]
-        palette = ["#" + "".join(f"{round(c * 255):02x}" for c in rgb) for rgb in hues]
-    return {run_id: palette[i] for i, run_id in enumerate(unique)}
+    """A colour per run ("#rrggbb"), derived from its id (`RunColours`): the same run has
+    the same colour in every figure and in the TUI, whichever runs are beside it."""
+    return RunColours().assign(run_ids)
+
+
+class RunColours:
+    """Each run's colour, derived from its id and kept once given.
+
+    A run's id hashes (crc32: the same in every process, unlike `hash`) to one of tab10's
+    ten colours; if another run already has it, the next free one of tab10, then of
+    tab20's ten lighter shades; beyond twenty runs, a hue from the hash (two may then
+    look alike). Runs given colours together are taken in sorted order, so a set of runs
+    gets the same colours wherever it is drawn; a run added later takes a free colour and
+    no run's colour ever changes.
+    """
+
+    def __init__(self) -> None:
+        self._given: dict[str, str] = {}
+
+    def assign(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """The colour of each of `run_ids`, giving one to each run without one."""
+        for run_id in sorted(set(run_ids) - self._given.keys()):
+            self._given[run_id] = self._free_colour(run_id)
+        return {run_id: self._given[run_id] for run_id in run_ids}
+
+    def colour(self, run_id: str) -> str:
+        if run_id not in self._given:
+            self._given[run_id] = self._free_colour(run_id)
+        return self._given[run_id]
+
+    def _free_colour(self, run_id: str) -> str:
+        digest = zlib.crc32(run_id.encode())
+        taken = set(self._given.values())
+        for palette in (TAB10, TAB20[1::2]):
+            for offset in range(len(palette)):
+                colour = palette[(digest + offset) % len(palette)]
+                if colour not in taken:
+                    return colour
+        rgb = colorsys.hsv_to_rgb((digest % 360) / 360, 0.65, 0.95)
+        return "#" + "".join(f"{round(c * 255):02x}" for c in rgb)
 
 
 def experiment_figure(experiment: Path) -> Figure:

@@ -11,6 +11,13 @@ Data flow:
   (`supervisor.client.evict_and_tell`: `evicted.txt`, then the supervisor) and sends
   commands to the supervisor in thread workers, reporting outcomes as notifications.
 
+Runs picked by the user (`workbench.tui.selection`) are the app's, in one place, for every
+screen: `app.selected_runs()` is the runs selected with space in the runs table, in the
+table's order (pinned first), empty when none is; `app.plotted_runs()` is what a view of
+"the selected runs" shows: those, or when none is selected every run the filter (`/`)
+keeps; `app.run_colour(run_id)` is the run's colour in every view. A screen that shows
+them watches `selection_version` (it goes up at each select, pin or filter change).
+
 Quitting exits the TUI only: the supervisor and its children live in their own session
 and are never signalled from here.
 """
@@ -60,6 +67,7 @@ from workbench.tui.screens.leaderboard import LeaderboardScreen
 from workbench.tui.screens.main import WIDE_LAYOUT_COLUMNS, MainScreen
 from workbench.tui.screens.run_detail import RunDetailScreen
 from workbench.tui.screens.samples import SamplesScreen
+from workbench.tui.selection import RunSelection
 from workbench.tui.widgets.log_pane import LOG_MAX_LINES
 
 # Processes whose restart interrupts every run: asked for confirmation first.
@@ -89,6 +97,8 @@ class WorkbenchApp(App[None]):
 
     # Set on every poll, even when equal to the last one: ages and uptimes move on.
     snapshot: var[ExperimentSnapshot | None] = var(None, always_update=True)
+    # Goes up at every change of the selected or pinned runs or of the runs filter.
+    selection_version: var[int] = var(0)
 
     def __init__(
         self,
@@ -112,6 +122,7 @@ class WorkbenchApp(App[None]):
         self._warned: set[str] = set()
         self.polls = 0  # completed polls; tests wait on it
         self._collector = QuietCollector()
+        self.run_selection = RunSelection(self.experiment)
 
     def on_mount(self) -> None:
         self.push_screen(MainScreen(self.experiment, self.clock, self.log_max_lines))
@@ -160,6 +171,39 @@ class WorkbenchApp(App[None]):
         self._polling = False
         self.polls += 1
         self.notify(f"reading {self.experiment} failed: {err}", severity="error", timeout=5)
+
+    # ------------------------------------------------------------ picked runs
+
+    def selected_runs(self) -> list[str]:
+        """The runs selected (space in the runs table) that the experiment has, pinned
+        first, then in the runs table's order; empty when none is selected."""
+        runs = self.snapshot.runs if self.snapshot else ()
+        return self.run_selection.selected_of(run.id for run in self.run_selection.order(runs))
+
+    def plotted_runs(self) -> list[str]:
+        """The runs a view of "the selected runs" shows: the selected ones, or when none
+        is, every run the runs filter keeps (every run without a filter)."""
+        runs = self.snapshot.runs if self.snapshot else ()
+        return self.selected_runs() or [run.id for run in self.run_selection.shown(runs)]
+
+    def run_colour(self, run_id: str) -> str:
+        """The run's colour ("#rrggbb"), the same in every view for the TUI's whole life."""
+        return self.run_selection.colour(run_id)
+
+    def toggle_selected(self, run_id: str) -> bool:
+        selected = self.run_selection.toggle_selected(run_id)
+        self.selection_version = self.run_selection.version
+        return selected
+
+    def toggle_pinned(self, run_id: str) -> bool:
+        pinned = self.run_selection.toggle_pinned(run_id)
+        self.selection_version = self.run_selection.version
+        return pinned
+
+    def set_run_filter(self, text: str) -> None:
+        """Filter the runs table (`workbench.tui.selection`); raises FilterError."""
+        self.run_selection.set_filter(text)
+        self.selection_version = self.run_selection.version
 
     # ------------------------------------------------------------ screens
 

@@ -9,6 +9,10 @@ the timeline: the last minute of each process (`screens.timeline`).
 At 120 columns and more the two tables sit side by side; below that they stack, capped in
 height so the log keeps most of the screen, and the processes' "last exit" column is
 hidden: 80x24 over SSH stays readable.
+The runs table shows the runs the app's filter keeps, pinned runs first, each marked in
+its colour (`widgets.runs_table`); `/` on it opens the filter line above the tables
+(typing filters as it goes, enter keeps the filter, escape clears it), and its title says
+how many runs the filter keeps and how many are selected. `/` elsewhere searches the log.
 The screen turns snapshots into table updates and keys into requests to the app; it does
 no I/O of its own besides what the log pane's worker reads.
 """
@@ -16,6 +20,7 @@ no I/O of its own besides what the log pane's worker reads.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import ClassVar
 
@@ -26,7 +31,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Container
 from textual.events import Resize
 from textual.screen import Screen
-from textual.widgets import Static
+from textual.widgets import Input, Static
 
 from workbench.files import layout
 from workbench.supervisor.startup import FAILED, StartupPhase
@@ -44,6 +49,7 @@ from workbench.tui.messages import (
     StopAll,
 )
 from workbench.tui.screens.timeline import TimelineScreen
+from workbench.tui.selection import FilterError, RunSelection
 from workbench.tui.widgets.footer import Footer
 from workbench.tui.widgets.log_pane import LOG_MAX_LINES, LogPane, LogTarget
 from workbench.tui.widgets.processes_table import ProcessesTable
@@ -102,6 +108,27 @@ def startup_text(startup: StartupPhase | None, now: float) -> Text | None:
     return Text(f" {startup.describe(now)}", style=style, no_wrap=True, overflow="ellipsis")
 
 
+def runs_title(snapshot: ExperimentSnapshot, shown: int, selection: RunSelection) -> str:
+    """The runs table's title: the filter and how many runs it keeps, how many selected."""
+    title = "runs"
+    if selection.filter is not None:
+        title += f" · /{selection.filter.text}: {shown} of {len(snapshot.runs)}"
+    selected = len(selection.selected_of(run.id for run in snapshot.runs))
+    if selected:
+        title += f" · {selected} selected"
+    return title
+
+
+class RunsFilterInput(Input):
+    """The runs filter line: escape clears the filter and closes it."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "close", "clear", show=False)]
+
+    def action_close(self) -> None:
+        self.value = ""
+        self.screen.close_runs_filter()  # type: ignore[attr-defined]
+
+
 class MainScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("e", "evict", "evict"),
@@ -139,6 +166,11 @@ class MainScreen(Screen[None]):
         yield Static(" workbench", id="top-bar")
         yield Static(id="startup")
         yield Static(id="alerts-banner")
+        yield RunsFilterInput(
+            placeholder="filter runs: id text, key=value, key>value (enter: keep, esc: clear)",
+            compact=True,
+            id="runs-filter",
+        )
         with Container(id="tables"):
             runs = RunsTable(id="runs")
             runs.border_title = "runs"
@@ -151,6 +183,7 @@ class MainScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.watch(self.app, "snapshot", self._show_snapshot)
+        self.watch(self.app, "selection_version", self._show_runs, init=False)
         self.query_one(RunsTable).focus()
 
     def on_resize(self, event: Resize) -> None:
@@ -176,7 +209,7 @@ class MainScreen(Screen[None]):
             line.display = startup is not None
             line.update(startup or "")
         self._show_alerts_banner()
-        self.query_one(RunsTable).show_runs(snapshot.runs, now)
+        self._show_runs()
         self.query_one(ProcessesTable).show_processes(snapshot.processes, now)
         log_pane = self.query_one(LogPane)
         if log_pane.target is None:
@@ -188,6 +221,50 @@ class MainScreen(Screen[None]):
                 target = self._process_target(snapshot.processes[0].name)
                 if target is not None:
                     log_pane.follow(target)
+
+    def _show_runs(self) -> None:
+        if self.snapshot is None:
+            return
+        selection: RunSelection = self.app.run_selection  # type: ignore[attr-defined]
+        shown = selection.shown(self.snapshot.runs)
+        table = self.query_one(RunsTable)
+        table.show_runs(shown, self.clock(), selection)
+        title = runs_title(self.snapshot, len(shown), selection)
+        if table.border_title != title:
+            table.border_title = title
+
+    # ------------------------------------------------------------ runs filter
+
+    @on(RunsTable.FilterAsked)
+    def _open_runs_filter(self) -> None:
+        line = self.query_one(RunsFilterInput)
+        selection: RunSelection = self.app.run_selection  # type: ignore[attr-defined]
+        line.value = selection.filter.text if selection.filter else ""
+        line.display = True
+        line.focus()
+
+    @on(Input.Changed, "#runs-filter")
+    def _runs_filter_typed(self, event: Input.Changed) -> None:
+        # Filter as the user types; a term not finished yet (`lr>`) keeps the last filter.
+        with suppress(FilterError):
+            self.app.set_run_filter(event.value)  # type: ignore[attr-defined]
+
+    @on(Input.Submitted, "#runs-filter")
+    def _runs_filter_entered(self, event: Input.Submitted) -> None:
+        try:
+            self.app.set_run_filter(event.value)  # type: ignore[attr-defined]
+        except FilterError as err:
+            self.notify(f"runs filter: {err}", severity="error")
+            return
+        self.close_runs_filter()
+
+    def close_runs_filter(self) -> None:
+        """Hide the filter line (an empty one clears the filter) and go back to the runs."""
+        line = self.query_one(RunsFilterInput)
+        if not line.value.strip():
+            self.app.set_run_filter("")  # type: ignore[attr-defined]
+        line.display = False
+        self.query_one(RunsTable).focus()
 
     def _show_alerts_banner(self) -> None:
         if self.snapshot is None:
