@@ -24,7 +24,7 @@ from typing import Any
 from workbench.bench.env_speed import measure_environments
 from workbench.bench.env_speed import summary_rows as environment_rows
 from workbench.config import LORA_TARGET_MODULES, OrchestratorConfig
-from workbench.recipe import load_recipe
+from workbench.recipe import Recipe, load_recipe
 
 DEFAULT_RECIPE = Path("recipes/reverse_text.toml")
 REPETITIONS = 8
@@ -91,6 +91,25 @@ def run_eval_benchmark(
         finally:
             stop_local_server(server.process)
 
+    report = _report(recipe, loaded, config, repetitions, load_before, timings)
+    if environments is not None:
+        report["environments"] = environments
+        report["summary"] += environment_rows(environments)
+    report["path"] = str(write_result("eval", report))
+    print_table(report)
+    return report
+
+
+def _report(
+    recipe: Path,
+    loaded: Recipe,
+    config: OrchestratorConfig,
+    repetitions: int,
+    load_before: tuple[float, float, float],
+    timings: dict[str, list[float]],
+) -> dict[str, Any]:
+    """The report's measurements: every timing, their medians, the load around them and
+    the `bench all` summary rows."""
     medians = {name: round(statistics.median(values), 3) for name, values in timings.items()}
     report: dict[str, Any] = {
         "recipe": str(recipe),
@@ -107,11 +126,6 @@ def run_eval_benchmark(
         "medians_s": medians,
     }
     report["summary"] = summary_rows(medians, config)
-    if environments is not None:
-        report["environments"] = environments
-        report["summary"] += environment_rows(environments)
-    report["path"] = str(write_result("eval", report))
-    print_table(report)
     return report
 
 

@@ -193,7 +193,6 @@ def run_separate_benchmark(
     """Every setup in turn, then the comparison (and the seed control of any split run),
     JSON, plot and table; `exit_code` 1 when a setup had problems, a curve differs, or a
     split run ends outside what it does alone under other seeds."""
-    from workbench.bench.results import RESULTS_DIR, write_result
     from workbench.recipe import load_recipe
 
     if quick:
@@ -231,6 +230,16 @@ def run_separate_benchmark(
         "exit_code": 1 if problems or not curves_pass(curves) else 0,
     }
     report["summary"] = summary_rows(report)
+    _write_report(report, scratch, keep_outputs)
+    print_table(report)
+    return report
+
+
+def _write_report(report: dict[str, Any], scratch: Path, keep_outputs: bool) -> None:
+    """The JSON and its plot written (the plot also as e2e-separate-latest.png), their paths
+    in the report; the scratch directory kept when the benchmark failed or when asked."""
+    from workbench.bench.results import RESULTS_DIR, write_result
+
     json_path = write_result("e2e-separate", report, results_dir=RESULTS_DIR)
     png = render(report)
     layout.atomic_write_bytes(json_path.with_suffix(".png"), png)
@@ -241,8 +250,6 @@ def run_separate_benchmark(
         report["scratch_dir"] = str(scratch)
     else:
         shutil.rmtree(scratch, ignore_errors=True)
-    print_table(report)
-    return report
 
 
 # ---------------------------------------------------------------- showing

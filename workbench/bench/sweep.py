@@ -314,7 +314,6 @@ def run_sweep_benchmark(
 ) -> dict[str, Any]:
     """Run RECIPE with its early stopping, then without; write the JSON and the plot, print
     a table, return the report (with `summary` rows and `exit_code` for `bench all`)."""
-    from workbench.bench.results import RESULTS_DIR, write_result
     from workbench.recipe import load_recipe
 
     if quick and max_steps is None:
@@ -355,18 +354,33 @@ def run_sweep_benchmark(
         "exit_code": 1 if failed else 0,  # 1: a mode has `problems`
     }
     report["summary"] = summary_rows(report)
+    _write_report(report, outcomes, recipe, scratch, keep_outputs)
+    print_table(report)
+    return report
+
+
+def _write_report(
+    report: dict[str, Any],
+    outcomes: dict[str, ModeOutcome],
+    recipe: Path,
+    scratch: Path,
+    keep_outputs: bool,
+) -> None:
+    """The JSON and the plot of each mode's curves written (the plot also as
+    sweep-latest.png), their paths in the report; the scratch directories kept when a mode
+    had problems or when asked."""
+    from workbench.bench.results import RESULTS_DIR, write_result
+
     json_path = write_result("sweep", report, results_dir=RESULTS_DIR)
     png = render_comparison(outcomes, title=f"{recipe.stem}: ASHA, PBT and every run to max_steps")
     layout.atomic_write_bytes(json_path.with_suffix(".png"), png)
     layout.atomic_write_bytes(RESULTS_DIR / "sweep-latest.png", png)
     report["path"] = str(json_path)
     report["plot"] = str(RESULTS_DIR / "sweep-latest.png")
-    if failed or keep_outputs:
+    if report["exit_code"] or keep_outputs:
         report["scratch_dir"] = str(scratch)
     else:
         shutil.rmtree(scratch, ignore_errors=True)
-    print_table(report)
-    return report
 
 
 # ---------------------------------------------------------------- showing
