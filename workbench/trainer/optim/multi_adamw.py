@@ -19,6 +19,8 @@ operations over every run's small tensors cost more than each run's one fused pa
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch.optim import AdamW
 
@@ -108,8 +110,41 @@ def adamw_step_together(optimizers: list[AdamW], foreach: bool | None = None) ->
     `foreach`: each operation over every tensor at once. By default on a GPU, and on the
     CPU for small tensors (`CPU_FOREACH_MAX_NUMEL`); larger ones on the CPU go through all
     their operations one tensor at a time, while in cache, as torch's AdamW does there."""
-    params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
-    decay, lerp, beta2s, square_weights, bias2_roots, epsilons, step_sizes = ([] for _ in range(7))
+    operands = _operands(optimizers)
+    if not operands.params:
+        return
+    if foreach is None:
+        params = operands.params
+        mean_numel = sum(param.numel() for param in params) / len(params)
+        foreach = params[0].device.type != "cpu" or mean_numel <= CPU_FOREACH_MAX_NUMEL
+    if foreach:
+        _step_foreach(operands)
+    else:
+        _step_one_tensor_at_a_time(operands)
+
+
+@dataclass
+class _Operands:
+    """Every parameter to step, its gradient and moments, and the scalars of its group at
+    its step, in one order: what both ways of stepping take."""
+
+    params: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)
+    exp_avgs: list[torch.Tensor] = field(default_factory=list)
+    exp_avg_sqs: list[torch.Tensor] = field(default_factory=list)
+    decay: list[float] = field(default_factory=list)  # 1 - lr * weight_decay
+    lerp: list[float] = field(default_factory=list)  # 1 - beta1
+    beta2s: list[float] = field(default_factory=list)
+    square_weights: list[float] = field(default_factory=list)  # 1 - beta2
+    bias2_roots: list[float] = field(default_factory=list)  # sqrt(1 - beta2^step)
+    epsilons: list[float] = field(default_factory=list)
+    step_sizes: list[float] = field(default_factory=list)  # -lr / (1 - beta1^step)
+
+
+def _operands(optimizers: list[AdamW]) -> _Operands:
+    """Each parameter with a gradient, its step counted (state made on its first, as AdamW
+    makes it), with its moments and its group's scalars."""
+    operands = _Operands()
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             lr, weight_decay, eps = group["lr"], group["weight_decay"], group["eps"]
@@ -126,41 +161,42 @@ def adamw_step_together(optimizers: list[AdamW], foreach: bool | None = None) ->
                     )
                 state["step"] += 1
                 step = state["step"].item()  # on the host, as AdamW keeps it: no sync
-                params.append(param)
-                grads.append(param.grad)
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-                steps.append(state["step"])
-                decay.append(1 - lr * weight_decay)
-                lerp.append(1 - beta1)
-                beta2s.append(beta2)
-                square_weights.append(1 - beta2)
-                bias2_roots.append((1 - beta2**step) ** 0.5)
-                epsilons.append(eps)
-                step_sizes.append(-(lr / (1 - beta1**step)))
-    if not params:
-        return
-    if foreach is None:
-        mean_numel = sum(param.numel() for param in params) / len(params)
-        foreach = params[0].device.type != "cpu" or mean_numel <= CPU_FOREACH_MAX_NUMEL
-    if not foreach:
-        for param, grad, exp_avg, exp_avg_sq, d, w, b2, sw, root, eps, size in zip(
-            params, grads, exp_avgs, exp_avg_sqs, decay, lerp, beta2s, square_weights,
-            bias2_roots, epsilons, step_sizes, strict=True,
-        ):  # fmt: skip
-            if d != 1:
-                param.mul_(d)
-            exp_avg.lerp_(grad, w)
-            exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=sw)
-            param.addcdiv_(exp_avg, (exp_avg_sq.sqrt() / root).add_(eps), value=size)
-        return
-    decayed = [(p, d) for p, d in zip(params, decay, strict=True) if d != 1]
+                operands.params.append(param)
+                operands.grads.append(param.grad)
+                operands.exp_avgs.append(state["exp_avg"])
+                operands.exp_avg_sqs.append(state["exp_avg_sq"])
+                operands.decay.append(1 - lr * weight_decay)
+                operands.lerp.append(1 - beta1)
+                operands.beta2s.append(beta2)
+                operands.square_weights.append(1 - beta2)
+                operands.bias2_roots.append((1 - beta2**step) ** 0.5)
+                operands.epsilons.append(eps)
+                operands.step_sizes.append(-(lr / (1 - beta1**step)))
+    return operands
+
+
+def _step_one_tensor_at_a_time(o: _Operands) -> None:
+    """All of one tensor's operations while it is in cache, as torch's AdamW on the CPU."""
+    for param, grad, exp_avg, exp_avg_sq, d, w, b2, sw, root, eps, size in zip(
+        o.params, o.grads, o.exp_avgs, o.exp_avg_sqs, o.decay, o.lerp, o.beta2s,
+        o.square_weights, o.bias2_roots, o.epsilons, o.step_sizes, strict=True,
+    ):  # fmt: skip
+        if d != 1:
+            param.mul_(d)
+        exp_avg.lerp_(grad, w)
+        exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=sw)
+        param.addcdiv_(exp_avg, (exp_avg_sq.sqrt() / root).add_(eps), value=size)
+
+
+def _step_foreach(o: _Operands) -> None:
+    """Each operation over every tensor at once, as torch's multi-tensor AdamW."""
+    decayed = [(p, d) for p, d in zip(o.params, o.decay, strict=True) if d != 1]
     if decayed:  # AdamW multiplies only where weight_decay != 0
         torch._foreach_mul_([p for p, _ in decayed], [d for _, d in decayed])
-    torch._foreach_lerp_(exp_avgs, grads, lerp)
-    torch._foreach_mul_(exp_avg_sqs, beta2s)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, square_weights)
-    denominators = torch._foreach_sqrt(exp_avg_sqs)
-    torch._foreach_div_(denominators, bias2_roots)
-    torch._foreach_add_(denominators, epsilons)
-    torch._foreach_addcdiv_(params, exp_avgs, denominators, step_sizes)
+    torch._foreach_lerp_(o.exp_avgs, o.grads, o.lerp)
+    torch._foreach_mul_(o.exp_avg_sqs, o.beta2s)
+    torch._foreach_addcmul_(o.exp_avg_sqs, o.grads, o.grads, o.square_weights)
+    denominators = torch._foreach_sqrt(o.exp_avg_sqs)
+    torch._foreach_div_(denominators, o.bias2_roots)
+    torch._foreach_add_(denominators, o.epsilons)
+    torch._foreach_addcdiv_(o.params, o.exp_avgs, denominators, o.step_sizes)
