@@ -149,7 +149,7 @@ def test_tui_on_a_synthetic_experiment_in_a_real_80x24_terminal(
         "r restart",
         "a add",
         "f follow",
-        "/ search",
+        "/ filter",
         "S stop",
         "q quit",
         "? help",
@@ -176,10 +176,10 @@ def test_tui_on_a_synthetic_experiment_in_a_real_80x24_terminal(
     tmux_session.wait_for_text("eviction reason: reward plateaued")
     tmux_session.send("Escape")
     tmux_session.wait_for_text("e evict")
-    tmux_session.send("?")
-    tmux_session.wait_for_text("stop everything")
+    tmux_session.send("?")  # the help's first key (it scrolls: later ones may be below)
+    tmux_session.wait_for_text("move between the runs table")
     tmux_session.send("Escape")
-    tmux_session.wait_for(lambda s: "stop everything" not in s, "the help to close")
+    tmux_session.wait_for(lambda s: "move between the runs table" not in s, "the help to close")
 
     # Quit: the TUI exits cleanly and the supervisor lives on.
     tmux_session.send("q")
@@ -220,6 +220,47 @@ def test_leaderboard_in_a_real_80x24_terminal(tmp_path, tmux_session):
     tmux_session.wait_for_text("stopped early: asha rung 0 (step 5)")
     tmux_session.send("b")
     tmux_session.wait_for_text("b ranks")
+    tmux_session.send("q")
+    tmux_session.wait_for_text("TUI-EXITED=0")
+
+
+def test_runs_filtered_selected_and_their_curves_smoothed_in_a_real_80x24_terminal(
+    tmp_path, tmux_session
+):
+    experiment = build_sweep_experiment(tmp_path)
+    repo = Path(__file__).resolve().parents[2]
+    tmux_session.start([sys.executable, "-m", "workbench.tui", str(experiment)], cwd=repo)
+    tmux_session.wait_for(lambda s: "run_lr3e-4_rank4" in s and "/ filter" in s, "the runs")
+
+    # `/`, typed filter, Enter: only the rank-8 runs with lr above 2e-3 stay.
+    tmux_session.send("/")
+    tmux_session.wait_for_text("filter runs: id text")
+    tmux_session.type("rank8 lr>2e-3")
+    tmux_session.send("Enter")
+    screen = tmux_session.wait_for_text("runs · /rank8 lr>2e-3: 2 of 5")
+    assert "run_lr1e-2_rank8" in screen and "run_lr3e-2_rank8" in screen
+    assert "run_lr3e-3_rank4" not in screen and "run_lr1e-3_rank8" not in screen
+
+    # Space selects the run under the cursor, p pins it; its mark says both.
+    tmux_session.send("Down", "Space", "p")
+    screen = tmux_session.wait_for_text("2 of 5 · 1 selected")
+    runs = [line for line in screen.splitlines() if "_rank" in line]
+    assert "●▲" in runs[0] and "run_lr3e-2_rank8" in runs[0], runs
+
+    # The curves show the selected run alone; s smooths them.
+    tmux_session.send("c")
+    tmux_session.wait_for_text("1 of 1 selected runs")
+    tmux_session.send("s")
+    screen = tmux_session.wait_for_text("EMA 0.6")
+    assert all(len(line) <= WIDTH for line in screen.splitlines())
+    assert "run_lr3e-2_rank8" in screen and "run_lr1e-2_rank8" not in screen
+
+    # Back, Escape clears the filter: every run again, the selection kept.
+    tmux_session.send("Escape")
+    tmux_session.wait_for_text("/ filter")
+    tmux_session.send("Escape")
+    screen = tmux_session.wait_for_text("runs · 1 selected")
+    assert "run_lr3e-3_rank4" in screen and "run_lr1e-3_rank8" in screen
     tmux_session.send("q")
     tmux_session.wait_for_text("TUI-EXITED=0")
 

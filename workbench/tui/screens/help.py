@@ -28,11 +28,17 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("a", "add a run (id and key=value overrides)"),
     ("S", "stop everything: every process, gracefully (with confirmation)"),
     ("/", "search the log; n / N: next / previous match; esc: close"),
+    ("space", "runs: select the run (●): the curves show the selected runs"),
+    ("p", "runs: pin the run on top of the table (▲); p again: unpin"),
+    ("/ on the runs", "filter: id text, key=value, key>value (lr>1e-3); esc: clear"),
+    ("s on the curves", "smooth the curves (EMA 0.6) and back"),
     ("end / G", "jump to the end of the log and follow it again"),
     ("y", "copy the visible log lines to the clipboard"),
     ("ctrl+r", "re-read the experiment directory now"),
     ("?", "this help"),
     ("q", "quit the TUI: training keeps running; `workbench attach` reopens it"),
+    ("v", "runs side by side on one eval's held-out prompts (space ticks runs; [ / ]: step)"),
+    ("A", "playground: a prompt to every ticked run's adapter and the base; ctrl+n: a dataset row"),
 )
 
 

@@ -130,6 +130,8 @@ class RunsFilterInput(Input):
 
 
 class MainScreen(Screen[None]):
+    # Focused when the screen is shown: the runs, not the first focusable (the filter line).
+    AUTO_FOCUS = "#runs"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("e", "evict", "evict"),
         Binding("r", "restart", "restart"),
