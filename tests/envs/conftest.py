@@ -9,7 +9,7 @@ import pytest
 
 from workbench.envs import verifiers_venv
 from workbench.envs.verifiers_versions import TESTED
-from workbench.models.resolve import cache_dir
+from workbench.system.cache import cache_dir
 
 TASKS = Path(__file__).parent / "verifiers_tasks"
 NETWORK_TROUBLE = (

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from workbench.envs.verifiers_versions import INSTALL_COMMAND, TESTED
-from workbench.models.resolve import cache_dir
+from workbench.system.cache import cache_dir
 
 VENV_ENV = "WORKBENCH_VERIFIERS_VENV"
 MARKER = "workbench.json"

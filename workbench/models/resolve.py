@@ -21,9 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import shutil
@@ -33,87 +31,56 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Any
 
-import platformdirs
 from filelock import FileLock, Timeout
 from rich.console import Console
 
 from workbench.files import layout
 from workbench.models import hub
+from workbench.models.builtin import (
+    BuiltinModel,
+    ModelResolutionError,
+    StepCallback,
+    ignore_steps,
+)
+from workbench.system.cache import cache_dir
 
 BUILTIN_PREFIX = "builtin:"
-CACHE_DIR_ENV = "WORKBENCH_CACHE_DIR"
 BUILD_LOCK_TIMEOUT_S = 30 * 60
 
-# `on_step(step, steps, what)`: a build is at `step` of `steps` (from 1), doing `what`;
-# step 0 of 0 while it waits for another process's build.
-StepCallback = Callable[[int, int, str], None]
+
+def _builders() -> ModuleType:
+    """The builtin models' builders, imported when a builtin model is asked for and never to
+    resolve a local path: they train with the SFT trainer (torch, transformers).
+
+    The one import of `models/` from `trainer/`, an arrow back up: a builtin model is made
+    by training, and training lives in the trainer; the trainer in turn loads models by the
+    path this module resolves, without importing it."""
+    from workbench.trainer.sft import tiny_reverse
+
+    return tiny_reverse
 
 
-def ignore_steps(step: int, steps: int, what: str) -> None:
-    """The `on_step` of a build nobody follows."""
+# name -> the builders' attribute holding its `BuiltinModel`.
+_BUILTINS = {"tiny-reverse": "TINY_REVERSE", "tiny-reverse-chat": "TINY_REVERSE_CHAT"}
+# The builders' source, read (importing it takes torch) to key the cache of layer names.
+_BUILDERS_SOURCE = Path(__file__).resolve().parents[1] / "trainer" / "sft" / "tiny_reverse.py"
 
 
-# name -> "module:attribute" of its `BuiltinModel`; imported only when asked for, so resolving
-# a local path never imports the builders (and their training code).
-_BUILTINS = {
-    "tiny-reverse": "workbench.trainer.sft.tiny_reverse:TINY_REVERSE",
-    "tiny-reverse-chat": "workbench.trainer.sft.tiny_reverse:TINY_REVERSE_CHAT",
+def _char_tokenizer() -> Any:
+    """The builtins' tokenizer, the one their build writes; apart from the builders so that
+    knowing a prompt's length imports no builder (torch, training code)."""
+    from workbench.models.char_tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+_BUILTIN_TOKENIZERS: dict[str, Callable[[], Any]] = {
+    "tiny-reverse": _char_tokenizer,
+    "tiny-reverse-chat": _char_tokenizer,
 }
-# name -> "module:function" making the builtin's tokenizer, the one its build writes; kept
-# apart so that knowing a prompt's length imports no builder (torch, training code).
-_BUILTIN_TOKENIZERS = {
-    "tiny-reverse": "workbench.models.char_tokenizer:build_char_tokenizer",
-    "tiny-reverse-chat": "workbench.models.char_tokenizer:build_char_tokenizer",
-}
-
-
-class ModelResolutionError(ValueError):
-    """An unknown builtin model or a build that could not finish; the message says why."""
-
-
-class BuiltinModel(Protocol):
-    """What `resolve_model` needs from a model the project builds itself."""
-
-    name: str
-
-    def default_spec(self) -> Any:
-        """The spec `builtin:NAME` means; tests pass a smaller one to build fast."""
-
-    def version_hash(self, spec: Any) -> str:
-        """Short hash of everything that determines the built files."""
-
-    def model_config(self, spec: Any) -> Any:
-        """The transformers config of `spec`'s model, known without building it."""
-
-    def describe_build(self, spec: Any) -> str:
-        """What writing `spec`'s model into the cache involves, told to the user waiting on
-        it: "building builtin:NAME (first use, about a minute)"."""
-
-    def build(
-        self,
-        target: Path,
-        spec: Any,
-        *,
-        show_progress: bool,
-        console: Console,
-        on_step: StepCallback = ignore_steps,
-    ) -> None:
-        """Write the model into the empty directory `target`, telling `on_step` each step."""
-
-    def build_from_scratch(
-        self, target: Path, spec: Any, *, show_progress: bool, console: Console
-    ) -> None:
-        """Make `spec`'s model from nothing into `target` (what made any shipped weights)."""
-
-
-def cache_dir() -> Path:
-    """The workbench cache root: `$WORKBENCH_CACHE_DIR`, else the user cache directory."""
-    override = os.environ.get(CACHE_DIR_ENV)
-    return (
-        Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("workbench"))
-    )
 
 
 def models_cache_dir() -> Path:
@@ -131,17 +98,12 @@ def is_builtin(base: str) -> bool:
 def get_builtin(name: str) -> BuiltinModel:
     if name not in _BUILTINS:
         raise ModelResolutionError(_unknown_builtin(name))
-    return _import(_BUILTINS[name])
+    return getattr(_builders(), _BUILTINS[name])
 
 
 def _unknown_builtin(name: str) -> str:
     known = ", ".join(BUILTIN_PREFIX + n for n in builtin_names())
     return f"unknown builtin model {BUILTIN_PREFIX + name!r}; available: {known}"
-
-
-def _import(target: str) -> Any:
-    module_name, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
 
 
 def base_model_problem(base: str) -> str | None:
@@ -178,7 +140,7 @@ def prompt_tokenizer(base: str) -> Any | None:
     builtin's (never built for this), a model directory's, a cached hub model's; None for a
     hub model that is not cached. Loading errors propagate."""
     if is_builtin(base):
-        return _import(_BUILTIN_TOKENIZERS[base.removeprefix(BUILTIN_PREFIX)])()
+        return _BUILTIN_TOKENIZERS[base.removeprefix(BUILTIN_PREFIX)]()
     from transformers import AutoTokenizer
 
     local = Path(base).expanduser()
@@ -278,9 +240,8 @@ def linear_layers_cache_path(base: str) -> Path | None:
     may change in the hub's cache) or a directory without a readable config.json."""
     try:
         if is_builtin(base):
-            module = _BUILTINS[base.removeprefix(BUILTIN_PREFIX)].partition(":")[0]
-            origin = importlib.util.find_spec(module).origin
-            what = base.encode() + b"\0" + Path(origin).read_bytes()
+            _BUILTINS[base.removeprefix(BUILTIN_PREFIX)]  # KeyError: not a builtin
+            what = base.encode() + b"\0" + _BUILDERS_SOURCE.read_bytes()
         else:
             what = (Path(base).expanduser() / "config.json").read_bytes()
     except (KeyError, AttributeError, TypeError, OSError):

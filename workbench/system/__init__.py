@@ -3,6 +3,7 @@
 (free ports, the interface that reaches a host), `lifeline` (a child's tie to its parent),
 `signals` (SIGTERM taken as Ctrl-C), `small_machine` (at most two CPUs), `gpus`,
 `file_tail`, `file_change` (signatures), `tree_events` (a directory tree's file events,
-watchdog), `polling` (waiting for another process) and `console` (tables whole when piped).
+watchdog), `polling` (waiting for another process), `console` (tables whole when piped) and `cache`
+(where workbench keeps what it makes once).
 
 Nothing here knows an experiment; everything else may use it."""

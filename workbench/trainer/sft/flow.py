@@ -40,7 +40,7 @@ def run_sft(
     from pydantic import ValidationError
 
     from workbench.envs import EnvironmentConfigError
-    from workbench.models import ModelResolutionError
+    from workbench.models import ModelResolutionError, resolve_model
     from workbench.trainer.sft.train import SFTConfig, SFTLoraConfig, train_sft
 
     try:
@@ -53,7 +53,10 @@ def run_sft(
         raise SFTInputError(f"invalid sft options: {err}") from None
     on_log = None if progress is None else (lambda entry: progress(describe_log(entry)))
     try:
-        return train_sft(config, console=console, on_log=on_log)
+        model = resolve_model(config.model, console=console)
+        return train_sft(
+            config.model_copy(update={"model": str(model)}), console=console, on_log=on_log
+        )
     except (EnvironmentConfigError, ModelResolutionError, ValueError) as err:
         raise SFTInputError(str(err)) from None
 

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
 from workbench.models import char_tokenizer, shipped
-from workbench.models.resolve import ModelResolutionError, StepCallback, ignore_steps
+from workbench.models.builtin import ModelResolutionError, StepCallback, ignore_steps
 from workbench.models.shipped import BUILD_INFO_FILE, read_build_info
 
 # torch, transformers and the training code are imported by the functions that build: a

@@ -44,7 +44,6 @@ from workbench.config import LORA_TARGET_MODULES, LoraConfig, StrictModel
 from workbench.envs import Environment, Prompt, get_environment
 from workbench.envs.verifiers_env import PREFIX as VERIFIERS_PREFIX
 from workbench.files import layout
-from workbench.models.resolve import resolve_model
 from workbench.trainer.row_threads import torch_threads
 
 Message = dict[str, str]
@@ -316,7 +315,7 @@ def _train(
 ) -> SFTResult:
     started = time.perf_counter()
     torch.manual_seed(config.seed)  # LoRA initialisation; the data has its own seeded streams
-    model_path, tokenizer, model = _model_to_train(config, show_progress, console)
+    model_path, tokenizer, model = _model_to_train(config)
     env, examples = _training_examples(config)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
@@ -353,11 +352,11 @@ def _train(
     return result
 
 
-def _model_to_train(
-    config: SFTConfig, show_progress: bool, console: Console | None
-) -> tuple[Path, PreTrainedTokenizerBase, torch.nn.Module]:
-    """The base model resolved and loaded, wrapped with LoRA if asked, in training mode."""
-    model_path = resolve_model(config.model, show_progress=show_progress, console=console)
+def _model_to_train(config: SFTConfig) -> tuple[Path, PreTrainedTokenizerBase, torch.nn.Module]:
+    """The base model loaded, wrapped with LoRA if asked, in training mode. `config.model` is
+    a local directory: `run_sft` resolves a recipe's kind of name (`builtin:`, a hub id)
+    first, and the builtin models' build trains a directory it wrote."""
+    model_path = Path(config.model)
     tokenizer, model = load_model(model_path)
     if config.lora is not None:
         model = _wrap_with_lora(model, config.lora)
