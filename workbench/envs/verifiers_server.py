@@ -605,20 +605,6 @@ async def serve(config: dict[str, Any], channel: Channel) -> int:
     channel.start_reading(asyncio.get_running_loop(), queue)
     running: set[asyncio.Task] = set()
 
-    async def handle(request: dict[str, Any]) -> None:
-        answer: dict[str, Any] = {"id": request.get("id")}
-        try:
-            if request.get("op") == "tasks":
-                answer["tasks"] = [served.task_view(request["split"], r) for r in request["rows"]]
-            elif request.get("op") == "run":
-                answer["episodes"] = await served.run(request)
-            else:
-                answer["error"] = f"unknown op {request.get('op')!r}"
-        except Exception as err:
-            logger.warning("request %s failed:\n%s", request.get("op"), traceback.format_exc())
-            answer["error"] = f"{type(err).__name__}: {err}"
-        channel.send(answer)
-
     async with contextlib.AsyncExitStack() as stack:
         for env in served.environments():
             await stack.enter_async_context(env.serving())
@@ -638,12 +624,28 @@ async def serve(config: dict[str, Any], channel: Channel) -> int:
             }
         )
         while (line := await queue.get()) is not None:
-            task = asyncio.create_task(handle(json.loads(line)))
+            task = asyncio.create_task(_answer(served, json.loads(line), channel))
             running.add(task)
             task.add_done_callback(running.discard)
         for task in running:
             task.cancel()
     return 0
+
+
+async def _answer(served: Served, request: dict[str, Any], channel: Channel) -> None:
+    """One request answered on the channel: its tasks, its episodes, or why it failed."""
+    answer: dict[str, Any] = {"id": request.get("id")}
+    try:
+        if request.get("op") == "tasks":
+            answer["tasks"] = [served.task_view(request["split"], r) for r in request["rows"]]
+        elif request.get("op") == "run":
+            answer["episodes"] = await served.run(request)
+        else:
+            answer["error"] = f"unknown op {request.get('op')!r}"
+    except Exception as err:
+        logger.warning("request %s failed:\n%s", request.get("op"), traceback.format_exc())
+        answer["error"] = f"{type(err).__name__}: {err}"
+    channel.send(answer)
 
 
 async def warm() -> int:
