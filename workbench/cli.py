@@ -1,7 +1,7 @@
 """The `workbench` command line: one thin function per command, that parses options and
 prints; the work lives elsewhere (`workbench.up` is all of `up`). Here: the app and the
 commands that run an experiment (up, evict, attach, down, join, restart, logs). In modules of
-their own: `status`, `alerts`, `trace`, `plot`, `compare`, `slurm`, `export`, `samples` and `runs`, `sft` and
+their own: `status`, `alerts`, `trace`, `plot`, `compare`, `slurm`, `export`, `samples`, `ask` and `runs`, `sft` and
 `model`, `env`, `sweep`, `web` (`workbench/commands/`) and `bench` (`bench/cli.py`).
 
 Exit codes: 0 success, 1 the command failed (a run or experiment it names is unknown, ...),
@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from workbench.bench.cli import bench_app
 from workbench.commands.alerts import alerts
+from workbench.commands.ask import ask
 from workbench.commands.common import (
     EXIT_BAD_INPUT,
     ExperimentArg,
@@ -432,6 +433,7 @@ def logs(
 
 app.command()(export)
 app.command()(samples)
+app.command()(ask)
 app.command()(sft)
 app.add_typer(runs_app, name="runs")
 app.add_typer(sweep_app, name="sweep")

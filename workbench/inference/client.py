@@ -164,6 +164,13 @@ class InferenceClient:
     def unload_adapter(self, name: str) -> None:
         self._post("/v1/unload_lora_adapter", {"lora_name": name})
 
+    def served_models(self) -> list[str]:
+        """Every model name the server answers to now: the base and each adapter loaded."""
+        response = self._http.get(self.endpoint.base_url.removesuffix("/") + "/models")
+        if response.status_code != 200:
+            raise InferenceError(f"GET /v1/models answered {response.status_code}")
+        return [model["id"] for model in response.json().get("data", [])]
+
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """Any request of vLLM's API as given (the Tinker service's samples); its JSON answer."""
         return self._post(path, body)

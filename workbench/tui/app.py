@@ -65,8 +65,10 @@ from workbench.tui.screens.evict import EvictScreen
 from workbench.tui.screens.help import HelpScreen
 from workbench.tui.screens.leaderboard import LeaderboardScreen
 from workbench.tui.screens.main import WIDE_LAYOUT_COLUMNS, MainScreen
+from workbench.tui.screens.playground import PlaygroundScreen
 from workbench.tui.screens.run_detail import RunDetailScreen
 from workbench.tui.screens.samples import SamplesScreen
+from workbench.tui.screens.side_by_side import SideBySideScreen
 from workbench.tui.selection import RunSelection
 from workbench.tui.widgets.log_pane import LOG_MAX_LINES
 
@@ -93,6 +95,8 @@ class WorkbenchApp(App[None]):
         Binding("q", "quit", "quit"),
         Binding("question_mark", "help", "help"),
         Binding("ctrl+r", "poll_now", "refresh", show=False),
+        Binding("v", "side_by_side", "side by side", show=False),
+        Binding("A", "playground", "playground", show=False),
     ]
 
     # Set on every poll, even when equal to the last one: ages and uptimes move on.
@@ -210,6 +214,16 @@ class WorkbenchApp(App[None]):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
+
+    def action_side_by_side(self) -> None:
+        # Runs side by side on their held-out prompts (`workbench samples --compare`).
+        if not isinstance(self.screen, SideBySideScreen):
+            self.push_screen(SideBySideScreen(self.experiment))
+
+    def action_playground(self) -> None:
+        # One prompt to every run's adapter and the base (`workbench ask`).
+        if not isinstance(self.screen, PlaygroundScreen):
+            self.push_screen(PlaygroundScreen(self.experiment))
 
     @on(ShowRun)
     def _show_run(self, message: ShowRun) -> None:
