@@ -16,7 +16,8 @@ from workbench.files import layout
 from workbench.models.resolve import loadable_base
 from workbench.recipe import load_recipe
 from workbench.system.lifeline import die_with_parent
-from workbench.tinker.app import ServiceSettings, create_app
+from workbench.tinker.app import create_app
+from workbench.tinker.http import ServiceSettings
 
 API_KEY_ENV = "WORKBENCH_TINKER_API_KEY"
 

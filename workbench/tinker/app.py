@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,16 @@ from workbench.files import tinker_work as tw
 from workbench.tinker import checkpoints as ckpt
 from workbench.tinker import wire
 from workbench.tinker.futures import Answer, FutureStore, try_again
+from workbench.tinker.http import (
+    ServiceSettings,
+    TinkerError,
+    bearer,
+    error_response,
+    field,
+    read_json,
+)
 from workbench.tinker.models import Models, TinkerModel
+from workbench.tinker.routes import checkpoint_routes, sampling_routes
 from workbench.tinker.sampling import Sampler, Samplers, SamplingError
 from workbench.tinker.sessions import Sessions
 
@@ -29,26 +37,6 @@ log = logging.getLogger(__name__)
 # How long retrieve_future holds a pending request before answering try-again.
 LONG_POLL_S = 2.0
 _OPEN_ROUTES = ("/api/v1/healthz",)
-
-
-@dataclass(frozen=True)
-class ServiceSettings:
-    experiment: Path
-    api_key: str
-    base_model: str  # the recipe's [model] base, as clients name it
-    tokenizer_dir: str  # where get_tokenizer loads the served model's tokenizer offline
-    trainer_rank: int  # `[trainer] lora.rank`: the most a model may ask for
-    session_timeout_s: float = 120.0
-
-
-class TinkerError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "category": "user", "detail": message}, status)
 
 
 def create_app(settings: ServiceSettings) -> FastAPI:
@@ -62,7 +50,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     @app.middleware("http")
     async def require_key(request: Request, call_next):
         if request.url.path not in _OPEN_ROUTES:
-            given = request.headers.get("x-api-key") or _bearer(request)
+            given = request.headers.get("x-api-key") or bearer(request)
             if not given or not hmac.compare_digest(given.encode(), settings.api_key.encode()):
                 what = "a wrong" if given else "no"
                 return error_response(
@@ -76,10 +64,9 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             return error_response(err.status, err.message)
 
     _service_routes(app, settings)
-    _training_routes(app, settings)
-    # Here to keep the import order acyclic: the routes need the helpers above.
-    from workbench.tinker.routes import checkpoint_routes, sampling_routes
-
+    _model_routes(app, settings)
+    _work_routes(app, settings)
+    _future_routes(app)
     sampling_routes(app, settings)
     checkpoint_routes(app, settings)
 
@@ -118,31 +105,6 @@ async def _reap_sessions(app: FastAPI) -> None:
                 )
 
 
-def _bearer(request: Request) -> str | None:
-    value = request.headers.get("authorization", "")
-    return value[7:] if value.lower().startswith("bearer ") else None
-
-
-async def _json(request: Request) -> dict[str, Any]:
-    raw = wire.decompressed(await request.body(), request.headers.get("content-encoding"))
-    try:
-        import json
-
-        document = json.loads(raw or b"{}")
-    except ValueError as err:
-        raise TinkerError(400, f"the body is not JSON: {err}") from None
-    if not isinstance(document, dict):
-        raise TinkerError(400, "the body must be a JSON object")
-    return document
-
-
-def _field(document: dict[str, Any], key: str, kind: type = str) -> Any:
-    value = document.get(key)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise TinkerError(400, f"`{key}` must be a {kind.__name__} (got {value!r})")
-    return value
-
-
 def _service_routes(app: FastAPI, settings: ServiceSettings) -> None:
     sessions: Sessions = app.state.sessions
 
@@ -170,12 +132,12 @@ def _service_routes(app: FastAPI, settings: ServiceSettings) -> None:
 
     @app.post("/api/v1/create_session")
     async def create_session(request: Request) -> dict:
-        await _json(request)
+        await read_json(request)
         return {"type": "create_session", "session_id": sessions.create().session_id}
 
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat(request: Request) -> Response:
-        session_id = _field(await _json(request), "session_id")
+        session_id = field(await read_json(request), "session_id")
         session = sessions.beat(session_id)
         if session is None:
             return error_response(404, f"unknown session {session_id!r}")
@@ -209,14 +171,15 @@ def _work_answer(model: TinkerModel, seq: int, answer_of) -> Any:
     return resolve
 
 
-def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
+def _model_routes(app: FastAPI, settings: ServiceSettings) -> None:
+    """Creating a model (a run of the trainer) and what a client asks about it."""
     futures: FutureStore = app.state.futures
     models: Models = app.state.models
 
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict:
-        document = await _json(request)
-        session_id = _field(document, "session_id")
+        document = await read_json(request)
+        session_id = field(document, "session_id")
         if app.state.sessions.get(session_id) is None:
             raise TinkerError(404, f"unknown session {session_id!r}")
         if document.get("base_model") != settings.base_model:
@@ -225,7 +188,7 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
                 f"base_model {document.get('base_model')!r} is not served here; this service trains {settings.base_model!r}",
             )
         lora = document.get("lora_config") or {"rank": 32}
-        rank = _field(lora, "rank", int)
+        rank = field(lora, "rank", int)
         if not 1 <= rank <= settings.trainer_rank:
             raise TinkerError(
                 400,
@@ -238,7 +201,7 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
                     f"{part}=False: the trainer adapts the attention and MLP layers of every slot alike; leave it True",
                 )
         model = models.create(
-            session_id, _field(document, "model_seq_id", int), rank, lora.get("seed")
+            session_id, field(document, "model_seq_id", int), rank, lora.get("seed")
         )
         app.state.sessions.get(session_id).model_ids.append(model.model_id)
         log.info("%s: model %s (rank %d)", model.run.name, model.model_id, rank)
@@ -247,7 +210,7 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request) -> dict:
-        model = _model(app, (await _json(request)).get("model_id"))
+        model = _model(app, (await read_json(request)).get("model_id"))
         data = {"model_name": settings.base_model, "tokenizer_id": settings.tokenizer_dir}
         return {
             "type": "get_info",
@@ -256,6 +219,11 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
             "is_lora": True,
             "lora_rank": model.rank,
         }
+
+
+def _work_routes(app: FastAPI, settings: ServiceSettings) -> None:
+    """The routes that become work items for the trainer, in each model's seq_id order."""
+    models: Models = app.state.models
 
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request) -> dict:
@@ -279,7 +247,7 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request) -> dict:
-        document = await _json(request)
+        document = await read_json(request)
         model = _model(app, document.get("model_id"))
         adam = adam_params(document.get("adam_params") or document.get("optim_params") or {})
         work = tw.WorkRequest(seq=0, op="optim_step", adam=adam)
@@ -296,8 +264,8 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request) -> dict:
-        document = await _json(request)
-        directory = _checkpoint_from_path(models, _field(document, "path"))
+        document = await read_json(request)
+        directory = _checkpoint_from_path(models, field(document, "path"))
         with_optimizer = bool(document.get("optimizer"))
         if document.get("model_id") is None and document.get("session_id") is not None:
             return {"request_id": _model_from_state(app, settings, document, directory)}
@@ -308,9 +276,14 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
         answer = lambda result: Answer(body={"type": "load_weights", "path": document["path"]})  # noqa: E731
         return {"request_id": _submit(app, model, document.get("seq_id"), work, {}, answer)}
 
+
+def _future_routes(app: FastAPI) -> None:
+    """Unloading a model and the futures every request answers through."""
+    futures: FutureStore = app.state.futures
+
     @app.post("/api/v1/unload_model")
     async def unload_model(request: Request) -> dict:
-        model = _model(app, (await _json(request)).get("model_id"))
+        model = _model(app, (await read_json(request)).get("model_id"))
         model.unloaded = True
         return {
             "request_id": futures.done(
@@ -320,7 +293,7 @@ def _training_routes(app: FastAPI, settings: ServiceSettings) -> None:
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
-        request_id = _field(await _json(request), "request_id")
+        request_id = field(await read_json(request), "request_id")
         if not futures.known(request_id):
             return error_response(404, f"unknown request id {request_id!r}")
         for _ in range(int(LONG_POLL_S / 0.05)):
@@ -383,7 +356,7 @@ async def _save(app: FastAPI, request: Request, op: str, kind: str) -> dict:
     """save_weights / save_weights_for_sampler: a new tinker:// path of the model, written by
     the trainer. A sampler save without a name (`save_weights_and_get_sampling_client`)
     also makes a sampling session pinned to it, named in the answer."""
-    document = await _json(request)
+    document = await read_json(request)
     model = _model(app, document.get("model_id"))
     name = document.get("path") or f"seq{document.get('seq_id')}"
     if not ckpt.valid_name(name):
@@ -422,12 +395,12 @@ def _model_from_state(
 ) -> str:
     """create_training_client_from_state: a new model of the checkpoint's rank whose first
     work item (seq 0, before the client's first seq_id 1) loads it."""
-    session_id = _field(document, "session_id")
+    session_id = field(document, "session_id")
     if app.state.sessions.get(session_id) is None:
         raise TinkerError(404, f"unknown session {session_id!r}")
     source = app.state.models.get(ckpt.parse(document["path"]).model_id)
     model = app.state.models.create(
-        session_id, _field(document, "model_seq_id", int), source.rank, None
+        session_id, field(document, "model_seq_id", int), source.rank, None
     )
     app.state.sessions.get(session_id).model_ids.append(model.model_id)
     futures: FutureStore = app.state.futures

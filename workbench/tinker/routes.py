@@ -17,8 +17,8 @@ from fastapi.responses import Response
 
 from workbench.inference.client import InferenceError
 from workbench.tinker import checkpoints as ckpt
-from workbench.tinker.app import ServiceSettings, TinkerError, _field, _json
 from workbench.tinker.futures import Answer, FutureStore
+from workbench.tinker.http import ServiceSettings, TinkerError, field, read_json
 from workbench.tinker.sampling import Sampler, Samplers, SamplingError, parse_job
 
 
@@ -30,11 +30,11 @@ def sampling_routes(app: FastAPI, settings: ServiceSettings) -> None:
 
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict:
-        document = await _json(request)
-        session_id = _field(document, "session_id")
+        document = await read_json(request)
+        session_id = field(document, "session_id")
         if app.state.sessions.get(session_id) is None:
             raise TinkerError(404, f"unknown session {session_id!r}")
-        sampler_id = f"{session_id}:sample:{_field(document, 'sampling_session_seq_id', int)}"
+        sampler_id = f"{session_id}:sample:{field(document, 'sampling_session_seq_id', int)}"
         samplers.add(_pinned(app, settings, sampler_id, document))
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
 
@@ -49,7 +49,7 @@ def sampling_routes(app: FastAPI, settings: ServiceSettings) -> None:
 
     @app.post("/api/v1/asample")
     async def asample(request: Request) -> dict:
-        document = await _json(request)
+        document = await read_json(request)
         if document.get("sampling_session_id") is not None:
             sampler = samplers.get(document["sampling_session_id"])
         else:  # a one-off sample of a path or of the base model
@@ -125,7 +125,7 @@ def checkpoint_routes(app: FastAPI, settings: ServiceSettings) -> None:
 
     @app.post("/api/v1/weights_info")
     async def weights_info(request: Request) -> dict:
-        path = ckpt.parse(_field(await _json(request), "tinker_path"))
+        path = ckpt.parse(field(await read_json(request), "tinker_path"))
         model = _known_model(app, path.model_id)
         ckpt.existing(model.run, path)
         return {
