@@ -200,11 +200,19 @@ def tinker_row_output(trainer: Trainer, row: TinkerRow) -> TinkerRowOutput:
     needed = torch.ones(row.num_tokens, dtype=torch.bool)
     needed[0] = False  # position 0 predicts nothing of the datum's
     host = HostRow(torch.arange(row.num_tokens), torch.ones(row.num_tokens), needed=needed)
-    with torch.set_grad_enabled(row.grad):
+    # With the base sharded every rank's rows gather each layer in the backward too (the
+    # other ranks' filler rows do): a `forward` datum's row goes through a backward whose
+    # gradients are dropped, or the ranks' collectives would no longer pair up.
+    backward_only_to_gather = trainer.base_sharded and not row.grad
+    with torch.set_grad_enabled(row.grad or backward_only_to_gather):
         logprobs = trainer.row_model(to_device(row.input_ids, trainer.device), host)[1:]
         inputs = {k: to_device(v, trainer.device) for k, v in row.inputs.items()}
         terms = tinker_token_losses(row.loss_fn, logprobs, inputs, row.config)
         loss = terms.sum()
+    if backward_only_to_gather:
+        params = [param for _, param in trainer.manager.get_named_parameters_for_run(row.idx)]
+        torch.autograd.grad(loss * 0, params, allow_unused=True)
+        loss = loss.detach()
     return TinkerRowOutput(row, loss, logprobs.detach().float().cpu(), terms.detach().float().cpu())
 
 
