@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
-import select
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,18 +150,23 @@ class Served:
 
     def _read_until_address(self) -> list[str]:
         """What it printed up to the line naming the address to open (printed before it
-        serves; at its end if it never gets there)."""
+        serves; at its end if it never gets there). Read on a thread: a `select` on the pipe
+        misses lines the text reader has already buffered, and waits out its deadline."""
         assert self.process.stdout is not None
+        self._output: queue.Queue[str] = queue.Queue()
+        self._pump = threading.Thread(target=_pump, args=(self.process.stdout, self._output))
+        self._pump.start()
         lines: list[str] = []
         deadline = time.monotonic() + 60
         while not lines or not lines[-1].startswith("open "):
-            ready, _, _ = select.select([self.process.stdout], [], [], 1.0)
-            line = self.process.stdout.readline() if ready else None
-            if line == "" or time.monotonic() > deadline:
+            try:
+                line = self._output.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                line = ""
+            if line == "":  # its end, or the deadline
                 self.process.kill()
                 raise AssertionError(f"workbench web printed no address: {lines}")
-            if line:
-                lines.append(line.rstrip("\n"))
+            lines.append(line.rstrip("\n"))
         return lines
 
     def _listening(self) -> bool:
@@ -182,7 +188,11 @@ class Served:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 raise AssertionError("Ctrl-C did not stop workbench web") from None
-        return "\n".join(self.printed) + "\n" + self.process.communicate()[0]
+        self._pump.join(timeout=10)  # it ends with the output
+        rest = []
+        while not self._output.empty():
+            rest.append(self._output.get())
+        return "\n".join(self.printed) + "\n" + "".join(rest)
 
 
 @pytest.fixture
@@ -379,3 +389,10 @@ def test_a_server_killed_outright_leaves_no_tui_behind(experiment: Path, browser
         for tui in tuis:  # none is left unless the test failed
             with contextlib.suppress(psutil.NoSuchProcess):
                 tui.kill()
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    """Every line of `stream` into `lines`, then "" at its end."""
+    for line in stream:
+        lines.put(line)
+    lines.put("")
