@@ -121,8 +121,12 @@ def collect_tinker_work(trainer: Trainer) -> TinkerPass:
     for idx in tinker_slots(manager):
         run, run_id = manager.get_run_dir(idx), manager.idx_2_id[idx]
         try:
-            pending = tw.pending_requests(run)
-        except (OSError, ValueError) as err:  # request.json broken: the service's contract
+            pending = pending_items(run)
+        except (
+            OSError,
+            ValueError,
+            TypeError,
+        ) as err:  # request.json broken: the service's contract
             manager.evict_run(idx, f"an unreadable Tinker work item: {err}")
             continue
         # Every item before the last taken is a datum item: `taken` counts them.
@@ -138,6 +142,20 @@ def collect_tinker_work(trainer: Trainer) -> TinkerPass:
             if taken >= MAX_DATUM_ITEMS:
                 break
     return work
+
+
+def pending_items(run: Path) -> list[tw.WorkItem]:
+    """`tw.pending_requests` without reading the request.json of answered items: a long
+    session's thousands of them would be parsed again every poll."""
+    root = tw.work_dir(run)
+    if not root.is_dir():
+        return []
+    items = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.isdigit() and len(entry.name) == 8 and not (entry / tw.DONE).exists():
+            request = tw.WorkRequest.from_json((entry / tw.REQUEST_JSON).read_text())
+            items.append(tw.WorkItem(entry, request))
+    return items
 
 
 def datum_rows(trainer: Trainer, idx: int, item: tw.WorkItem) -> list[TinkerRow]:
