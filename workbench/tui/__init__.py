@@ -4,7 +4,8 @@
 the load and supervisor benchmarks and the tests drive `workbench.tui.app.WorkbenchApp`
 themselves. Importing this package is cheap: Textual is loaded when the TUI starts.
 
-`app` is the application; `screens/` and `widgets/` what it shows; `data` reads the
+`app` is the application; `screens/` and `widgets/` what it shows; `selection` the runs
+the user selected, pinned and filtered, and each run's colour; `data` reads the
 experiment directory into dataclasses, `leaderboard` ranks its runs, `tail` follows logs,
 `format` writes numbers and ages; `messages` are the screens' requests to the app,
 `commands` what it sends the supervisor; `collector` keeps Python's cycle collector from
