@@ -45,6 +45,13 @@ def test_the_architecture_layout_names_every_folder_of_the_package():
     assert not missing, f"docs/architecture.md's layout leaves out: {sorted(missing)}"
 
 
+def test_the_architecture_layout_names_every_module_at_the_package_root():
+    block = PAGE.read_text(encoding="utf-8").split("## The layout", 1)[1].split("```", 2)[1]
+    modules = {p.name for p in (REPO / "workbench").glob("*.py") if p.name != "__init__.py"}
+    missing = sorted(m for m in modules if not re.search(rf"(?<![\w/]){re.escape(m)}", block))
+    assert not missing, f"docs/architecture.md's layout leaves out: {missing}"
+
+
 def test_the_check_sees_a_folder_left_out():
     page = PAGE.read_text(encoding="utf-8")
     without = "\n".join(line for line in page.splitlines() if "    parallel/" not in line)
