@@ -861,3 +861,30 @@ def discovery(
         "discovery", compare(baseline, seconds, step_every, trials), results_dir=results_dir
     )
     typer.echo(f"results: {path}")
+
+
+@bench_app.command("tinker")
+def tinker(
+    clients: Annotated[
+        str, typer.Option(help="Comma-separated K: clients at once, and the same K in a row.")
+    ] = "1,4,8",
+    steps: Annotated[int, typer.Option(min=1, help="RL steps each client runs.")] = 4,
+    quick: Annotated[bool, typer.Option(help="K = 1, 2 and 2 steps: a smoke test.")] = False,
+    results_dir: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS_DIR,
+) -> None:
+    """K Tinker clients (the public SDK, a small RL loop: a new sampling client, a group
+    sampled, importance_sampling forward_backward, optim_step) at once against one
+    `workbench serve`, and the same K one after another: wall time, steps a second, their
+    ratio, and a step's forward_backward + optim_step round trip beyond the trainer's
+    compute (`workbench/bench/tinker.py`). Targets: 8 at once >= 3x 8 in a row; a solo
+    round trip under 50 ms beyond compute."""
+    from workbench.bench.results import write_result
+    from workbench.bench.tinker import print_report, run_tinker_benchmark
+
+    ks = [1, 2] if quick else _split_ints(clients)
+    if not ks or min(ks) < 1:
+        raise typer.BadParameter("give positive integers, e.g. 1,4,8", param_hint="--clients")
+    report = run_tinker_benchmark(ks, 2 if quick else steps)
+    print_report(report)
+    path = write_result("tinker-quick" if quick else "tinker", report, results_dir=results_dir)
+    typer.echo(f"results: {path}")
