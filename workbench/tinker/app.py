@@ -16,6 +16,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from workbench.files import run_control
 from workbench.files import tinker_work as tw
 from workbench.tinker import checkpoints as ckpt
 from workbench.tinker import wire
@@ -154,7 +155,24 @@ def _model(app: FastAPI, model_id: Any) -> TinkerModel:
         )
     if model.unloaded:
         raise TinkerError(410, f"model {model_id} was unloaded")
+    if (evicted := _eviction(model)) is not None:
+        raise TinkerError(410, evicted)
     return model
+
+
+def _eviction(model: TinkerModel) -> str | None:
+    """Why the model's run was evicted (`workbench evict`, the TUI, the trainer), as the
+    client's error; None while it is not. An evicted run has left its trainer slot: its
+    pending work items are never answered, so their futures answer this instead."""
+    eviction = run_control.read_eviction(model.run)
+    if eviction is None:
+        return None
+    return (
+        f"model {model.model_id} (run {model.run.name}) was evicted by "
+        f"{eviction.evicted_by or 'someone'}: {eviction.reason}; its trainer slot is free: "
+        "make a new training client (create_training_client_from_state with a saved "
+        "checkpoint to go on from one)"
+    )
 
 
 def _work_answer(model: TinkerModel, seq: int, answer_of) -> Any:
@@ -163,7 +181,8 @@ def _work_answer(model: TinkerModel, seq: int, answer_of) -> Any:
     def resolve() -> Answer | None:
         result = tw.read_result(model.run, seq)
         if result is None:
-            return None
+            evicted = _eviction(model)
+            return None if evicted is None else Answer(error=evicted)
         if not result.ok:
             return Answer(error=result.error or "the trainer failed this request")
         return answer_of(result)
