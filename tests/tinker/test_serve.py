@@ -10,8 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from workbench.cli import app
-from workbench.tinker.app import adam_params
-from workbench.tinker.serving import (
+from workbench.supervisor.tinker_service import (
     API_KEY_ENV,
     ServiceFile,
     read_service_file,
@@ -19,6 +18,7 @@ from workbench.tinker.serving import (
     service_spec,
     write_service_file,
 )
+from workbench.tinker.app import adam_params
 
 RECIPE = """
 [experiment]

@@ -1,5 +1,5 @@
 """`workbench ask "PROMPT"`: one prompt to each run's newest adapter and to the base model,
-through the experiment's vLLM while training goes on (`workbench.inference.playground`)."""
+through the experiment's vLLM while training goes on (`workbench.playground`)."""
 
 from __future__ import annotations
 
@@ -84,8 +84,8 @@ def ask(
     said so. Training is not held up: each run gets one request of at most --max-tokens
     tokens, batched by vLLM with the runs' own requests at the same priority.
     """
-    from workbench.inference.playground import AskError, Settings
-    from workbench.inference.playground import ask as ask_runs
+    from workbench.playground import AskError, Settings
+    from workbench.playground import ask as ask_runs
 
     if prompt is None and row is None:
         raise fail("nothing to ask: give a PROMPT, or --row N", EXIT_BAD_INPUT)

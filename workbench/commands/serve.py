@@ -17,14 +17,14 @@ import httpx
 import typer
 
 from workbench.commands.common import EXIT_BAD_INPUT, fail, say, warn
-from workbench.system.ports import bind_error, is_loopback
-from workbench.tinker.serving import (
+from workbench.supervisor.tinker_service import (
     API_KEY_ENV,
     PROCESS_NAME,
     ServiceFile,
     service_file_path,
     write_service_file,
 )
+from workbench.system.ports import bind_error, is_loopback
 from workbench.up import LaunchError, RecipeError, Report, launch_experiment, read_recipe
 
 DEFAULT_PORT = 8780

@@ -14,7 +14,5 @@
   `engine_fork`, on a small CPU machine the engine core forked from the API server rather
   than spawned;
 - `engine_version`: the vLLM release those patches were tested against, checked at start;
-- `engine_errors`: what killed vLLM's engine, read from the server's log;
-- `playground`: one prompt to every run's newest adapter and the base model at once
-  (`workbench ask`, the TUI's playground).
+- `engine_errors`: what killed vLLM's engine, read from the server's log.
 """

@@ -16,6 +16,7 @@
 - `devices`: which GPUs run vLLM and which the trainer, checked against the machine.
 - `slots`: how many runs fit at once (`max_concurrent_runs = "auto"`), from memory.
 - `fork`: a new run from a checkpoint another run keeps (`workbench runs fork`, PBT).
+- `tinker_service`: the Tinker-compatible service as a process of the plan (`workbench serve`).
 - `__main__`: `python -m workbench.supervisor --experiment DIR`, the daemon's entry.
 
 Processes are read from /proc through `workbench.system.procfs`. The stand-in plan that tests and

@@ -46,6 +46,7 @@ from workbench.supervisor.devices import (  # PlanError: re-exported, callers re
 from workbench.supervisor.policy import RestartPolicy
 from workbench.supervisor.process import HttpReady, ProcessSpec
 from workbench.supervisor.slots import resolve_auto_slots
+from workbench.supervisor.tinker_service import service_spec as tinker_service_spec
 from workbench.sweep import schedulers
 from workbench.sweep.spec import AshaSpec, PbtSpec
 from workbench.system.gpus import detect_gpu_count  # preflight and tests reach it here
@@ -59,7 +60,6 @@ from workbench.system.ports import (
 )
 from workbench.system.priority import NICE_ENV, inference_nice
 from workbench.system.small_machine import is_small_machine
-from workbench.tinker.serving import service_spec as tinker_service_spec
 from workbench.tracking.target import TrackingTarget
 from workbench.trainer.parallel.launch import LOOPBACK, rendezvous_args, socket_interface_env
 

@@ -7,6 +7,6 @@ bodies), `http` (settings, errors, reading a body), `futures` (request ids and
 try-again), `sessions` (heartbeats), `models` (model ids, seq_id order), `app` (the
 service and its training routes), `routes` (sampling and checkpoint routes), `sampling`
 (through the experiment's vLLM, pinned to a checkpoint), `checkpoints` (`tinker://`
-paths), `serving` (what `workbench serve` and the supervisor start) and `__main__` (the
-process).
+paths) and `__main__` (the process, which the supervisor starts:
+`workbench.supervisor.tinker_service`).
 """

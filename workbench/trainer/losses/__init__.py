@@ -11,7 +11,8 @@ make it built in with `@register_loss("my_loss")` in `builtin.py` and a class of
 in `workbench/config/loss.py` (the config refuses a kind or a knob it does not know, before
 launch).
 
-`inputs` holds `LossInputs` and `TokenLoss`; `builtin` the built-in losses; `kl` the KL
+`inputs` holds `LossInputs` and `TokenLoss`; `builtin` the built-in losses; `tinker` Tinker's
+losses (token sums, for the Tinker service's clients); `kl` the KL
 estimators to the base model; `admission` tries a run's loss once before it gets a slot.
 """
 

@@ -1,6 +1,6 @@
 """Tinker's built-in losses: per-token terms of one datum, aggregated by a plain SUM.
 
-As Tinker documents them (tinker-docs /tinker/losses, /work/shared/reference/tinker-api.md)
+As Tinker documents them (tinker-docs /tinker/losses)
 and as SkyRL's Tinker server implements them (`skyrl/tinker/loss_fns.py`): every term is
 multiplied by the datum's `weights` (SkyRL's `loss_mask`; all ones when the datum has none)
 and the loss of a datum is the sum of its terms, never a mean. Notation: `lp` the trainer's

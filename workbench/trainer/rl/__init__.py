@@ -4,5 +4,7 @@
 `packer` turns each ready run's rollout batch into packed micro-batches; `loss` computes
 every run's policy loss (its kind from `workbench.trainer.losses`), KL term and
 aggregation over one packed micro-batch; `step_stats` is what one update says about each
-run (loss, importance ratios, gradient norm).
+run (loss, importance ratios, gradient norm); `state` is what the process holds (`Trainer`).
+`tinker_work` answers a Tinker client's work items (its datums computed in the same pass
+as the native rows, its optim_step) and `tinker_state` its saves and loads.
 """

@@ -25,7 +25,7 @@ from workbench.trainer.runs.broadcast import write_adapter
 from workbench.trainer.runs.checkpoint import load_parameters, write_state
 
 if TYPE_CHECKING:
-    from workbench.trainer.rl.trainer import Trainer
+    from workbench.trainer.rl.state import Trainer
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -66,7 +66,7 @@ def load_state(trainer: Trainer, idx: int, path: Path, with_optimizer: bool) -> 
 
 def save_for_sampler(trainer: Trainer, idx: int, path: Path) -> dict:
     """Master: `broadcast/step_N` (if not there yet) and `path`; the answer names both."""
-    from workbench.trainer.rl.trainer import adapter_copy
+    from workbench.trainer.rl.state import adapter_copy
 
     manager = trainer.manager
     step = manager.progress[idx].step

@@ -39,10 +39,10 @@ from workbench.files.metrics import append_metrics
 from workbench.trainer.compute.model import HostRow
 from workbench.trainer.lora.layer import set_lora_num_tokens
 from workbench.trainer.losses.tinker import tinker_loss_problem, tinker_token_losses
+from workbench.trainer.rl.state import Trainer
 from workbench.trainer.transfer import to_device
 
 if TYPE_CHECKING:
-    from workbench.trainer.rl.trainer import Trainer
     from workbench.trainer.runs.manager import MultiRunManager
 
 logger = logging.getLogger(__name__)
@@ -242,19 +242,6 @@ def row_parameters(trainer: Trainer, row: TinkerRow) -> list[torch.nn.Parameter]
 
 
 # ---------------------------------------------------------------- after the pass
-
-
-@dataclass
-class TinkerTally:
-    """Per slot, what the run's forward_backward items summed since its last optim_step,
-    for its metrics line (master)."""
-
-    loss: dict[int, float] = field(default_factory=dict)
-    tokens: dict[int, int] = field(default_factory=dict)
-
-    def forget(self, idx: int, run_id: str = "") -> None:
-        self.loss.pop(idx, None)
-        self.tokens.pop(idx, None)
 
 
 def finish_tinker_pass(trainer: Trainer, work: TinkerPass, outputs: list[TinkerRowOutput]) -> None:

@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,12 +39,12 @@ from workbench.trainer.optim.per_run import MultiLoRAOptimizer, MultiLoRASchedul
 from workbench.trainer.parallel import distributed
 from workbench.trainer.rl.loss import RLLossOutput, compute_rl_loss
 from workbench.trainer.rl.packer import MicroBatch, Packer, filler_row
+from workbench.trainer.rl.state import Trainer, adapter_copy
 from workbench.trainer.rl.step_stats import StepStats, StepTally
 from workbench.trainer.rl.tinker_work import (
     TinkerPass,
     TinkerRow,
     TinkerRowOutput,
-    TinkerTally,
     collect_tinker_work,
     finish_tinker_pass,
     forget_tinker_slot,
@@ -59,37 +59,13 @@ from workbench.trainer.row_threads import (
     torch_threads,
 )
 from workbench.trainer.runs.checkpoint import RunCheckpointer, remove_killed_writes
-from workbench.trainer.runs.divergence import DivergenceWatch, NonFiniteWeights, adapter_divergence
+from workbench.trainer.runs.divergence import NonFiniteWeights, adapter_divergence
 from workbench.trainer.runs.init_adapter import check_init_adapter, load_adapter_into_slot
 from workbench.trainer.runs.manager import MultiRunManager
-from workbench.trainer.runs.publisher import AdapterCopy, AdapterPublisher, FailedWrite
+from workbench.trainer.runs.publisher import FailedWrite
 from workbench.trainer.transfer import to_device
 
 logger = logging.getLogger("workbench.trainer")
-
-
-@dataclass
-class Trainer:
-    config: TrainerConfig
-    model: nn.Module
-    manager: MultiRunManager
-    optimizer: MultiLoRAOptimizer
-    scheduler: MultiLoRAScheduler
-    checkpointer: RunCheckpointer
-    packer: Packer
-    device: torch.device
-    base_model: str
-    # `model` as each row computes it (its `plan`); FSDP2's root when sharded.
-    row_model: RowLogprobs
-    base_sharded: bool = False
-    divergence: DivergenceWatch = field(default_factory=DivergenceWatch)
-    stop_requested: bool = False
-    # On the CPU, the rows of an update computed side by side (None: one after another).
-    row_threads: RowThreads | None = None
-    # The master's adapter writes, done while the next update computes.
-    publisher: AdapterPublisher = field(default_factory=AdapterPublisher)
-    # Tinker runs' losses and tokens since their last optim_step (master).
-    tinker_tally: TinkerTally = field(default_factory=TinkerTally)
 
 
 # ---------------------------------------------------------------------- setup
@@ -385,28 +361,6 @@ def run_filler_row(trainer: Trainer) -> None:
 
 
 # ---------------------------------------------------------------------- after an update
-
-
-def adapter_copy(trainer: Trainer, idx: int, *, buffered: bool = False) -> AdapterCopy:
-    """The run's adapter at its current step, copied out of its slot and checked finite
-    (`NonFiniteWeights` if not), ready to be written as `broadcast/step_N` (master only).
-    `buffered`: into the publisher's buffers of the slot (for a background write; the
-    slot's previous one must have been reaped), else into fresh tensors."""
-    manager, section = trainer.manager, trainer.config.trainer
-    rank, alpha = resolve_run_lora(manager.config[idx], section.lora.rank, section.lora.alpha)
-    if buffered:
-        tensors = trainer.publisher.copy_out(idx, manager.get_state_dict_for_run(idx, copy=False))
-    else:
-        tensors = manager.get_state_dict_for_run(idx)
-    return AdapterCopy.checked(
-        manager.get_run_dir(idx),
-        manager.progress[idx].step,
-        tensors,
-        rank=rank,
-        alpha=alpha,
-        target_modules=section.target_modules,
-        base_model=trainer.base_model,
-    )
 
 
 def publish_adapter(trainer: Trainer, idx: int) -> None:

@@ -1,5 +1,5 @@
 """The playground (`A`): a prompt to every ticked run's newest adapter and the base model,
-their answers side by side (`workbench.inference.playground`, as `workbench ask`).
+their answers side by side (`workbench.playground`, as `workbench ask`).
 
 Type a prompt and press enter; or ctrl+n to ask the next held-out prompt of the runs'
 environment (a dataset row), whose answers are scored with its reward. The list on the
@@ -22,7 +22,7 @@ from textual.screen import Screen
 from textual.widgets import Input, SelectionList, Static
 
 from workbench.files import layout
-from workbench.inference.playground import BASE_LABEL, Answer, AskError, ask
+from workbench.playground import BASE_LABEL, Answer, AskError, ask
 from workbench.tui.widgets.footer import Footer
 
 
