@@ -46,6 +46,7 @@ SECTIONS = (
     ("Inference", ("inference", "prefill")),
     ("Eval", ("eval",)),
     ("Sweep", ("sweep",)),
+    ("Tinker service", ("tinker",)),
     ("Supervisor and TUI", ("supervisor", "load", "load-quick", "discovery")),
     ("Faults", ("faults", "faults-quick", "faults-selected")),
 )
@@ -227,6 +228,20 @@ def _discovery(result: Result) -> list[str]:
     return lines
 
 
+def _tinker(result: Result) -> list[str]:
+    """Per K: the K clients at once against the same K one after another."""
+    settings = {(s["clients"], s["mode"]): s for s in result.data.get("settings", [])}
+    lines = []
+    for k in result.data.get("clients", []):
+        together, apart = settings.get((k, "at_once")), settings.get((k, "in_a_row"))
+        if together and apart:
+            lines.append(
+                f"{k} client(s): {together['wall_s']:.1f} s at once, {apart['wall_s']:.1f} s "
+                f"in a row ({together['steps']} RL steps each way)"
+            )
+    return lines + _summary(result.data)
+
+
 HEADLINES: dict[str, Callable[[Result], list[str]]] = {
     "e2e": _e2e,
     "e2e-separate": _e2e_separate,
@@ -237,6 +252,7 @@ HEADLINES: dict[str, Callable[[Result], list[str]]] = {
     "faults-selected": _faults,
     "optimizer-step": _optimizer_step,
     "discovery": _discovery,
+    "tinker": _tinker,
 }
 
 
