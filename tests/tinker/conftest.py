@@ -1,0 +1,63 @@
+"""What the Tinker tests share: a whole experiment served by `workbench serve` (the
+supervisor, vLLM's CPU build, the torchrun trainer, the built-in tiny model), stopped by
+`workbench down` once the module's tests are done."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from workbench.system.ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+WORKBENCH = [sys.executable, "-m", "workbench.cli"]
+BUILTIN = "builtin:tiny-reverse"
+
+
+@dataclass(frozen=True)
+class Served:
+    """An experiment up with its Tinker service: what an SDK client needs to reach it."""
+
+    url: str
+    api_key: str
+    experiment: Path
+
+
+def workbench(
+    *args: str, cwd: Path, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*WORKBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def serve(recipe_text: str, workdir: Path, api_key: str) -> Iterator[Served]:
+    """`workbench serve` of `recipe_text` (its output_dir relative to `workdir`), yielded
+    while up, then `workbench down` (which must succeed)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
+    import tomllib
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "WORKBENCH_TINKER_API_KEY": api_key,
+    }
+    recipe = workdir / "recipe.toml"
+    recipe.write_text(recipe_text)
+    experiment = workdir / tomllib.loads(recipe_text)["experiment"]["output_dir"]
+    port = free_port()
+    try:
+        started = workbench(
+            "serve", str(recipe), "--port", str(port), cwd=workdir, env=env, timeout=600
+        )
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield Served(f"http://127.0.0.1:{port}", api_key, experiment)
+    finally:
+        stopped = workbench("down", str(experiment), cwd=workdir, env=env, timeout=180)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
