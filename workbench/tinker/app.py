@@ -37,6 +37,8 @@ from workbench.tinker.sessions import Sessions
 log = logging.getLogger(__name__)
 # How long retrieve_future holds a pending request before answering try-again.
 LONG_POLL_S = 2.0
+# How often a held retrieve_future looks at its answer: a client waits about half of it.
+ANSWER_CHECK_S = 0.01
 _OPEN_ROUTES = ("/api/v1/healthz",)
 
 
@@ -315,11 +317,11 @@ def _future_routes(app: FastAPI) -> None:
         request_id = field(await read_json(request), "request_id")
         if not futures.known(request_id):
             return error_response(404, f"unknown request id {request_id!r}")
-        for _ in range(int(LONG_POLL_S / 0.05)):
+        for _ in range(int(LONG_POLL_S / ANSWER_CHECK_S)):
             answer = futures.answer(request_id)
             if answer is not None:
                 return _answer_response(answer)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(ANSWER_CHECK_S)
         return JSONResponse(try_again(request_id))
 
 

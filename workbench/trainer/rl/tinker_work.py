@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +51,11 @@ logger = logging.getLogger(__name__)
 # Datum items of one run taken in one pass: a client that queued many waits a pass or more,
 # so a pass stays bounded and other runs' work is not held up behind it.
 MAX_DATUM_ITEMS = 4
+# How often an idle trainer with Tinker runs looks for a new work item: one stat of each
+# run's work directory (an item lands there by a rename, which changes its mtime). A client's
+# request then waits about 5 ms for its pass instead of half the idle poll
+# (`[trainer] poll_interval_s`, 0.2 s): the round trip `workbench bench tinker` measures.
+TINKER_WAKE_S = 0.01
 _FLOAT_INPUTS = ("weights", "advantages", "logprobs", "clip_low_threshold", "clip_high_threshold")
 
 
@@ -112,6 +118,29 @@ def tinker_slots(manager: MultiRunManager) -> list[int]:
 
 
 # ---------------------------------------------------------------- taking the work (master)
+
+
+def wait_for_tinker_work(trainer: Trainer, timeout_s: float) -> None:
+    """Sleep `timeout_s`, or less if a Tinker run's work directory changes meanwhile. Every
+    rank waits the same way, on the same directories, so they wake together."""
+    manager = trainer.manager
+    dirs = [tw.work_dir(manager.get_run_dir(idx)) for idx in tinker_slots(manager)]
+    if not dirs:
+        time.sleep(timeout_s)
+        return
+    seen = [_mtime_ns(directory) for directory in dirs]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(TINKER_WAKE_S)
+        if [_mtime_ns(directory) for directory in dirs] != seen:
+            return
+
+
+def _mtime_ns(directory: Path) -> int:
+    try:
+        return directory.stat().st_mtime_ns
+    except OSError:  # not made yet: the service makes it with the first item
+        return 0
 
 
 def collect_tinker_work(trainer: Trainer) -> TinkerPass:

@@ -51,6 +51,7 @@ from workbench.trainer.rl.tinker_work import (
     row_parameters,
     tinker_row_output,
     tinker_slots,
+    wait_for_tinker_work,
 )
 from workbench.trainer.row_threads import (
     RowThreads,
@@ -499,7 +500,7 @@ def train_forever(trainer: Trainer) -> None:
     busy.ready("waiting for rollouts", busy.WAITING)  # between updates: polling included
     while (outcome := iterate(trainer)) != "stopped":
         if outcome == "idle":
-            time.sleep(trainer.config.trainer.poll_interval_s)
+            wait_for_tinker_work(trainer, trainer.config.trainer.poll_interval_s)
 
 
 def iterate(trainer: Trainer) -> str:
