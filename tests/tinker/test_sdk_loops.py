@@ -11,8 +11,10 @@ prompts and reward are what a native reverse_text run uses."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
+import numpy as np
 import pytest
 
 from tests.tinker.conftest import BUILTIN, Served, serve
@@ -137,3 +139,40 @@ def test_an_rl_loop_on_the_public_sdk_learns_reverse_text(service):
     # three 0.66, last three 0.86; a native run of recipes/reverse_text.toml goes 0.65 -> 0.87
     # in 40 steps. A rise of 0.1 leaves half of it to sampling noise.
     assert last > first + 0.1, curve
+
+
+def sft_datum(tokenizer, prompt):
+    """A prompt and its reference answer, the answer's tokens weighted 1 (the chat
+    template closes a reply with EOS, which is a target too)."""
+    prompt_ids = prompt_tokens(tokenizer, prompt)
+    answer = tokenizer.encode(prompt.answer, add_special_tokens=False)
+    tokens = prompt_ids + answer + [tokenizer.eos_token_id]
+    weights = [0.0] * (len(prompt_ids) - 1) + [1.0] * (len(answer) + 1)
+    return tinker.types.Datum(
+        model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
+    )
+
+
+def test_a_supervised_loop_with_cross_entropy_lowers_its_loss(service):
+    training = service.create_lora_training_client(base_model=BUILTIN, rank=8, seed=1).result(
+        timeout=120
+    )
+    tokenizer = training.get_tokenizer()
+    env = get_environment("reverse_text", **ENV_ARGS)
+    datums = [sft_datum(tokenizer, env.prompt(i, seed=1)) for i in range(PROMPTS)]
+    answer_tokens = sum(float(np.sum(d.loss_fn_inputs["weights"].data)) for d in datums)
+    adam = tinker.types.AdamParams(learning_rate=2e-3)
+    losses = []
+    for _ in range(10):
+        backward = training.forward_backward(datums, "cross_entropy")
+        training.optim_step(adam).result(timeout=600)
+        outputs = backward.result(timeout=600).loss_fn_outputs
+        nll = -sum(
+            float(np.dot(o["logprobs"].data, d.loss_fn_inputs["weights"].data))
+            for o, d in zip(outputs, datums, strict=True)
+        )
+        losses.append(nll / answer_tokens)
+    print("loss per answer token:", " ".join(f"{loss:.3f}" for loss in losses))
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert all(math.isfinite(loss) for loss in losses)
