@@ -11,6 +11,7 @@ prompts and reward are what a native reverse_text run uses."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 
@@ -176,3 +177,106 @@ def test_a_supervised_loop_with_cross_entropy_lowers_its_loss(service):
     print("loss per answer token:", " ".join(f"{loss:.3f}" for loss in losses))
     assert losses[-1] < 0.7 * losses[0], losses
     assert all(math.isfinite(loss) for loss in losses)
+
+
+# ---------------------------------------------------------------- tinker-cookbook's driver
+
+
+def cookbook_reverse_text():
+    """A reverse_text Env, EnvGroupBuilder, RLDataset and RLDatasetBuilder on the cookbook's
+    interfaces, the built-in tokenizer registered under the model's name (the cookbook would
+    otherwise ask the hub for it). The Env renders its prompt with the model's own chat
+    template: none of the cookbook's renderers writes the built-in model's template."""
+    import chz
+    from tinker_cookbook import tokenizer_utils
+    from tinker_cookbook.rl import types as rl
+
+    from workbench.models.resolve import resolve_model
+
+    if not tokenizer_utils.is_tokenizer_registered(BUILTIN):
+        from transformers import AutoTokenizer
+
+        path = str(resolve_model(BUILTIN))
+        tokenizer_utils.register_tokenizer(BUILTIN, lambda: AutoTokenizer.from_pretrained(path))
+    tokenizer = tokenizer_utils.get_tokenizer(BUILTIN)
+    env = get_environment("reverse_text", **ENV_ARGS)
+    stop = [tokenizer.eos_token_id]
+
+    class ReverseTextEnv(rl.Env):
+        def __init__(self, prompt) -> None:
+            self.prompt = prompt
+
+        async def initial_observation(self):
+            ids = prompt_tokens(tokenizer, self.prompt)
+            return tinker.types.ModelInput.from_ints(ids), stop
+
+        async def step(self, action, *, extra=None):
+            text = tokenizer.decode(action, skip_special_tokens=True)
+            reward = env.reward(self.prompt, text)
+            return rl.StepResult(
+                reward=reward,
+                episode_done=True,
+                next_observation=tinker.types.ModelInput.empty(),
+                next_stop_condition=stop,
+                metrics={"similarity": reward},
+            )
+
+    class Group(rl.EnvGroupBuilder):
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        async def make_envs(self):
+            return [ReverseTextEnv(env.prompt(self.index, seed=2)) for _ in range(GROUP)]
+
+        def logging_tags(self):
+            return ["reverse_text"]
+
+    class Dataset(rl.RLDataset):
+        def __init__(self, batches: int) -> None:
+            self.batches = batches
+
+        def get_batch(self, index: int):
+            return [Group(index * PROMPTS + i) for i in range(PROMPTS)]
+
+        def __len__(self) -> int:
+            return self.batches
+
+    @chz.chz
+    class DatasetBuilder(rl.RLDatasetBuilder):
+        batches: int
+
+        async def __call__(self):
+            return Dataset(self.batches), None
+
+    return DatasetBuilder
+
+
+def test_tinker_cookbooks_rl_driver_trains_against_the_service(served, tmp_path, monkeypatch):
+    pytest.importorskip("tinker_cookbook")
+    import asyncio
+
+    from tinker_cookbook.rl import train
+
+    monkeypatch.setenv("TINKER_API_KEY", served.api_key)
+    steps = 3
+    config = train.Config(
+        learning_rate=LR,
+        dataset_builder=cookbook_reverse_text()(batches=steps),
+        model_name=BUILTIN,
+        recipe_name="workbench_reverse_text",
+        max_tokens=MAX_TOKENS,
+        log_path=str(tmp_path / "cookbook"),
+        eval_every=0,
+        save_every=0,
+        lora_rank=8,
+        base_url=served.url,
+    )
+    asyncio.run(train.main(config))
+    lines = (tmp_path / "cookbook" / "metrics.jsonl").read_text().splitlines()
+    rewards = [
+        row["env/all/reward/total"]
+        for row in map(json.loads, lines)
+        if row.get("env/all/reward/total") is not None
+    ]
+    print("cookbook reward per step:", " ".join(f"{r:.3f}" for r in rewards))
+    assert len(rewards) == steps and all(0.0 < r <= 1.0 for r in rewards), lines
