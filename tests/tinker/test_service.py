@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from workbench.files import run_control
 from workbench.files import tinker_work as tw
 
 tinker = pytest.importorskip("tinker")
@@ -213,6 +214,7 @@ def test_heartbeats_keep_a_session_and_their_stop_ends_it_with_its_state_saved(s
     url, experiment = service
     session = _raw(url, "/api/v1/create_session", {"tags": [], "sdk_version": "x"}).json()
     sid = session["session_id"]
+    before = set(experiment.glob("run_tinker_*"))
     body = {"session_id": sid, "model_seq_id": 0, "base_model": BASE, "lora_config": {"rank": 2}}
     model_id = _raw(
         url, "/api/v1/retrieve_future", _raw(url, "/api/v1/create_model", body).json()
@@ -222,10 +224,36 @@ def test_heartbeats_keep_a_session_and_their_stop_ends_it_with_its_state_saved(s
         assert _raw(url, "/api/v1/session_heartbeat", {"session_id": sid}).status_code == 200
     time.sleep(10)
     assert _raw(url, "/api/v1/session_heartbeat", {"session_id": sid}).status_code == 410
+    (run,) = set(experiment.glob("run_tinker_*")) - before
     saves = [
         item
-        for run in experiment.glob("run_tinker_*")
         for item in tw.pending_requests(run)
         if item.request.op == "save_state" and item.request.path.endswith("session_end")
     ]
     assert saves, model_id
+    # Its slot goes back once the trainer has saved it, not before.
+    (save,) = saves
+    time.sleep(0.5)
+    assert not run_control.is_finished(run)
+    tw.write_result(save, ok=True)  # as the trainer answers it
+    deadline = time.monotonic() + 10
+    while not run_control.is_finished(run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run_control.is_finished(run)
+
+
+def test_an_unloaded_model_gives_its_trainer_slot_back(client, service):
+    url, experiment = service
+    before = set(experiment.glob("run_tinker_*"))
+    training = client.create_lora_training_client(base_model=BASE, rank=2, seed=5).result(
+        timeout=60
+    )
+    (run,) = set(experiment.glob("run_tinker_*")) - before
+    assert not run_control.is_finished(run)
+    # The route the API has (this SDK release never calls it): raw, as other servers test it.
+    unload = _raw(url, "/api/v1/unload_model", {"model_id": training.model_id})
+    assert unload.status_code == 200
+    deadline = time.monotonic() + 10
+    while not run_control.is_finished(run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run_control.is_finished(run)

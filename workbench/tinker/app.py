@@ -100,12 +100,42 @@ async def _reap_sessions(app: FastAPI) -> None:
                     ),
                 )
                 model.unloaded = True
+                _release_slot(model)
                 log.info(
                     "%s: session %s ended; state saved as work item %d",
                     model.run.name,
                     session.session_id,
                     seq,
                 )
+
+
+# How long a model's slot waits for its last work item before it is given back anyway.
+RELEASE_WAIT_S = 600.0
+_RELEASES: set[asyncio.Task] = set()
+
+
+def _release_slot(model: TinkerModel) -> asyncio.Task:
+    """Give the model's trainer slot back once its last work item (a session's final
+    save_state) is answered: the run is marked finished, which the trainer reads as a run
+    that leaves its slot (its checkpoint kept)."""
+
+    async def release() -> None:
+        items = tw.list_items(model.run)
+        last = items[-1].seq if items else None
+        deadline = asyncio.get_running_loop().time() + RELEASE_WAIT_S
+        while last is not None and tw.read_result(model.run, last) is None:
+            if asyncio.get_running_loop().time() > deadline:
+                log.warning("%s: work item %d unanswered; its slot given back", model.run, last)
+                break
+            await asyncio.sleep(0.1)
+        steps = sum(1 for item in tw.list_items(model.run) if item.request.op == "optim_step")
+        run_control.mark_finished(model.run, steps)
+        log.info("%s: unloaded; its trainer slot given back", model.run.name)
+
+    task = asyncio.create_task(release())
+    _RELEASES.add(task)  # the loop keeps only a weak reference to a task
+    task.add_done_callback(_RELEASES.discard)
+    return task
 
 
 def _service_routes(app: FastAPI, settings: ServiceSettings) -> None:
@@ -305,7 +335,9 @@ def _future_routes(app: FastAPI) -> None:
     @app.post("/api/v1/unload_model")
     async def unload_model(request: Request) -> dict:
         model = _model(app, (await read_json(request)).get("model_id"))
-        model.unloaded = True
+        if not model.unloaded:
+            model.unloaded = True
+            _release_slot(model)
         return {
             "request_id": futures.done(
                 Answer(body={"type": "unload_model", "model_id": model.model_id})
