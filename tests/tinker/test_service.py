@@ -4,11 +4,14 @@ built-in model's recipe; no trainer runs here, so a forward_backward stays pendi
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -37,24 +40,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    experiment = tmp_path_factory.mktemp("exp")
-    (experiment / "recipe.toml").write_text(RECIPE)
+def _start_service(experiment: Path, session_timeout: str = "4") -> tuple[subprocess.Popen, str]:
+    """The service process on `experiment` (a recipe.toml in it), healthy; its log in
+    service.log."""
     port = _free_port()
     env = {**os.environ, "WORKBENCH_TINKER_API_KEY": API_KEY}
     log = open(experiment / "service.log", "w")  # noqa: SIM115
+    argv = [sys.executable, "-m", "workbench.tinker", str(experiment), "--port", str(port)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "workbench.tinker",
-            str(experiment),
-            "--port",
-            str(port),
-            "--session-timeout",
-            "4",
-        ],
+        [*argv, "--session-timeout", session_timeout],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -64,12 +58,18 @@ def service(tmp_path_factory):
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/api/v1/healthz").status_code == 200:
-                break
+                return proc, url
         except httpx.TransportError:
             time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail((experiment / "service.log").read_text())
+    proc.kill()
+    pytest.fail((experiment / "service.log").read_text())
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    experiment = tmp_path_factory.mktemp("exp")
+    (experiment / "recipe.toml").write_text(RECIPE)
+    proc, url = _start_service(experiment)
     yield url, experiment
     proc.terminate()
     proc.wait(10)
@@ -257,3 +257,32 @@ def test_an_unloaded_model_gives_its_trainer_slot_back(client, service):
     while not run_control.is_finished(run) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert run_control.is_finished(run)
+
+
+def test_a_stopping_service_has_the_trainer_save_every_live_model(tmp_path):
+    """`workbench down` stops the service before the trainer: it writes a save_state work
+    item for each model still in use and waits while the trainer answers them."""
+    (tmp_path / "recipe.toml").write_text(RECIPE)
+    # The supervisor's state as it is while the trainer runs (this process stands in for it).
+    state = {"processes": {"trainer": {"pid": os.getpid()}}}
+    (tmp_path / "supervisor").mkdir()
+    (tmp_path / "supervisor" / "state.json").write_text(json.dumps(state))
+    proc, url = _start_service(tmp_path, session_timeout="600")
+    try:
+        client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+        client.create_lora_training_client(base_model=BASE, rank=2, seed=1).result(timeout=60)
+        (run,) = tmp_path.glob("run_tinker_*")
+        proc.terminate()
+        deadline = time.monotonic() + 10
+        while not (saves := tw.pending_requests(run)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (save,) = saves
+        assert save.request.op == "save_state" and save.request.with_optimizer
+        assert Path(save.request.path).name.startswith("stopped-")
+        time.sleep(1.0)
+        assert proc.poll() is None, "it stopped before the trainer saved the model"
+        tw.write_result(save, ok=True)  # as the trainer answers it
+        # uvicorn ends a graceful stop by raising the SIGTERM it caught again.
+        assert proc.wait(10) in (0, -signal.SIGTERM)
+    finally:
+        proc.kill()

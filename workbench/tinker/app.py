@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from fastapi.responses import JSONResponse, Response
 
 from workbench.files import run_control
 from workbench.files import tinker_work as tw
+from workbench.supervisor import paths
+from workbench.system.procfs import process_is_alive
 from workbench.tinker import checkpoints as ckpt
 from workbench.tinker import wire
 from workbench.tinker.futures import Answer, FutureStore, try_again
@@ -77,6 +81,10 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     async def start_reaper() -> None:
         app.state.reaper = asyncio.create_task(_reap_sessions(app))
 
+    @app.on_event("shutdown")
+    async def save_on_stop() -> None:
+        await _save_live_models(app)
+
     return app
 
 
@@ -107,6 +115,47 @@ async def _reap_sessions(app: FastAPI) -> None:
                     session.session_id,
                     seq,
                 )
+
+
+# How long the service, stopping, waits for the trainer to save its live models: under the
+# 20 s the supervisor gives it (`workbench.supervisor.tinker_service`), which stops it before
+# the trainer so that the trainer is there to save them.
+STOP_SAVE_WAIT_S = 15.0
+
+
+async def _save_live_models(app: FastAPI) -> None:
+    """`workbench down`: every model still in use gets a save_state work item (its optimizer
+    too) under `tinker://<model id>/weights/stopped-<time>`, for `load_state` in a later
+    session, and the service waits for the trainer to answer them while it runs."""
+    models: Models = app.state.models
+    name = "stopped-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    saves = []
+    for model in models.all():
+        if model.unloaded or run_control.read_eviction(model.run) is not None:
+            continue
+        path = tw.tinker_dir(model.run) / "weights" / name
+        builder = lambda seq, path=path: (  # noqa: E731
+            tw.WorkRequest(seq=seq, op="save_state", path=str(path), with_optimizer=True),
+            {},
+        )
+        saves.append((model, models.append(model, builder)))
+    deadline = time.monotonic() + STOP_SAVE_WAIT_S
+    while saves and time.monotonic() < deadline and _trainer_running(app.state.settings):
+        saves = [(m, seq) for m, seq in saves if tw.read_result(m.run, seq) is None]
+        await asyncio.sleep(0.1)
+    for model, seq in saves:
+        log.warning("%s: stopping before the trainer saved it (work item %d)", model.run, seq)
+
+
+def _trainer_running(settings: ServiceSettings) -> bool:
+    """Whether the experiment's trainer runs, by the supervisor's state.json (no trainer, as
+    in a test of the service alone: nothing will answer a save)."""
+    try:
+        state = json.loads(paths.state_path(settings.experiment).read_text())
+        pid = state["processes"]["trainer"]["pid"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(pid, int) and process_is_alive(pid)
 
 
 # How long a model's slot waits for its last work item before it is given back anyway.

@@ -67,6 +67,10 @@ class Models:
         with self._lock:
             return self._models.get(model_id)
 
+    def all(self) -> list[TinkerModel]:
+        with self._lock:
+            return list(self._models.values())
+
     def of_session(self, session_id: str) -> list[TinkerModel]:
         with self._lock:
             return [m for m in self._models.values() if m.session_id == session_id]
