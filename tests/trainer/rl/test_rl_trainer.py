@@ -286,6 +286,9 @@ def test_the_trainer_logs_one_line_per_run_and_update_with_its_figures(
     iterate_published(trainer)
     for run in runs:
         write_rollouts(run, random_batch(run.name, 0, 6, seed=1))
+    # Only this update's lines: the trainer's setup logs at INFO too, and is captured when an
+    # earlier test left the logger at INFO.
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger="workbench.trainer"):
         assert iterate_published(trainer) == "trained"
     lines = [r.getMessage() for r in caplog.records if r.name == "workbench.trainer"]
