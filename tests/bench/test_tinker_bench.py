@@ -66,7 +66,6 @@ def test_reward_and_centred_advantages():
 @pytest.mark.slow
 def test_quick_run_measures_every_setting(tmp_path: Path):
     pytest.importorskip("vllm")
-    pytest.importorskip("tinker")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [sys.executable, "-m", "workbench.cli", "bench", "tinker", "--quick",

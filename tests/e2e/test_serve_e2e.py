@@ -12,11 +12,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tinker
 
 from workbench.system.ports import free_port
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
-tinker = pytest.importorskip("tinker")
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]

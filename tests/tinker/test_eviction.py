@@ -12,11 +12,11 @@ import time
 import httpx
 import numpy as np
 import pytest
+import tinker
 
 from workbench.files import run_control
 from workbench.system.ports import free_port
 
-tinker = pytest.importorskip("tinker")
 API_KEY = "tml-workbench-eviction-0123456789"
 BASE = "builtin:tiny-reverse"
 RECIPE = f"""

@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tinker
 
 from tests.helpers import random_adapter
 from workbench.files import tinker_work as tw
 from workbench.system.ports import free_port
 
-tinker = pytest.importorskip("tinker")
 API_KEY = "tml-workbench-sampling-test-0123456789"
 BASE = "builtin:tiny-reverse"
 RECIPE = f"""

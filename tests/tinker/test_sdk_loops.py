@@ -17,11 +17,11 @@ import statistics
 
 import numpy as np
 import pytest
+import tinker
 
 from tests.tinker.conftest import BUILTIN, Served, serve
 from workbench.envs.registry import get_environment
 
-tinker = pytest.importorskip("tinker")
 pytestmark = pytest.mark.slow
 
 KEY = "tml-sdk-loops-0123456789abcdef"
@@ -252,7 +252,6 @@ def cookbook_reverse_text():
 
 
 def test_tinker_cookbooks_rl_driver_trains_against_the_service(served, tmp_path, monkeypatch):
-    pytest.importorskip("tinker_cookbook")
     import asyncio
 
     from tinker_cookbook.rl import train

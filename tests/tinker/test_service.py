@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tinker
 
 from workbench.files import run_control
 from workbench.files import tinker_work as tw
 
-tinker = pytest.importorskip("tinker")
 API_KEY = "tml-workbench-test-key-0123456789"
 BASE = "builtin:tiny-reverse"
 RECIPE = f"""
