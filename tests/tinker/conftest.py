@@ -1,16 +1,19 @@
-"""What the Tinker tests share: a whole experiment served by `workbench serve` (the
-supervisor, vLLM's CPU build, the torchrun trainer, the built-in tiny model), stopped by
-`workbench down` once the module's tests are done."""
+"""What the Tinker tests share: the service process alone on an experiment directory
+(`start_service`), and a whole experiment served by `workbench serve` (the supervisor,
+vLLM's CPU build, the torchrun trainer, the built-in tiny model), stopped by `workbench
+down` once the module's tests are done."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from workbench.system.ports import free_port
@@ -18,6 +21,36 @@ from workbench.system.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 BUILTIN = "builtin:tiny-reverse"
+# An experiment for the service alone: its recipe names the base model and the trainer's rank.
+SERVICE_RECIPE = f"""
+[experiment]
+name = "tinker"
+[model]
+base = "{BUILTIN}"
+[trainer]
+max_concurrent_runs = 2
+lora = {{ rank = 8, alpha = 16 }}
+"""
+
+
+def start_service(experiment: Path, api_key: str, *options: str) -> tuple[subprocess.Popen, str]:
+    """`python -m workbench.tinker` on `experiment` (a recipe.toml in it), answering its
+    health check; its log in service.log. Returns the process and its base URL."""
+    port = free_port()
+    env = {**os.environ, "WORKBENCH_TINKER_API_KEY": api_key}
+    argv = [sys.executable, "-m", "workbench.tinker", str(experiment), "--port", str(port)]
+    with open(experiment / "service.log", "w") as log:
+        proc = subprocess.Popen([*argv, *options], env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/api/v1/healthz").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    pytest.fail((experiment / "service.log").read_text())
 
 
 @dataclass(frozen=True)

@@ -4,53 +4,21 @@ evicted as `workbench evict` evicts it)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-
-import httpx
 import numpy as np
 import pytest
 import tinker
 
+from tests.tinker.conftest import BUILTIN as BASE
+from tests.tinker.conftest import SERVICE_RECIPE, start_service
 from workbench.files import run_control
-from workbench.system.ports import free_port
 
 API_KEY = "tml-workbench-eviction-0123456789"
-BASE = "builtin:tiny-reverse"
-RECIPE = f"""
-[experiment]
-name = "tinker"
-[model]
-base = "{BASE}"
-[trainer]
-max_concurrent_runs = 2
-lora = {{ rank = 8, alpha = 16 }}
-"""
 
 
 @pytest.fixture
 def service(tmp_path):
-    (tmp_path / "recipe.toml").write_text(RECIPE)
-    port = free_port()
-    env = {**os.environ, "WORKBENCH_TINKER_API_KEY": API_KEY}
-    with open(tmp_path / "service.log", "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workbench.tinker", str(tmp_path), "--port", str(port)],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/api/v1/healthz").status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail((tmp_path / "service.log").read_text())
+    (tmp_path / "recipe.toml").write_text(SERVICE_RECIPE)
+    proc, url = start_service(tmp_path, API_KEY)
     yield url, tmp_path
     proc.terminate()
     proc.wait(10)

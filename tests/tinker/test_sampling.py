@@ -7,60 +7,32 @@ No trainer runs here: the test answers the service's work items as the trainer d
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import tinker
 
 from tests.helpers import random_adapter
+from tests.tinker.conftest import BUILTIN as BASE
+from tests.tinker.conftest import SERVICE_RECIPE, start_service
 from workbench.files import tinker_work as tw
-from workbench.system.ports import free_port
 
 API_KEY = "tml-workbench-sampling-test-0123456789"
-BASE = "builtin:tiny-reverse"
-RECIPE = f"""
-[experiment]
-name = "tinker-sampling"
-[model]
-base = "{BASE}"
-[trainer]
-max_concurrent_runs = 2
-lora = {{ rank = 8, alpha = 16 }}
-"""
 
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("exp")
-    (path / "recipe.toml").write_text(RECIPE)
+    (path / "recipe.toml").write_text(SERVICE_RECIPE)
     return path
 
 
 @pytest.fixture(scope="module")
 def service(experiment):
     """The service process, started before any vLLM: it finds vLLM when a sample needs it."""
-    port = free_port()
-    env = {**os.environ, "WORKBENCH_TINKER_API_KEY": API_KEY}
-    log = open(experiment / "service.log", "w")  # noqa: SIM115
-    argv = [sys.executable, "-m", "workbench.tinker", str(experiment), "--port", str(port)]
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/api/v1/healthz").status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail((experiment / "service.log").read_text())
+    proc, url = start_service(experiment, API_KEY)
     yield url
     proc.terminate()
     proc.wait(10)

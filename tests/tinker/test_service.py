@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,58 +15,19 @@ import numpy as np
 import pytest
 import tinker
 
+from tests.tinker.conftest import BUILTIN as BASE
+from tests.tinker.conftest import SERVICE_RECIPE, start_service
 from workbench.files import run_control
 from workbench.files import tinker_work as tw
 
 API_KEY = "tml-workbench-test-key-0123456789"
-BASE = "builtin:tiny-reverse"
-RECIPE = f"""
-[experiment]
-name = "tinker"
-[model]
-base = "{BASE}"
-[trainer]
-max_concurrent_runs = 2
-lora = {{ rank = 8, alpha = 16 }}
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_service(experiment: Path, session_timeout: str = "4") -> tuple[subprocess.Popen, str]:
-    """The service process on `experiment` (a recipe.toml in it), healthy; its log in
-    service.log."""
-    port = _free_port()
-    env = {**os.environ, "WORKBENCH_TINKER_API_KEY": API_KEY}
-    log = open(experiment / "service.log", "w")  # noqa: SIM115
-    argv = [sys.executable, "-m", "workbench.tinker", str(experiment), "--port", str(port)]
-    proc = subprocess.Popen(
-        [*argv, "--session-timeout", session_timeout],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/api/v1/healthz").status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-    proc.kill()
-    pytest.fail((experiment / "service.log").read_text())
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     experiment = tmp_path_factory.mktemp("exp")
-    (experiment / "recipe.toml").write_text(RECIPE)
-    proc, url = _start_service(experiment)
+    (experiment / "recipe.toml").write_text(SERVICE_RECIPE)
+    proc, url = start_service(experiment, API_KEY, "--session-timeout", "4")
     yield url, experiment
     proc.terminate()
     proc.wait(10)
@@ -262,12 +220,12 @@ def test_an_unloaded_model_gives_its_trainer_slot_back(client, service):
 def test_a_stopping_service_has_the_trainer_save_every_live_model(tmp_path):
     """`workbench down` stops the service before the trainer: it writes a save_state work
     item for each model still in use and waits while the trainer answers them."""
-    (tmp_path / "recipe.toml").write_text(RECIPE)
+    (tmp_path / "recipe.toml").write_text(SERVICE_RECIPE)
     # The supervisor's state as it is while the trainer runs (this process stands in for it).
     state = {"processes": {"trainer": {"pid": os.getpid()}}}
     (tmp_path / "supervisor").mkdir()
     (tmp_path / "supervisor" / "state.json").write_text(json.dumps(state))
-    proc, url = _start_service(tmp_path, session_timeout="600")
+    proc, url = start_service(tmp_path, API_KEY, "--session-timeout", "600")
     try:
         client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
         client.create_lora_training_client(base_model=BASE, rank=2, seed=1).result(timeout=60)
