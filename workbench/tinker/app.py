@@ -97,16 +97,7 @@ async def _reap_sessions(app: FastAPI) -> None:
             for model in app.state.models.of_session(session.session_id):
                 if model.unloaded:
                     continue
-                path = tw.tinker_dir(model.run) / "weights" / "session_end"
-                seq = app.state.models.append(
-                    model,
-                    lambda seq, path=path: (
-                        tw.WorkRequest(
-                            seq=seq, op="save_state", path=str(path), with_optimizer=True
-                        ),
-                        {},
-                    ),
-                )
+                seq = _save_state(app.state.models, model, "session_end")
                 model.unloaded = True
                 _release_slot(model)
                 log.info(
@@ -115,6 +106,16 @@ async def _reap_sessions(app: FastAPI) -> None:
                     session.session_id,
                     seq,
                 )
+
+
+def _save_state(models: Models, model: TinkerModel, name: str) -> int:
+    """A save_state work item (the optimizer too) after the model's others, into
+    `tinker://<model id>/weights/<name>`; its seq."""
+    path = tw.tinker_dir(model.run) / "weights" / name
+    request = lambda seq: tw.WorkRequest(  # noqa: E731
+        seq=seq, op="save_state", path=str(path), with_optimizer=True
+    )
+    return models.append(model, lambda seq: (request(seq), {}))
 
 
 # How long the service, stopping, waits for the trainer to save its live models: under the
@@ -133,12 +134,7 @@ async def _save_live_models(app: FastAPI) -> None:
     for model in models.all():
         if model.unloaded or run_control.read_eviction(model.run) is not None:
             continue
-        path = tw.tinker_dir(model.run) / "weights" / name
-        builder = lambda seq, path=path: (  # noqa: E731
-            tw.WorkRequest(seq=seq, op="save_state", path=str(path), with_optimizer=True),
-            {},
-        )
-        saves.append((model, models.append(model, builder)))
+        saves.append((model, _save_state(models, model, name)))
     deadline = time.monotonic() + STOP_SAVE_WAIT_S
     while saves and time.monotonic() < deadline and _trainer_running(app.state.settings):
         saves = [(m, seq) for m, seq in saves if tw.read_result(m.run, seq) is None]
