@@ -8,25 +8,17 @@ raises none with the default thresholds."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import workbench
 from workbench.files import layout, run_control
 from workbench.system.file_tail import last_lines
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-WORKBENCH = [sys.executable, "-m", "workbench.cli"]
-ENV = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-}
 
 RECIPE = """\
 [experiment]
@@ -51,12 +43,6 @@ id = "good"
 id = "x"
 lr = 1e30
 """
-
-
-def workbench(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*WORKBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV
-    )
 
 
 def test_a_diverging_run_is_one_non_finite_alert_that_workbench_alerts_reports(tmp_path: Path):

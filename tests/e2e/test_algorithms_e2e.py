@@ -5,12 +5,11 @@ rewards, and every trainer line of a run names the loss that run asked for."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import REPO, workbench
 from workbench.config import load_orchestrator_config
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
@@ -18,8 +17,6 @@ from workbench.files.metrics import read_metrics
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 STEPS = 4
 KINDS = {
     "run_default": "default",
@@ -29,12 +26,6 @@ KINDS = {
     "run_is_rloo": "is",
     "run_reinforce_kl": "reinforce",
 }
-
-
-def workbench(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*WORKBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def test_six_algorithms_share_one_trainer_and_each_trains_with_its_own_loss(tmp_path: Path):

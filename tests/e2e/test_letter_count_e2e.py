@@ -12,19 +12,16 @@ requiring +0.08 is over 2.5 of those above noise and under half the measured gai
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import REPO, workbench
 from workbench.files.metrics import read_metrics
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 STEPS = 40
 MARGIN = 0.08
 
@@ -39,15 +36,15 @@ def one_run_recipe(tmp_path: Path) -> Path:
 
 def test_letter_count_in_letters_learns_on_the_built_in_model(tmp_path: Path):
     experiment = tmp_path / "outputs" / "letter_count"
-    up = [*WORKBENCH, "up", str(one_run_recipe(tmp_path)), "--headless"]
+    recipe = one_run_recipe(tmp_path)
     try:
-        result = subprocess.run(
-            [*up, "--max-steps", str(STEPS)], cwd=tmp_path, capture_output=True, text=True,
+        result = workbench(
+            "up", str(recipe), "--headless", "--max-steps", str(STEPS), cwd=tmp_path,
             timeout=8 * 60,
         )  # fmt: skip
     finally:
         if (experiment / "supervisor").exists():
-            subprocess.run([*WORKBENCH, "down", str(experiment)], cwd=tmp_path, timeout=180)
+            workbench("down", str(experiment), cwd=tmp_path, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     metrics = read_metrics(experiment / "run_lr3e-3", "orchestrator")

@@ -6,13 +6,11 @@ to its own max_steps."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import workbench
 from tests.helpers import wait_for
 from workbench.config import load_orchestrator_config
 from workbench.files import layout, run_control
@@ -21,14 +19,8 @@ from workbench.files.metrics import read_metrics
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 TEN_MINUTES = 10 * 60.0  # a step of the real experiment on 2 cores takes tens of seconds
 # This checkout's workbench in every child, whichever one the environment installed.
-ENV = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-}
 
 RECIPE = """\
 [experiment]
@@ -53,12 +45,6 @@ eval = { interval = 0 }
 [[runs]]
 id = "a"
 """
-
-
-def workbench(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*WORKBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV
-    )
 
 
 def test_a_fork_of_a_running_run_starts_at_its_step_with_its_adapter_and_trains_to_its_own_end(

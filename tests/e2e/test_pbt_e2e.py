@@ -20,20 +20,18 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import workbench
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.slow
 
-WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 WINNER, LOSER, FORK = "run_lr5e-3", "run_lr1e-6", "run_lr1e-6-pbt1"
 REASON = re.compile(
     r"pbt step 3: eval_reward_mean [0-9.]+, rank 2/2, in the bottom quantile: "
@@ -75,12 +73,6 @@ kind = "pbt"
 interval = 3
 min_runs = 2
 """
-
-
-def workbench(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*WORKBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def test_a_run_behind_takes_the_checkpoint_of_a_run_ahead_and_trains_on_from_its_step(

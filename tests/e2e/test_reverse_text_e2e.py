@@ -17,27 +17,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import REPO, WORKBENCH, workbench
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 MARGIN = 0.1
-
-
-def workbench(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*WORKBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def rewards(run: Path) -> list[float]:

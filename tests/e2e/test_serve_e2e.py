@@ -5,29 +5,21 @@ torchrun trainer, the built-in tiny model): the service is a process of the expe
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import tinker
 
+from tests.e2e.cli import environment, workbench
 from workbench.system.ports import free_port
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 KEY = "tml-serve-e2e-0123456789abcdef"
-ENV = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    "WORKBENCH_TINKER_API_KEY": KEY,
-}
+ENV = environment(WORKBENCH_TINKER_API_KEY=KEY)
 RECIPE = """\
 [experiment]
 name = "served"
@@ -49,23 +41,19 @@ id = "a"
 """
 
 
-def workbench(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*WORKBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV
-    )
-
-
 def test_serve_runs_the_service_beside_the_experiment_until_down(tmp_path: Path):
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(RECIPE)
     experiment = tmp_path / "outputs" / "served"
     port = free_port()
     try:
-        started = workbench("serve", str(recipe), "--port", str(port), cwd=tmp_path, timeout=600)
+        started = workbench(
+            "serve", str(recipe), "--port", str(port), cwd=tmp_path, env=ENV, timeout=600
+        )
         assert started.returncode == 0, started.stdout + started.stderr
         url = f"http://127.0.0.1:{port}"
         assert f"base_url={url}" in started.stdout and f"api_key={KEY}" in started.stdout
-        status = workbench("status", str(experiment), cwd=tmp_path)
+        status = workbench("status", str(experiment), cwd=tmp_path, env=ENV)
         assert "tinker" in status.stdout, status.stdout
         client = tinker.ServiceClient(base_url=url, api_key=KEY)
         sampler = client.create_sampling_client(base_model="builtin:tiny-reverse").result(
@@ -75,7 +63,7 @@ def test_serve_runs_the_service_beside_the_experiment_until_down(tmp_path: Path)
         result = sampler.sample(tinker.types.ModelInput.from_ints([5, 6, 7]), 2, params)
         assert len(result.result(timeout=600).sequences) == 2
     finally:
-        stopped = workbench("down", str(experiment), cwd=tmp_path, timeout=180)
+        stopped = workbench("down", str(experiment), cwd=tmp_path, env=ENV, timeout=180)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/api/v1/healthz", timeout=2.0)

@@ -25,19 +25,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import workbench
 from workbench.files import layout, run_control
 from workbench.files.metrics import read_metrics
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.slow
 
-WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 GOOD = ("run_lr5e-3", "run_lr3e-3", "run_lr4e-3")
 LOW = ("run_lr1e-6", "run_lr2e-6")
 QUEUED_LAST = "run_lr4e-3"
@@ -81,12 +79,6 @@ grace_steps = 4
 reduction_factor = 2
 min_runs = 3
 """
-
-
-def workbench(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*WORKBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def first_trained_at(run: Path) -> float:
