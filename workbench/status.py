@@ -44,7 +44,7 @@ from typing import Any
 import tomlkit
 
 from workbench.config import OrchestratorConfig
-from workbench.files import layout, run_control
+from workbench.files import layout, run_control, tinker_work
 from workbench.files.nodes import NodeStatus, lost_nodes, node_statuses
 from workbench.files.run_control import Condition, RunCondition
 from workbench.supervisor.client import read_state, running_supervisor_pid
@@ -72,6 +72,8 @@ class RunStatus:
     values: dict[str, Any] | None = None  # what a sweep run varies (dotted keys)
     asha: dict[str, Any] | None = None  # rung, step, value, cutoff, rank, of, decision
     forked_from: dict[str, Any] | None = None  # run, step: `workbench runs fork`'s record
+    # A Tinker client's run (`source = "tinker"`): when its client last sent work (unix s).
+    last_request: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -226,6 +228,9 @@ class RunFiles:
     # A broadcast newer than `broadcast_step` is being written: its STABLE marker lands
     # inside its own directory, which none of `watched_paths` shows.
     broadcast_pending: bool
+    # When the newest Tinker work item arrived (the work queue's mtime); None for a run
+    # no Tinker client drives.
+    last_request: float | None = None
 
 
 def watched_paths(run: Path, files: RunFiles | None) -> tuple[str, ...]:
@@ -233,14 +238,16 @@ def watched_paths(run: Path, files: RunFiles | None) -> tuple[str, ...]:
     control/ always (a control file written, renamed over or removed: how a run is
     evicted, finished, rejected or restarted); while the run is open or rejected, its
     orch.toml too (edited in place, no rename shows in control/); while it is open,
-    broadcast/ (a step added). An evicted or finished run costs one `stat`. Without
-    `files` (not read yet), all of them."""
+    broadcast/ (a step added) and its Tinker work queue (a request renamed in; absent for
+    a run no client drives). An evicted or finished run costs one `stat`. Without `files`
+    (not read yet), all of them."""
     kind = files.condition.kind if files is not None else Condition.OPEN
     paths = [str(layout.control_dir(run))]
     if kind in (Condition.OPEN, Condition.REJECTED):
         paths.append(str(layout.orch_config_path(run)))
     if kind is Condition.OPEN:
         paths.append(str(layout.broadcasts_dir(run)))
+        paths.append(str(tinker_work.work_dir(run)))
     return tuple(paths)
 
 
@@ -253,7 +260,15 @@ def read_run_files(run: Path) -> RunFiles:
         broadcast_step=broadcast_step,
         has_config=layout.orch_config_path(run).is_file(),
         broadcast_pending=bool(steps) and steps[-1][0] > broadcast_step,
+        last_request=_mtime(tinker_work.work_dir(run)),
     )
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def run_status(
@@ -273,6 +288,7 @@ def run_status(
         slot=slots.get(run_id),
         total_tokens=int(trained.get("total_tokens", 0)),
         total_samples=int(trained.get("total_samples", 0)),
+        last_request=files.last_request,
     )
     condition = files.condition
     if condition.kind in (Condition.EVICTED, Condition.REJECTED):
@@ -430,7 +446,7 @@ _readers_lock = threading.Lock()
 class RunSettings:
     """What a run's status shows of its orch.toml; None where it does not parse."""
 
-    max_steps: int | None = None
+    max_steps: int | None = None  # None too for a Tinker client's run: its client decides
     forked_from: dict[str, Any] | None = None
 
 
@@ -442,5 +458,7 @@ def _read_settings(path: Path) -> RunSettings:
         forked_from = document.get("forked_from")
         if not isinstance(forked_from, dict):
             forked_from = None
+        if document.get("source") == tinker_work.SOURCE_TINKER:
+            return RunSettings(None, forked_from)
         return RunSettings(int(max_steps), forked_from)
     return RunSettings()

@@ -4,14 +4,17 @@ the TUI shows them, and its table stays whole when piped."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from tests.helpers import make_experiment
+from tests.helpers import make_experiment, make_run
 from workbench.cli import app
 from workbench.files import layout, run_control
+from workbench.files import tinker_work as tw
 from workbench.files.metrics import append_metrics
 from workbench.tui.data import ExperimentReader
 
@@ -105,3 +108,35 @@ def test_the_newest_eval_is_found_however_far_back_it_was_written(tmp_path: Path
         assert latest_rewards(with_eval, tail_bytes) == LatestRewards(0.6, 1, 0.61)
         assert latest_rewards(without, tail_bytes) == LatestRewards(0.59, None, None)
     assert latest_rewards(tmp_path / "run_c") == LatestRewards()
+
+
+def test_a_tinker_clients_run_shows_its_steps_unbounded_and_its_last_requests_age(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A run `workbench serve` made for a client: no max_steps (the client decides when it
+    stops), and, in place of a reason, how long ago its client last sent work; the TUI's
+    `updated` is that request when the trainer has logged nothing since."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    experiment = make_experiment(tmp_path, "exp", "lr = 3e-3", '[[runs]]\nid = "a"\n')
+    run = make_run(experiment, "run_tinker_1", 'source = "tinker"\nseed = 0\n')
+    tw.write_request(run, tw.WorkRequest(seq=0, op="optim_step", adam=tw.AdamParams()), {})
+    sent = time.time() - 90
+    os.utime(tw.work_dir(run), (sent, sent))
+
+    runs = {row["id"]: row for row in json.loads(status(str(experiment), "--json"))["runs"]}
+    assert runs["run_tinker_1"]["max_steps"] is None
+    assert runs["run_tinker_1"]["last_request"] == pytest.approx(sent)
+    assert runs["run_a"]["max_steps"] is not None and runs["run_a"]["last_request"] is None
+    row = next(line for line in status(str(experiment)).splitlines() if "run_tinker_1" in line)
+    cells = [cell.strip() for cell in row.split("│")[1:-1]]
+    assert cells[2] == "0", "a step count without a bound"
+    assert cells[-1] == "Tinker client, last request 1m ago", cells[-1]
+
+    reader = ExperimentReader(experiment, supervisor_pid=lambda _: None)
+    try:
+        views = {view.id: view for view in reader.poll(rank=False).runs}
+    finally:
+        reader.close()
+    assert views["run_tinker_1"].max_steps is None
+    assert views["run_tinker_1"].last_update == pytest.approx(sent)

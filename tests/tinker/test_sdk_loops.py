@@ -14,13 +14,16 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 
+import httpx
 import numpy as np
 import pytest
 import tinker
 
 from tests.tinker.conftest import BUILTIN, Served, serve
 from workbench.envs.registry import get_environment
+from workbench.files import run_control
 
 pytestmark = pytest.mark.slow
 
@@ -124,6 +127,48 @@ def rl_step(training, tokenizer, env, step: int, adam) -> float:
         backward.result(timeout=600)
         optim.result(timeout=600)
     return statistics.fmean(rewards)
+
+
+def _small_datum() -> tinker.types.Datum:
+    return tinker.types.Datum(
+        model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
+        loss_fn_inputs={"target_tokens": np.array([6, 7, 8], dtype=np.int64)},
+    )
+
+
+def test_a_session_beyond_the_trainers_slots_waits_for_one_then_trains(served, service):
+    """First in the module, so that every slot is free once the native run has finished:
+    4 clients take the trainer's 4 slots; a fifth's forward_backward waits (the SDK hears
+    try-again) while theirs are answered, and is answered once one of them unloads."""
+    native = served.experiment / "run_native"
+    deadline = time.monotonic() + 300
+    while not run_control.is_finished(native) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert run_control.is_finished(native), "the native run holds a slot still"
+    holders = [
+        service.create_lora_training_client(base_model=BUILTIN, rank=4).result(timeout=60)
+        for _ in range(4)
+    ]
+    for training in holders:
+        training.forward_backward([_small_datum()], "cross_entropy").result(timeout=300)
+    waiting = service.create_lora_training_client(base_model=BUILTIN, rank=4).result(timeout=60)
+    queued = waiting.forward_backward([_small_datum()], "cross_entropy")
+    with pytest.raises(TimeoutError):
+        queued.result(timeout=5)  # the trainer passes every 10 ms: it is waiting for a slot
+    # The route this SDK release never calls, raw, as the cookbook's clients would leave.
+    unload = httpx.post(
+        f"{served.url}/api/v1/unload_model",
+        json={"model_id": holders[0].model_id},
+        headers={"X-API-Key": served.api_key},
+    )
+    assert unload.status_code == 200, unload.text
+    assert queued.result(timeout=120).loss_fn_outputs
+    for training in [*holders[1:], waiting]:
+        httpx.post(
+            f"{served.url}/api/v1/unload_model",
+            json={"model_id": training.model_id},
+            headers={"X-API-Key": served.api_key},
+        ).raise_for_status()
 
 
 def test_an_rl_loop_on_the_public_sdk_learns_reverse_text(service):

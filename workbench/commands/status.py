@@ -193,7 +193,7 @@ def _runs_table(report: StatusReport) -> Table:
     for run in runs:
         steps = f"{run.step}/{run.max_steps}" if run.max_steps else str(run.step)
         slot = "" if run.slot is None else str(run.slot)
-        reason = (run.reason or "").splitlines()[0] if run.reason else ""
+        reason = (run.reason or "").splitlines()[0] if run.reason else _client_note(run, report.now)
         cells = [run.id, run.status, steps, slot, *_reward_cells(report.rewards_of(run.id))]
         if show_forks:
             cells.append(escape(describe_fork(run.forked_from)))
@@ -203,6 +203,15 @@ def _runs_table(report: StatusReport) -> Table:
             cells += _asha_cells(run.asha)
         table.add_row(*cells, escape(reason))
     return table
+
+
+def _client_note(run: RunStatus, now: float) -> str:
+    """What a Tinker client's run says in place of a reason: how long ago its client last
+    sent work (a client gone quiet holds its slot until its session times out)."""
+    if run.last_request is None:
+        return ""
+    age = format_duration(max(0.0, now - run.last_request))
+    return f"Tinker client, last request {age} ago"
 
 
 def _reward_cells(rewards: LatestRewards) -> list[str]:

@@ -443,7 +443,11 @@ class ExperimentReader:
             losses=histories.losses,
             reward_curve=histories.curves[REWARD_METRIC],
             evals=histories.curves[EVAL_METRIC],
-            last_update=metrics.last_time,
+            # A Tinker client's run: its client's last request counts as an update.
+            last_update=max(
+                (t for t in (metrics.last_time, status.last_request) if t is not None),
+                default=None,
+            ),
             evicted_by=status.evicted_by,
             loss=histories.loss,
         )
