@@ -19,7 +19,14 @@ from pathlib import Path
 from workbench.config import OrchestratorConfig, SamplingParams
 from workbench.files import layout
 from workbench.files.endpoint import Endpoint, new_api_key, write_endpoint
-from workbench.inference.client import AdapterVersions, ChatResult, Completion, InferenceError
+from workbench.inference.client import (
+    NON_FINITE_ANSWER,
+    AdapterVersions,
+    ChatResult,
+    Completion,
+    InferenceError,
+    NonFiniteSamples,
+)
 from workbench.orchestrator.loop import Orchestrator
 
 BASE_MODEL = "base"
@@ -129,6 +136,10 @@ def scripted_server(experiment: Path, chat: ScriptedChat) -> Iterator[Endpoint]:
                     self._reply(200, {})
                 else:
                     self._reply(404, {"error": f"no route {self.path}"})
+            except NonFiniteSamples:
+                # vLLM's answer when its response would hold inf or nan.
+                error = {"message": NON_FINITE_ANSWER, "type": "BadRequestError", "code": 400}
+                self._reply(400, {"error": error})
             except InferenceError as err:
                 self._reply(404, {"error": str(err)})
 

@@ -34,6 +34,17 @@ class InferenceError(RuntimeError):
     """The inference server refused a request; the message carries its answer."""
 
 
+class NonFiniteSamples(InferenceError):
+    """vLLM sampled but cannot send its answer: a log-prob in it is not a finite number,
+    which JSON cannot carry. The model's numbers overflow with the adapter asked for (a
+    policy that diverged); the same request fails again."""
+
+
+# What vLLM's server answers (400) when a response holds inf or nan (Starlette's JSON
+# encoder refuses them).
+NON_FINITE_ANSWER = "Out of range float values are not JSON compliant"
+
+
 @dataclass
 class Completion:
     text: str
@@ -179,9 +190,8 @@ class InferenceClient:
         url = self.endpoint.server_url + path
         response = self._http.post(url, json=body)
         if response.status_code != 200:
-            raise InferenceError(
-                f"POST {path} answered {response.status_code}: {response.text[:500]}"
-            )
+            error = NonFiniteSamples if NON_FINITE_ANSWER in response.text else InferenceError
+            raise error(f"POST {path} answered {response.status_code}: {response.text[:500]}")
         try:
             return response.json()
         except ValueError:

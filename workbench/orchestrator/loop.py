@@ -35,7 +35,7 @@ from workbench.files.metrics import append_metrics
 from workbench.files.rollouts import RolloutBatch, Sample, write_rollouts
 from workbench.files.samples import SampledCompletion, SampleGroup, StepSamples
 from workbench.files.samples import record_step as record_samples
-from workbench.inference.client import AdapterVersions
+from workbench.inference.client import AdapterVersions, NonFiniteSamples
 from workbench.orchestrator.advantages import (
     compute_advantages,
     has_learning_signal,
@@ -227,6 +227,15 @@ class Orchestrator:
             )
         except ExternalEpisodeError as err:  # every episode failed: its harness is broken
             self._stop(f"every episode of a step failed: {err}")
+        except NonFiniteSamples:
+            # Restarting would sample the same seeds with the same adapter: a crash loop.
+            version = self._policy_version()
+            self._stop(
+                f"{run_control.DIVERGED_PREFIX} vLLM's samples of policy version {version} "
+                "hold non-finite log-probs (the model's numbers overflow with this adapter); "
+                "restart from an earlier checkpoint with a lower lr "
+                f"(`workbench runs fork {self.run_id}@STEP NEW_ID --set lr=...`)"
+            )
 
     def _kept_groups(
         self, step: int, prompts: list[Prompt], groups: list[list[Episode]]
