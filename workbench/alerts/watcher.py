@@ -30,6 +30,7 @@ from workbench.config.alerts import AlertsSection
 from workbench.files import layout, run_control
 from workbench.files.alerts import Alert, append_alert, json_values, read_alerts
 from workbench.files.metrics import parse_record
+from workbench.system.clock import format_duration
 from workbench.system.file_tail import AppendedLines
 
 log = logging.getLogger("workbench.alerts")
@@ -147,7 +148,7 @@ class AlertWatcher:
         finding = Finding(
             "stall",
             f"after step {followed.last_step} at {followed.last_time}",
-            f"no record for {quiet / 60:.0f} min: its last was step {followed.last_step}",
+            f"no record for {format_duration(quiet)}: its last was step {followed.last_step}",
             followed.last_step,
             {"quiet_s": round(quiet, 1), "last_step": followed.last_step},
         )
