@@ -17,6 +17,7 @@ import pytest
 from tests.helpers import make_run
 from tests.tui.synthetic import build_experiment
 from workbench.bench.load import checks
+from workbench.bench.load import keys as load_keys
 from workbench.bench.load.background import BackgroundLoad
 from workbench.bench.load.churn import SLOTS, choose_eviction, load_recipe
 from workbench.bench.load.keys import TUI_SIZE, FrameTimedApp, press_keys, wait_for_runs
@@ -165,8 +166,10 @@ def test_exits_nobody_asked_for_are_crashes_except_an_orchestrator_done_or_evict
 # ---------------------------------------------------------------- the TUI's keys
 
 
-def test_each_key_is_timed_to_the_frame_that_shows_its_effect(tmp_path: Path):
+def test_each_key_is_timed_to_the_frame_that_shows_its_effect(tmp_path: Path, monkeypatch):
     experiment = build_experiment(tmp_path)
+    # Keys closer together than the benchmark's 1 s, so that 12 s go through every view.
+    monkeypatch.setattr(load_keys, "KEY_GAP_S", 0.1)
 
     async def drive():
         app = FrameTimedApp(experiment)
@@ -174,13 +177,14 @@ def test_each_key_is_timed_to_the_frame_that_shows_its_effect(tmp_path: Path):
             await wait_for_runs(app, 4, 30)
             stop = asyncio.Event()
             keys = asyncio.create_task(press_keys(app, pilot, stop))
-            await asyncio.sleep(9)  # two cycles: move, enter, escape, move
+            await asyncio.sleep(12)  # 5 cycles or more: move, enter, escape, move, a view, escape
             stop.set()
             return await keys, len(app.reader.poll_s)
 
     latencies, polls = asyncio.run(drive())
     assert latencies.timed_out == {}
-    assert {"down", "enter", "escape"} <= set(latencies.by_key), latencies
+    views = {key for key, _ in load_keys.VIEWS}
+    assert {"down", "enter", "escape", "escape view", *views} <= set(latencies.by_key), latencies
     assert all(value > 0 for value in latencies.all_s)
     assert polls >= 1
     for _, parts in latencies.parts:  # where each key's time went adds up to its latency

@@ -7,7 +7,10 @@ frame the app composes in which the key's effect is on the screen:
 
 - `down` / `up` on the runs table: the cursor is on another row;
 - `enter`: the run's detail screen is the screen shown;
-- `escape` on the detail screen: the main screen is shown again.
+- `escape` on the detail screen: the main screen is shown again;
+- a view's key on the main screen (`v` side by side, `!` alerts, `t` timeline, `c` curves,
+  `A` playground, one a cycle in turn): its screen is shown, then `escape` back to the main
+  screen. Each view polls what it shows while it is open, under the same load.
 
 "Composes" is Textual's compositor producing the frame's update, the step just before it
 is written to the terminal; headless, that write is skipped. The hook is Textual's public
@@ -36,15 +39,29 @@ from typing import Any
 from workbench.bench.load.stalls import Breakdown, Mark, StallMeter
 from workbench.tui.app import WorkbenchApp
 from workbench.tui.data import ExperimentReader, ExperimentSnapshot
+from workbench.tui.screens.alerts import AlertsScreen
+from workbench.tui.screens.curves import CurvesScreen
 from workbench.tui.screens.main import MainScreen
+from workbench.tui.screens.playground import PlaygroundScreen
 from workbench.tui.screens.run_detail import RunDetailScreen
+from workbench.tui.screens.side_by_side import SideBySideScreen
+from workbench.tui.screens.timeline import TimelineScreen
 from workbench.tui.widgets.runs_table import RunsTable
 
 TUI_SIZE = (120, 40)
 KEY_GAP_S = 1.0
 KEY_TIMEOUT_S = 10.0
-# One cycle: move, open the run, back, move again (down while it can, then up).
-CYCLE = ("move", "enter", "escape", "move")
+# One cycle: move, open the run, back, move again (down while it can, then up), open the
+# next view and close it.
+CYCLE = ("move", "enter", "escape", "move", "view", "close")
+# The researcher's views, by the key that opens each from the main screen.
+VIEWS: tuple[tuple[str, type], ...] = (
+    ("v", SideBySideScreen),
+    ("exclamation_mark", AlertsScreen),
+    ("t", TimelineScreen),
+    ("c", CurvesScreen),
+    ("A", PlaygroundScreen),
+)
 
 
 class TimedReader(ExperimentReader):
@@ -133,7 +150,7 @@ async def time_key(
 async def press_keys(app: FrameTimedApp, pilot: Any, stop: asyncio.Event) -> KeyLatencies:
     """Press the cycle's keys, `KEY_GAP_S` apart, until `stop` is set."""
     latencies = KeyLatencies()
-    step = 0
+    step = views_opened = 0
     direction = "down"
     while not stop.is_set():
         action = CYCLE[step % len(CYCLE)]
@@ -159,6 +176,16 @@ async def press_keys(app: FrameTimedApp, pilot: Any, stop: asyncio.Event) -> Key
                 app, pilot, "escape", lambda: isinstance(app.screen, MainScreen)
             )
             latencies.add("escape", latency)
+        elif action == "view" and isinstance(app.screen, MainScreen):
+            key, screen = VIEWS[views_opened % len(VIEWS)]
+            views_opened += 1
+            latency = await time_key(app, pilot, key, lambda s=screen: isinstance(app.screen, s))
+            latencies.add(key, latency)
+        elif action == "close" and isinstance(app.screen, tuple(s for _, s in VIEWS)):
+            latency = await time_key(
+                app, pilot, "escape", lambda: isinstance(app.screen, MainScreen)
+            )
+            latencies.add("escape view", latency)
         await sleep_unless_stopped(stop, KEY_GAP_S)
     return latencies
 
