@@ -244,3 +244,31 @@ def test_a_stopping_service_has_the_trainer_save_every_live_model(tmp_path):
         assert proc.wait(10) in (0, -signal.SIGTERM)
     finally:
         proc.kill()
+
+
+def test_a_client_closed_ends_its_session_at_once_with_its_state_saved(service):
+    """`with tinker.ServiceClient(...)` (or `close("success")`): the SDK finishes its session;
+    its models' state is saved as `session_end`, the same as after a timeout, without the
+    wait, and its heartbeats stop."""
+    url, experiment = service
+    before = set(experiment.glob("run_tinker_*"))
+    with tinker.ServiceClient(base_url=url, api_key=API_KEY) as client:
+        client.create_lora_training_client(base_model=BASE, rank=2).result(timeout=60)
+        session_id = client._get_session_holder().get_session_id()  # the SDK's own record
+    (run,) = set(experiment.glob("run_tinker_*")) - before
+    deadline = time.monotonic() + 10
+    saves = []
+    while not saves and time.monotonic() < deadline:
+        saves = [
+            item
+            for item in tw.pending_requests(run)
+            if item.request.op == "save_state" and item.request.path.endswith("session_end")
+        ]
+        time.sleep(0.1)
+    assert len(saves) == 1, "closed: its state saved once, without the 4 s timeout"
+    beat = _raw(url, "/api/v1/session_heartbeat", {"session_id": session_id})
+    assert beat.status_code == 410, beat.text
+    again = _raw(url, f"/api/v1/sessions/{session_id}/finish", {"reason": {"type": "success"}})
+    assert again.status_code == 200, "a second finish changes nothing"
+    unknown = _raw(url, "/api/v1/sessions/session-nope/finish", {"reason": {"type": "success"}})
+    assert unknown.status_code == 404 and "session-nope" in unknown.text

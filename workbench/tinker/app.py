@@ -94,18 +94,25 @@ async def _reap_sessions(app: FastAPI) -> None:
     while True:
         await asyncio.sleep(min(5.0, app.state.sessions.timeout_s / 2))
         for session in app.state.sessions.expire():
-            for model in app.state.models.of_session(session.session_id):
-                if model.unloaded:
-                    continue
-                seq = _save_state(app.state.models, model, "session_end")
-                model.unloaded = True
-                _release_slot(model)
-                log.info(
-                    "%s: session %s ended; state saved as work item %d",
-                    model.run.name,
-                    session.session_id,
-                    seq,
-                )
+            _end_session(app, session.session_id, "its heartbeats stopped")
+
+
+def _end_session(app: FastAPI, session_id: str, why: str) -> None:
+    """A session's models: each one's state saved as `tinker://<model id>/weights/session_end`
+    and its slot given back once the trainer has saved it (the run is then finished)."""
+    for model in app.state.models.of_session(session_id):
+        if model.unloaded:
+            continue
+        seq = _save_state(app.state.models, model, "session_end")
+        model.unloaded = True
+        _release_slot(model)
+        log.info(
+            "%s: session %s ended (%s); state saved as work item %d",
+            model.run.name,
+            session_id,
+            why,
+            seq,
+        )
 
 
 def _save_state(models: Models, model: TinkerModel, name: str) -> int:
@@ -220,8 +227,19 @@ def _service_routes(app: FastAPI, settings: ServiceSettings) -> None:
         if session is None:
             return error_response(404, f"unknown session {session_id!r}")
         if session.ended:
-            return error_response(410, f"session {session_id} ended: its heartbeats stopped")
+            return error_response(410, f"session {session_id} ended")
         return JSONResponse({"type": "session_heartbeat"})
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str, request: Request) -> Response:
+        # `ServiceClient.close(status)` and the end of a `with ServiceClient(...)` block.
+        document = await read_json(request)
+        if sessions.get(session_id) is None:
+            return error_response(404, f"unknown session {session_id!r}")
+        if sessions.finish(session_id) is not None:
+            reason = (document.get("reason") or {}).get("type", "finished")
+            _end_session(app, session_id, f"closed by its client: {reason}")
+        return JSONResponse({})
 
 
 def _model(app: FastAPI, model_id: Any) -> TinkerModel:

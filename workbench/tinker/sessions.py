@@ -1,5 +1,6 @@
 """Sessions and their heartbeats: a session whose heartbeats stop for `timeout_s` is ended,
-its models' state saved (a save_state work item each) so that `load_state` finds it."""
+its models' state saved (a save_state work item each) so that `load_state` finds it; a
+session its client closes ends the same way at once."""
 
 from __future__ import annotations
 
@@ -46,6 +47,16 @@ class Sessions:
             session = self._sessions.get(session_id)
             if session is not None and not session.ended:
                 session.last_beat = self._clock()
+            return session
+
+    def finish(self, session_id: str) -> Session | None:
+        """End a session its client closed (`ServiceClient.close`); the session if this call
+        ended it, None if it is unknown or had ended already."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None or session.ended:
+                return None
+            session.ended = True
             return session
 
     def expire(self) -> list[Session]:
