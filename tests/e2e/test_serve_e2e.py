@@ -12,6 +12,7 @@ import pytest
 import tinker
 
 from tests.e2e.cli import environment, workbench
+from tests.tinker.conftest import sdk_client
 from workbench.system.ports import free_port
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
@@ -55,13 +56,13 @@ def test_serve_runs_the_service_beside_the_experiment_until_down(tmp_path: Path)
         assert f"base_url={url}" in started.stdout and f"api_key={KEY}" in started.stdout
         status = workbench("status", str(experiment), cwd=tmp_path, env=ENV)
         assert "tinker" in status.stdout, status.stdout
-        client = tinker.ServiceClient(base_url=url, api_key=KEY)
-        sampler = client.create_sampling_client(base_model="builtin:tiny-reverse").result(
-            timeout=600
-        )
-        params = tinker.types.SamplingParams(max_tokens=4, temperature=1.0, seed=0)
-        result = sampler.sample(tinker.types.ModelInput.from_ints([5, 6, 7]), 2, params)
-        assert len(result.result(timeout=600).sequences) == 2
+        with sdk_client(url, KEY) as client:
+            sampler = client.create_sampling_client(base_model="builtin:tiny-reverse").result(
+                timeout=600
+            )
+            params = tinker.types.SamplingParams(max_tokens=4, temperature=1.0, seed=0)
+            result = sampler.sample(tinker.types.ModelInput.from_ints([5, 6, 7]), 2, params)
+            assert len(result.result(timeout=600).sequences) == 2
     finally:
         stopped = workbench("down", str(experiment), cwd=tmp_path, env=ENV, timeout=180)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr

@@ -5,6 +5,7 @@ down` once the module's tests are done."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tinker
 
 from workbench.system.ports import free_port
 
@@ -94,3 +96,15 @@ def serve(recipe_text: str, workdir: Path, api_key: str) -> Iterator[Served]:
     finally:
         stopped = workbench("down", str(experiment), cwd=workdir, env=env, timeout=180)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+@contextlib.contextmanager
+def sdk_client(url: str, api_key: str) -> Iterator[tinker.ServiceClient]:
+    """The SDK's client, closed as a user's `with` block closes it while its service is up:
+    its session finished and its heartbeat thread stopped. A client left open outlives its
+    service and warns every 10 s, for the rest of the test session, that it lost it."""
+    client = tinker.ServiceClient(base_url=url, api_key=api_key)
+    try:
+        yield client
+    finally:
+        client.close("success").result(timeout=60)

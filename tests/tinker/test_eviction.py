@@ -9,7 +9,7 @@ import pytest
 import tinker
 
 from tests.tinker.conftest import BUILTIN as BASE
-from tests.tinker.conftest import SERVICE_RECIPE, start_service
+from tests.tinker.conftest import SERVICE_RECIPE, sdk_client, start_service
 from workbench.files import run_control
 
 API_KEY = "tml-workbench-eviction-0123456789"
@@ -33,13 +33,13 @@ def _datum():
 
 def test_an_evicted_run_fails_its_pending_and_later_requests_naming_the_eviction(service):
     url, experiment = service
-    client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
-    training = client.create_lora_training_client(base_model=BASE, rank=4).result(timeout=60)
-    pending = training.forward_backward([_datum()], "cross_entropy")
-    (run,) = experiment.glob("run_tinker_*")
-    run_control.evict(run, "too slow for this experiment", by="cli")
-    with pytest.raises(Exception, match="was evicted by cli: too slow for this experiment"):
-        pending.result(timeout=30)
-    with pytest.raises(tinker.APIStatusError, match="was evicted") as later:
-        training.forward_backward([_datum()], "cross_entropy").result(timeout=30)
-    assert later.value.status_code == 410
+    with sdk_client(url, API_KEY) as client:
+        training = client.create_lora_training_client(base_model=BASE, rank=4).result(timeout=60)
+        pending = training.forward_backward([_datum()], "cross_entropy")
+        (run,) = experiment.glob("run_tinker_*")
+        run_control.evict(run, "too slow for this experiment", by="cli")
+        with pytest.raises(Exception, match="was evicted by cli: too slow for this experiment"):
+            pending.result(timeout=30)
+        with pytest.raises(tinker.APIStatusError, match="was evicted") as later:
+            training.forward_backward([_datum()], "cross_entropy").result(timeout=30)
+        assert later.value.status_code == 410

@@ -16,7 +16,7 @@ import tinker
 
 from tests.helpers import random_adapter
 from tests.tinker.conftest import BUILTIN as BASE
-from tests.tinker.conftest import SERVICE_RECIPE, start_service
+from tests.tinker.conftest import SERVICE_RECIPE, sdk_client, start_service
 from workbench.files import tinker_work as tw
 
 API_KEY = "tml-workbench-sampling-test-0123456789"
@@ -51,7 +51,8 @@ def vllm(experiment):
 
 @pytest.fixture(scope="module")
 def client(service):
-    return tinker.ServiceClient(base_url=service, api_key=API_KEY)
+    with sdk_client(service, API_KEY) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tinker
 
-from tests.tinker.conftest import BUILTIN, Served, serve
+from tests.tinker.conftest import BUILTIN, Served, sdk_client, serve
 from workbench.envs.registry import get_environment
 from workbench.files import run_control
 
@@ -63,7 +63,8 @@ def served(tmp_path_factory) -> Served:
 
 @pytest.fixture(scope="module")
 def service(served):
-    return tinker.ServiceClient(base_url=served.url, api_key=served.api_key)
+    with sdk_client(served.url, served.api_key) as client:
+        yield client
 
 
 def prompt_tokens(tokenizer, prompt) -> list[int]:

@@ -16,7 +16,7 @@ import pytest
 import tinker
 
 from tests.tinker.conftest import BUILTIN as BASE
-from tests.tinker.conftest import SERVICE_RECIPE, start_service
+from tests.tinker.conftest import SERVICE_RECIPE, sdk_client, start_service
 from workbench.files import run_control
 from workbench.files import tinker_work as tw
 
@@ -35,7 +35,8 @@ def service(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(service):
-    return tinker.ServiceClient(base_url=service[0], api_key=API_KEY)
+    with sdk_client(service[0], API_KEY) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +218,7 @@ def test_an_unloaded_model_gives_its_trainer_slot_back(client, service):
     assert run_control.is_finished(run)
 
 
-def test_a_stopping_service_has_the_trainer_save_every_live_model(tmp_path):
+def test_a_stopping_service_has_the_trainer_save_every_live_model(tmp_path, request):
     """`workbench down` stops the service before the trainer: it writes a save_state work
     item for each model still in use and waits while the trainer answers them."""
     (tmp_path / "recipe.toml").write_text(SERVICE_RECIPE)
@@ -228,6 +229,9 @@ def test_a_stopping_service_has_the_trainer_save_every_live_model(tmp_path):
     proc, url = start_service(tmp_path, API_KEY, "--session-timeout", "600")
     try:
         client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+        # Its session outlives the service on purpose; at the end its heartbeats are
+        # stopped without the finish a stopped service could not answer.
+        request.addfinalizer(lambda: client._get_session_holder().close())
         client.create_lora_training_client(base_model=BASE, rank=2, seed=1).result(timeout=60)
         (run,) = tmp_path.glob("run_tinker_*")
         proc.terminate()
