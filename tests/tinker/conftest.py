@@ -35,13 +35,16 @@ lora = {{ rank = 8, alpha = 16 }}
 """
 
 
-def start_service(experiment: Path, api_key: str, *options: str) -> tuple[subprocess.Popen, str]:
+def start_service(
+    experiment: Path, api_key: str, *options: str, port: int | None = None
+) -> tuple[subprocess.Popen, str]:
     """`python -m workbench.tinker` on `experiment` (a recipe.toml in it), answering its
-    health check; its log in service.log. Returns the process and its base URL."""
-    port = free_port()
+    health check (on `port`, else a free one); its log in service.log. Returns the process
+    and its base URL."""
+    port = port or free_port()
     env = {**os.environ, "WORKBENCH_TINKER_API_KEY": api_key}
     argv = [sys.executable, "-m", "workbench.tinker", str(experiment), "--port", str(port)]
-    with open(experiment / "service.log", "w") as log:
+    with open(experiment / "service.log", "a") as log:
         proc = subprocess.Popen([*argv, *options], env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -276,3 +276,89 @@ def test_a_client_closed_ends_its_session_at_once_with_its_state_saved(service):
     assert again.status_code == 200, "a second finish changes nothing"
     unknown = _raw(url, "/api/v1/sessions/session-nope/finish", {"reason": {"type": "success"}})
     assert unknown.status_code == 404 and "session-nope" in unknown.text
+
+
+def _datum() -> tinker.types.Datum:
+    return tinker.types.Datum(
+        model_input=tinker.types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": np.array([2, 3, 4], dtype=np.int64)},
+    )
+
+
+def _answer_save(run: Path, prefix: str, timeout: float = 10.0) -> tw.WorkItem:
+    """Answer `run`'s pending save_state whose name starts with `prefix` as the trainer does:
+    its directory written, then its result."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for item in tw.pending_requests(run):
+            if item.request.op == "save_state" and Path(item.request.path).name.startswith(prefix):
+                Path(item.request.path).mkdir(parents=True)
+                tw.write_result(item, ok=True)
+                return item
+        time.sleep(0.1)
+    raise AssertionError(f"no {prefix}* save_state item for {run.name}")
+
+
+def test_a_service_started_again_knows_the_models_of_the_one_before(tmp_path, request):
+    """The service dies with a model open (SIGKILL: no stop save). The one started again on
+    the experiment saves that model's state as `restart-<time>` and gives its slot back; its
+    `tinker://` path loads in a new training client; its old client hears 410 saying so."""
+    (tmp_path / "recipe.toml").write_text(SERVICE_RECIPE)
+    first, url = start_service(tmp_path, API_KEY)
+    client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+    request.addfinalizer(lambda: client._get_session_holder().close())  # its service dies
+    old = client.create_lora_training_client(base_model=BASE, rank=2).result(timeout=60)
+    (run,) = tmp_path.glob("run_tinker_*")
+    first.kill()
+    first.wait(10)
+
+    # On the same port, as `workbench up` starts it again (supervisor/tinker.json).
+    second, _ = start_service(tmp_path, API_KEY, port=int(url.rsplit(":", 1)[1]))
+    try:
+        save = _answer_save(run, "restart-")
+        deadline = time.monotonic() + 10
+        while not run_control.is_finished(run) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert run_control.is_finished(run), "its slot given back once saved"
+        path = f"tinker://{old.model_id}/weights/{Path(save.request.path).name}"
+        with sdk_client(url, API_KEY) as again:
+            future = again.create_training_client_from_state(path)
+            deadline = time.monotonic() + 30
+            while len(list(tmp_path.glob("run_tinker_*"))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            (new_run,) = set(tmp_path.glob("run_tinker_*")) - {run}
+            (load,) = tw.pending_requests(new_run)
+            assert (load.request.op, load.request.path) == ("load_state", save.request.path)
+            tw.write_result(load, ok=True)
+            assert future.result(timeout=60).get_info().lora_rank == 2
+        with pytest.raises(tinker.APIStatusError, match="earlier run of this service") as gone:
+            old.forward_backward([_datum()], "cross_entropy").result(timeout=30)
+        assert gone.value.status_code == 410
+    finally:
+        second.kill()
+        second.wait(10)
+
+
+def test_a_service_stopped_cleanly_finishes_the_models_it_saved(tmp_path, request):
+    """`workbench down`: each live model's state saved, then its run finished, so that the
+    next `up` gives it no slot and the next service saves nothing again."""
+    (tmp_path / "recipe.toml").write_text(SERVICE_RECIPE)
+    state = {"processes": {"trainer": {"pid": os.getpid()}}}  # a trainer to wait for
+    (tmp_path / "supervisor").mkdir()
+    (tmp_path / "supervisor" / "state.json").write_text(json.dumps(state))
+    proc, url = start_service(tmp_path, API_KEY)
+    client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+    request.addfinalizer(lambda: client._get_session_holder().close())
+    client.create_lora_training_client(base_model=BASE, rank=2).result(timeout=60)
+    (run,) = tmp_path.glob("run_tinker_*")
+    proc.terminate()
+    _answer_save(run, "stopped-")
+    assert proc.wait(10) in (0, -signal.SIGTERM)
+    assert run_control.is_finished(run)
+    again, _ = start_service(tmp_path, API_KEY)
+    try:
+        time.sleep(1.0)
+        assert [item.request.op for item in tw.list_items(run)] == ["save_state"]
+    finally:
+        again.kill()
+        again.wait(10)

@@ -79,6 +79,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 
     @app.on_event("startup")
     async def start_reaper() -> None:
+        _end_restored_models(app)
         app.state.reaper = asyncio.create_task(_reap_sessions(app))
 
     @app.on_event("shutdown")
@@ -115,6 +116,21 @@ def _end_session(app: FastAPI, session_id: str, why: str) -> None:
         )
 
 
+def _end_restored_models(app: FastAPI) -> None:
+    """The models of an earlier service whose runs are still open (it stopped without
+    saving them, say it crashed): their sessions are gone, so each one's state is saved as
+    `tinker://<model id>/weights/restart-<time>` and its slot given back, as a session that
+    ended. Their checkpoints stay loadable either way."""
+    name = "restart-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    for model in app.state.models.restored:
+        model.unloaded = True
+        if run_control.run_condition(model.run).kind is not run_control.Condition.OPEN:
+            continue
+        seq = _save_state(app.state.models, model, name)
+        _release_slot(model)
+        log.info("%s: of an earlier service; state saved as work item %d", model.run.name, seq)
+
+
 def _save_state(models: Models, model: TinkerModel, name: str) -> int:
     """A save_state work item (the optimizer too) after the model's others, into
     `tinker://<model id>/weights/<name>`; its seq."""
@@ -143,11 +159,18 @@ async def _save_live_models(app: FastAPI) -> None:
             continue
         saves.append((model, _save_state(models, model, name)))
     deadline = time.monotonic() + STOP_SAVE_WAIT_S
-    while saves and time.monotonic() < deadline and _trainer_running(app.state.settings):
-        saves = [(m, seq) for m, seq in saves if tw.read_result(m.run, seq) is None]
+    pending = saves
+    while pending and time.monotonic() < deadline and _trainer_running(app.state.settings):
+        pending = [(m, seq) for m, seq in pending if tw.read_result(m.run, seq) is None]
         await asyncio.sleep(0.1)
+    unsaved = {model.model_id for model, _ in pending}
     for model, seq in saves:
-        log.warning("%s: stopping before the trainer saved it (work item %d)", model.run, seq)
+        if model.model_id in unsaved:
+            # Still open: the next service saves it again and gives its slot back.
+            log.warning("%s: stopping before the trainer saved it (work item %d)", model.run, seq)
+            continue
+        # Saved: its session ends with this process; the next `up` gives it no slot.
+        run_control.mark_finished(model.run, _optim_steps(model.run))
 
 
 def _trainer_running(settings: ServiceSettings) -> bool:
@@ -180,14 +203,18 @@ def _release_slot(model: TinkerModel) -> asyncio.Task:
                 log.warning("%s: work item %d unanswered; its slot given back", model.run, last)
                 break
             await asyncio.sleep(0.1)
-        steps = sum(1 for item in tw.list_items(model.run) if item.request.op == "optim_step")
-        run_control.mark_finished(model.run, steps)
+        run_control.mark_finished(model.run, _optim_steps(model.run))
         log.info("%s: unloaded; its trainer slot given back", model.run.name)
 
     task = asyncio.create_task(release())
     _RELEASES.add(task)  # the loop keeps only a weak reference to a task
     task.add_done_callback(_RELEASES.discard)
     return task
+
+
+def _optim_steps(run: Path) -> int:
+    """A Tinker run's steps: its optim_step work items."""
+    return sum(1 for item in tw.list_items(run) if item.request.op == "optim_step")
 
 
 def _service_routes(app: FastAPI, settings: ServiceSettings) -> None:
@@ -247,6 +274,13 @@ def _model(app: FastAPI, model_id: Any) -> TinkerModel:
     if model is None:
         raise TinkerError(
             404, f"unknown model id {model_id!r}: make one with create_lora_training_client"
+        )
+    if model.restored:
+        raise TinkerError(
+            410,
+            f"model {model_id} belongs to a session of an earlier run of this service; its "
+            "checkpoints load: make a new training client from one "
+            "(create_training_client_from_state)",
         )
     if model.unloaded:
         raise TinkerError(410, f"model {model_id} was unloaded")

@@ -1,10 +1,17 @@
 """Tinker models: a model id is a run of the experiment (`run_tinker_<hex>`, `source =
 "tinker"`), and its commands become work items in the client's seq_id order. A retried
 request (same seq_id) gets the same request id back and is never written twice; a request
-that arrives before a lower seq_id waits until the gap fills."""
+that arrives before a lower seq_id waits until the gap fills.
+
+Each run keeps its model's id in `tinker/model.json`, so that a service started again on
+the experiment (`workbench down` then `up`, or the supervisor restarting it) knows its
+models' `tinker://` paths: their checkpoints load, sample and list as before. Their
+sessions are gone with the process that held them: a model found this way takes no more
+training requests (`saved`); its client makes a new one from its state."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from collections.abc import Callable
@@ -29,6 +36,8 @@ class TinkerModel:
     request_ids: dict[int, str] = field(default_factory=dict)
     waiting: dict[int, WorkBuilder] = field(default_factory=dict)
     unloaded: bool = False
+    # Found on disk by a service started again: its session and pending requests are gone.
+    restored: bool = False
 
 
 def orch_toml(rank: int, seed: int | None) -> str:
@@ -37,11 +46,26 @@ def orch_toml(rank: int, seed: int | None) -> str:
     return "\n".join(lines)
 
 
+MODEL_FILE = "model.json"
+
+
+def model_file(run: Path) -> Path:
+    return tw.tinker_dir(run) / MODEL_FILE
+
+
 class Models:
     def __init__(self, experiment: Path):
         self.experiment = experiment
         self._lock = threading.RLock()
         self._models: dict[str, TinkerModel] = {}
+        for model in _saved_models(experiment):
+            self._models[model.model_id] = model
+
+    @property
+    def restored(self) -> list[TinkerModel]:
+        """The models an earlier service made, found in the experiment at start."""
+        with self._lock:
+            return [model for model in self._models.values() if model.restored]
 
     def create(
         self, session_id: str, model_seq_id: int, rank: int, seed: int | None
@@ -53,6 +77,9 @@ class Models:
             if existing is not None:
                 return existing
             run = layout.run_dir(self.experiment, f"run_tinker_{secrets.token_hex(4)}")
+            identity = {"model_id": model_id, "session_id": session_id, "rank": rank}
+            # Before the orch.toml that makes it a run: a run found has its model's id.
+            layout.atomic_write_text(model_file(run), json.dumps(identity) + "\n")
             layout.atomic_write_text(layout.orch_config_path(run), orch_toml(rank, seed))
             model = TinkerModel(model_id, session_id, run, rank)
             self._models[model_id] = model
@@ -108,3 +135,23 @@ class Models:
             tw.write_request(model.run, request, tensors)
             model.next_seq_id += 1
             return seq
+
+
+def _saved_models(experiment: Path) -> list[TinkerModel]:
+    """Every model whose run is in `experiment`, as `restored`: its next seq after the
+    work items its run holds (the service's own saves go after them)."""
+    models = []
+    for run in layout.list_run_dirs(experiment):
+        try:
+            identity = json.loads(model_file(run).read_text())
+            model_id, session_id, rank = (
+                str(identity["model_id"]), str(identity["session_id"]), int(identity["rank"])
+            )  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a Tinker run, or one made before model.json
+        items = tw.list_items(run)
+        next_seq = max((item.request.seq for item in items), default=0) + 1
+        models.append(
+            TinkerModel(model_id, session_id, run, rank, next_seq_id=next_seq, restored=True)
+        )
+    return models
