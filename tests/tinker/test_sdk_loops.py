@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 import tinker
+import torch
 
 from tests.tinker.conftest import BUILTIN, Served, sdk_client, serve
 from workbench.envs.registry import get_environment
@@ -223,6 +224,36 @@ def test_a_supervised_loop_with_cross_entropy_lowers_its_loss(service):
     print("loss per answer token:", " ".join(f"{loss:.3f}" for loss in losses))
     assert losses[-1] < 0.7 * losses[0], losses
     assert all(math.isfinite(loss) for loss in losses)
+
+
+def test_forward_backward_custom_trains_on_a_loss_computed_by_the_client(service):
+    """The SDK's `forward_backward_custom`: a `forward`, the client's own loss and its
+    gradient on the log-probs, then a weighted `cross_entropy` carrying that gradient. The
+    loss here is the squared distance of each answer token's log-prob from -0.1 (no
+    built-in loss has it): it falls as the adapter trains."""
+    training = service.create_lora_training_client(base_model=BUILTIN, rank=8, seed=2).result(
+        timeout=120
+    )
+    tokenizer = training.get_tokenizer()
+    env = get_environment("reverse_text", **ENV_ARGS)
+    datums = [sft_datum(tokenizer, env.prompt(i, seed=2)) for i in range(4)]
+
+    def squared_distance(data, logprobs):
+        terms = [
+            (torch.as_tensor(d.loss_fn_inputs["weights"].data) * (lp + 0.1) ** 2).sum()
+            for d, lp in zip(data, logprobs, strict=True)
+        ]
+        loss = torch.stack(terms).sum()
+        return loss, {"squared_distance": float(loss)}
+
+    adam = tinker.types.AdamParams(learning_rate=3e-3)
+    losses = []
+    for _ in range(6):
+        result = training.forward_backward_custom(datums, squared_distance).result(timeout=600)
+        training.optim_step(adam).result(timeout=600)
+        losses.append(result.metrics["squared_distance"])
+    print("custom loss:", " ".join(f"{loss:.3f}" for loss in losses))
+    assert losses[-1] < 0.8 * losses[0], losses
 
 
 # ---------------------------------------------------------------- tinker-cookbook's driver

@@ -101,6 +101,9 @@ def formula(loss_fn: str, lp: torch.Tensor, datum: dict, config: dict) -> torch.
     if loss_fn == "cross_entropy":
         return -w * lp
     a = torch.from_numpy(datum["advantages"])
+    if loss_fn == "dro":  # tinker-docs /tinker/losses/dro
+        quadratic_term = (lp - torch.from_numpy(datum["logprobs"])) ** 2
+        return -w * (lp * a - 0.5 * config["beta"] * quadratic_term)
     r = torch.exp(lp - torch.from_numpy(datum["logprobs"]))
     lo, hi = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
     if loss_fn == "importance_sampling":
@@ -114,7 +117,7 @@ def formula(loss_fn: str, lp: torch.Tensor, datum: dict, config: dict) -> torch.
 ADAM = tw.AdamParams(lr=0.05, weight_decay=0.01)
 
 
-@pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo"])
+@pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"])
 def test_each_loss_is_its_formula_in_value_and_gradient(experiment, tiny_llama, loss_fn):
     run = tinker_run(experiment, "run_tinker_a")
     trainer = make_trainer(experiment, tiny_llama)
@@ -122,7 +125,10 @@ def test_each_loss_is_its_formula_in_value_and_gradient(experiment, tiny_llama, 
     submit(run, 0, "forward_backward", make_datums(1, 4))
     assert drain(trainer, run, submit(run, 1, "optim_step", adam=ADAM)).ok
     datums = make_datums(2, 3)
-    config = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1} if loss_fn == "ppo" else {}
+    config = {
+        "ppo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
+        "dro": {"beta": 0.05},
+    }.get(loss_fn, {})
     for datum in datums:  # sampler log-probs near the trainer's: some ratios clip, some not
         with torch.no_grad():
             lp = plain_logprobs(trainer, run, datum).numpy()
@@ -292,12 +298,12 @@ def test_bad_datums_fail_their_item_only(experiment, tiny_llama):
     no_adv = make_datums(4, 1)
     del no_adv[0]["advantages"]
     submit(run, 3, "forward_backward", no_adv, loss_fn="importance_sampling")
-    submit(run, 4, "forward_backward", make_datums(5, 2), loss_fn="dro")
+    submit(run, 4, "forward_backward", make_datums(5, 2), loss_fn="dro")  # no beta
     good = drain(trainer, run, submit(run, 5, "forward_backward", make_datums(6, 2)))
     errors = [tw.read_result(run, seq).error for seq in range(5)]
     assert "datum 1: target_tokens holds a token id outside the vocabulary" in errors[0]
     assert "shifted by one" in errors[1]
     assert tw.read_result(run, 2).ok
     assert "needs loss_fn_inputs advantages" in errors[3]
-    assert "'dro' is not supported" in errors[4]
+    assert "'dro' needs loss_fn_config={'beta': ...}" in errors[4]
     assert good.ok and trainer.manager.id_2_idx.get(run.name) is not None

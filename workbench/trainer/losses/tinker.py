@@ -11,10 +11,13 @@ datum), `r = exp(lp - lp_s)`, `A` the advantage, `sg` stop-gradient, `w` the wei
     importance_sampling  -w * r * A
     ppo                  -w * min(r * A, clip(r, low, high) * A)
     cispo                -w * sg(clip(r, low, high)) * lp * A
+    dro                  -w * (lp * A - beta / 2 * (lp - lp_s) ** 2)
 
 `low` / `high` are the datum's `clip_low_threshold` / `clip_high_threshold` tensors where it
 carries them, else `loss_fn_config`'s keys of those names, else 0.8 / 1.2 (Tinker's PPO
-epsilon of 0.2). `dro` is not implemented here (refused with a message).
+epsilon of 0.2). `dro` (tinker-docs /tinker/losses/dro: Richemond et al. 2024, the
+quadratic penalty on the log-ratio; its "soft" advantages are the client's) takes `beta`
+from `loss_fn_config`, which must name it: Tinker documents no default (its example: 0.05).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Mapping
 
 import torch
 
-TINKER_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
+TINKER_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
 DEFAULT_CLIP_LOW = 0.8
 DEFAULT_CLIP_HIGH = 1.2
 # What each loss reads from the datum besides its target tokens (`weights` is optional).
@@ -32,6 +35,15 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "importance_sampling": ("advantages", "logprobs"),
     "ppo": ("advantages", "logprobs"),
     "cispo": ("advantages", "logprobs"),
+    "dro": ("advantages", "logprobs"),
+}
+# The loss_fn_config keys each loss reads.
+CONFIG_KEYS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": (),
+    "importance_sampling": (),
+    "ppo": ("clip_low_threshold", "clip_high_threshold"),
+    "cispo": ("clip_low_threshold", "clip_high_threshold"),
+    "dro": ("beta",),
 }
 
 
@@ -42,9 +54,15 @@ def tinker_loss_problem(loss_fn: str, names: set[str], config: Mapping[str, floa
     missing = [name for name in NEEDS[loss_fn] if name not in names]
     if missing:
         return f"loss_fn {loss_fn!r} needs loss_fn_inputs {', '.join(missing)}"
-    unknown = set(config) - {"clip_low_threshold", "clip_high_threshold"}
+    known = CONFIG_KEYS[loss_fn]
+    unknown = set(config) - set(known)
     if unknown:
-        return f"loss_fn_config keys {sorted(unknown)} are not known (clip_low_threshold, clip_high_threshold)"
+        return (
+            f"loss_fn_config keys {sorted(unknown)} are not read by {loss_fn!r} "
+            f"(it reads: {', '.join(known) or 'none'})"
+        )
+    if loss_fn == "dro" and "beta" not in config:
+        return "loss_fn 'dro' needs loss_fn_config={'beta': ...} (Tinker's example: 0.05)"
     return None
 
 
@@ -63,6 +81,10 @@ def tinker_token_losses(
     if loss_fn == "cross_entropy":
         return -weights * logprobs
     advantages = inputs["advantages"]
+    if loss_fn == "dro":
+        penalty = (logprobs - inputs["logprobs"]) ** 2
+        beta = float((config or {})["beta"])
+        return -weights * (logprobs * advantages - 0.5 * beta * penalty)
     ratio = torch.exp(logprobs - inputs["logprobs"])
     if loss_fn == "importance_sampling":
         return -weights * (ratio * advantages)
