@@ -112,6 +112,22 @@ def test_forward_backward_writes_the_datums_the_client_sent_and_waits_for_the_tr
     assert [o["logprobs"].tolist() for o in output.loss_fn_outputs] == [[-0.25] * 5, [-0.25] * 6]
 
 
+def test_workbench_logs_of_a_tinker_run_shows_its_model_and_each_work_item(training, service):
+    """After the forward_backward above: the run's log, read as any run's is."""
+    from typer.testing import CliRunner
+
+    from workbench.cli import app
+
+    run = next(service[1].glob("run_tinker_*"))
+    shown = CliRunner().invoke(app, ["logs", run.name, "-e", str(service[1])])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert f"{run.name} model {training.model_id} (LoRA rank 4)" in lines[0], lines
+    assert any(
+        "work item 1: forward_backward of 2 datums (cross_entropy)" in line for line in lines
+    ), lines
+
+
 def test_a_pending_request_answers_try_again(service):
     url, _ = service
     session = _raw(url, "/api/v1/create_session", {"tags": [], "sdk_version": "x"}).json()

@@ -33,7 +33,7 @@ from workbench.tinker.http import (
     field,
     read_json,
 )
-from workbench.tinker.models import Models, TinkerModel
+from workbench.tinker.models import Models, TinkerModel, note
 from workbench.tinker.routes import checkpoint_routes, sampling_routes
 from workbench.tinker.sampling import Sampler, Samplers, SamplingError
 from workbench.tinker.sessions import Sessions
@@ -104,6 +104,7 @@ def _end_session(app: FastAPI, session_id: str, why: str) -> None:
     for model in app.state.models.of_session(session_id):
         if model.unloaded:
             continue
+        note(model, f"session {session_id} ended ({why}); its state saved as session_end")
         seq = _save_state(app.state.models, model, "session_end")
         model.unloaded = True
         _release_slot(model)
@@ -204,6 +205,7 @@ def _release_slot(model: TinkerModel) -> asyncio.Task:
                 break
             await asyncio.sleep(0.1)
         run_control.mark_finished(model.run, _optim_steps(model.run))
+        note(model, "finished: its trainer slot given back")
         log.info("%s: unloaded; its trainer slot given back", model.run.name)
 
     task = asyncio.create_task(release())

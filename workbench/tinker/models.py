@@ -7,13 +7,18 @@ Each run keeps its model's id in `tinker/model.json`, so that a service started 
 the experiment (`workbench down` then `up`, or the supervisor restarting it) knows its
 models' `tinker://` paths: their checkpoints load, sample and list as before. Their
 sessions are gone with the process that held them: a model found this way takes no more
-training requests (`saved`); its client makes a new one from its state."""
+training requests (`saved`); its client makes a new one from its state.
+
+A Tinker run's log is where a native run's orchestrator logs (`run_<id>/logs/
+orchestrator.log`, read by `workbench logs RUN` and the TUI): the service writes a line there
+for the model's creation, each work item it hands the trainer, and the end of its session."""
 
 from __future__ import annotations
 
 import json
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +88,7 @@ class Models:
             layout.atomic_write_text(layout.orch_config_path(run), orch_toml(rank, seed))
             model = TinkerModel(model_id, session_id, run, rank)
             self._models[model_id] = model
+            note(model, f"model {model_id} (LoRA rank {rank}) of session {session_id}")
             return model
 
     @property
@@ -124,6 +130,7 @@ class Models:
             while model.next_seq_id in model.waiting:
                 request, tensors = model.waiting.pop(model.next_seq_id)(model.next_seq_id)
                 tw.write_request(model.run, request, tensors)
+                note(model, describe(request))
                 model.next_seq_id += 1
             return model.request_ids[seq_id]
 
@@ -133,6 +140,7 @@ class Models:
             seq = model.next_seq_id
             request, tensors = build(seq)
             tw.write_request(model.run, request, tensors)
+            note(model, describe(request))
             model.next_seq_id += 1
             return seq
 
@@ -155,3 +163,29 @@ def _saved_models(experiment: Path) -> list[TinkerModel]:
             TinkerModel(model_id, session_id, run, rank, next_seq_id=next_seq, restored=True)
         )
     return models
+
+
+def note(model: TinkerModel, text: str) -> None:
+    """A line of the model's run log (best effort: a full disk must not fail a request)."""
+    path = layout.orchestrator_log_path(model.run)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"{stamp} INFO workbench.tinker: {model.run.name} {text}\n")
+    except OSError:
+        pass
+
+
+def describe(request: tw.WorkRequest) -> str:
+    """One work item as its log line says it: `work item 7: forward_backward of 4 datums
+    (importance_sampling)`, `work item 8: optim_step (lr 0.0001)`, `work item 9: save_state
+    weights/s1`."""
+    line = f"work item {request.seq}: {request.op}"
+    if request.op in tw.DATUM_OPS:
+        return f"{line} of {request.num_datums} datums ({request.loss_fn})"
+    if request.op == "optim_step" and request.adam is not None:
+        return f"{line} (lr {request.adam.lr:g})"
+    if request.path:
+        return f"{line} {Path(request.path).parent.name}/{Path(request.path).name}"
+    return line
