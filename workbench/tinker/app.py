@@ -127,6 +127,7 @@ def _end_restored_models(app: FastAPI) -> None:
         model.unloaded = True
         if run_control.run_condition(model.run).kind is not run_control.Condition.OPEN:
             continue
+        note(model, f"its service stopped without saving it; its state saved as {name}")
         seq = _save_state(app.state.models, model, name)
         _release_slot(model)
         log.info("%s: of an earlier service; state saved as work item %d", model.run.name, seq)
@@ -266,8 +267,9 @@ def _service_routes(app: FastAPI, settings: ServiceSettings) -> None:
         if sessions.get(session_id) is None:
             return error_response(404, f"unknown session {session_id!r}")
         if sessions.finish(session_id) is not None:
-            reason = (document.get("reason") or {}).get("type", "finished")
-            _end_session(app, session_id, f"closed by its client: {reason}")
+            reason = document.get("reason")
+            status = reason.get("type") if isinstance(reason, dict) else None
+            _end_session(app, session_id, f"closed by its client: {status or 'finished'}")
         return JSONResponse({})
 
 
