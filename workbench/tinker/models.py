@@ -7,7 +7,7 @@ Each run keeps its model's id in `tinker/model.json`, so that a service started 
 the experiment (`workbench down` then `up`, or the supervisor restarting it) knows its
 models' `tinker://` paths: their checkpoints load, sample and list as before. Their
 sessions are gone with the process that held them: a model found this way takes no more
-training requests (`saved`); its client makes a new one from its state.
+training requests (`restored`); its client makes a new one from its state.
 
 A Tinker run's log is where a native run's orchestrator logs (`run_<id>/logs/
 orchestrator.log`, read by `workbench logs RUN` and the TUI): the service writes a line there
