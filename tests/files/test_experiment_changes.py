@@ -175,3 +175,44 @@ def test_out_of_inotify_watches_every_look_is_everything_after_a_warning(
 def test_a_closed_follower_says_everything(tmp_path, changes):
     changes.close()
     assert changes.take().everything
+
+
+def test_an_ended_run_costs_one_stat_a_look_and_its_restart_or_late_record_is_seen(
+    tmp_path, monkeypatch
+):
+    """At 300 runs most have ended (finished or evicted): each costs its control/ alone.
+    Lifting the end (a restart) is a change of control/; a record it gets after it ended
+    is left to the slice of the runs every `FULL_PASS_LOOKS` looks."""
+    from workbench.files import experiment_changes
+
+    make_runs(tmp_path, "run_open", "run_done", "run_gone")
+    layout.atomic_write_text(layout.finished_path(tmp_path / "run_done"), "finished at 10\n")
+    layout.atomic_write_text(layout.evicted_path(tmp_path / "run_gone"), "slow\n")
+    follower = ExperimentChanges(tmp_path, full_pass_looks=3)
+    follower.take()
+    looked: list[str] = []
+    real_signature = experiment_changes.signature
+
+    def counting(path):
+        looked.append(str(path))
+        return real_signature(path)
+
+    monkeypatch.setattr(experiment_changes, "signature", counting)
+    follower.take()
+    per_run = {run: sum(f"/{run}/" in p or p.endswith(f"/{run}/control") for p in looked)
+               for run in ("run_open", "run_done", "run_gone")}  # fmt: skip
+    assert per_run == {"run_open": 4, "run_done": 1, "run_gone": 1}, looked
+
+    with open(layout.metrics_path(tmp_path / "run_done"), "a") as handle:
+        handle.write('{"step": 10}\n')  # an update of a batch sent before it ended
+    seen = set()
+    for _ in range(3):
+        seen |= follower.take().runs
+    assert "run_done" in seen, "the slice looks at it within a full pass"
+
+    layout.evicted_path(tmp_path / "run_gone").unlink()  # `workbench restart`
+    assert "run_gone" in follower.take().runs
+    looked.clear()
+    follower.take()
+    assert sum("/run_gone/" in p for p in looked) == 4, "open again: every path looked at"
+    follower.close()

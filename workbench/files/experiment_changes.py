@@ -53,15 +53,23 @@ log = logging.getLogger(__name__)
 # Every run is looked at again at least once in this many looks, events or not.
 FULL_PASS_LOOKS = 10
 
-# What a run's status and curves are read from, relative to its directory: one `stat` each.
+# What a run's status and curves are read from, relative to its directory: one `stat` each,
+# control/ first. An ended run (finished or evicted) costs the first alone: it changes
+# through control/ (a restart lifts its marker), and a record it gets after it ended (an
+# update of a batch sent before) is seen by the slice of the other runs.
 _SWEPT = tuple(
     os.fspath(path.relative_to("run"))
     for path in (
-        layout.metrics_path(Path("run")),
         layout.control_dir(Path("run")),
+        layout.metrics_path(Path("run")),
         layout.orch_config_path(Path("run")),
         layout.broadcasts_dir(Path("run")),
     )
+)
+# The markers of an ended run, looked for when its control/ changes.
+_ENDED = tuple(
+    os.fspath(path.relative_to("run"))
+    for path in (layout.finished_path(Path("run")), layout.evicted_path(Path("run")))
 )
 # A run directory made, deleted or renamed (watchdog tells a rename from or to elsewhere
 # as deleted or made).
@@ -102,6 +110,7 @@ class ExperimentChanges:
         self._gave_up = False  # out of watches or instances: warned, not tried again
         self._runs: list[str] = []  # every run directory, sorted: the slices' order
         self._run_signatures: dict[str, tuple[Signature, ...]] = {}
+        self._ended: set[str] = set()  # runs whose control/ held an end marker last look
         self._busy_signature: Signature = None
         self._busy_records: dict[str, Signature] = {}
         self._next_slice = 0
@@ -178,13 +187,26 @@ class ExperimentChanges:
         """The runs whose swept paths' signatures changed since the last look."""
         changed = set()
         signatures = {}
+        ended = set()
         for run_id in self._runs:
             run = os.path.join(self._root, run_id)
-            now = tuple(signature(os.path.join(run, name)) for name in _SWEPT)
+            before = self._run_signatures.get(run_id)
+            control = signature(os.path.join(run, _SWEPT[0]))
+            if before is not None and before[0] == control and run_id in self._ended:
+                signatures[run_id] = before  # ended, and still: control/ is unchanged
+                ended.add(run_id)
+                continue
+            now = (control, *(signature(os.path.join(run, name)) for name in _SWEPT[1:]))
             signatures[run_id] = now
-            if self._run_signatures.get(run_id) != now:
+            if before != now:
                 changed.add(run_id)
+            # An end marker comes and goes only by a change of control/.
+            if (before is None or before[0] != control) and any(
+                os.path.exists(os.path.join(run, name)) for name in _ENDED
+            ):
+                ended.add(run_id)
         self._run_signatures = signatures
+        self._ended = ended
         return changed
 
     def _changed_busy_records(self) -> set[str]:

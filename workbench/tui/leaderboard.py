@@ -92,7 +92,10 @@ class Leaderboard:
         return next((row for row in self.rows if row.id == run_id), None)
 
 
-def leaderboard_row(outcome: RunOutcome, status: RunStatus) -> LeaderboardRow:
+def leaderboard_row(
+    outcome: RunOutcome, status: RunStatus, values: str | None = None
+) -> LeaderboardRow:
+    """`values`: `describe_values(outcome.differences)`, when the caller has it already."""
     return LeaderboardRow(
         rank=outcome.rank,
         id=outcome.id,
@@ -102,7 +105,7 @@ def leaderboard_row(outcome: RunOutcome, status: RunStatus) -> LeaderboardRow:
         step=outcome.step,
         rung=outcome.rung,
         rung_step=outcome.rung_step,
-        values=describe_values(outcome.differences),
+        values=describe_values(outcome.differences) if values is None else values,
         curve=tuple(value for _, value in outcome.evals),
         reason=status.reason,
         evicted_by=status.evicted_by,
@@ -130,11 +133,22 @@ class LeaderboardReader:
         self._recipe = OnFileChange(layout.recipe_path(experiment), self._read_recipe)
         self._asha = OnFileChange(layout.asha_state_path(experiment), lambda: read_asha(experiment))
         self._differences: dict[str, OnFileChange[dict[str, Any] | None]] = {}
+        # Each run's values as shown, with the differences they describe: the same object
+        # while its orch.toml is unchanged, so a poll describes only the runs edited.
+        self._described: dict[str, tuple[dict[str, Any] | None, str]] = {}
 
     def _read_recipe(self) -> tuple[dict[str, Any], dict[str, Any]]:
         recipe = read_recipe(self.experiment)
         self._differences.clear()  # measured against the defaults of the recipe before
         return recipe, recipe_defaults(recipe)
+
+    def _values_of(self, outcome: RunOutcome) -> str:
+        known = self._described.get(outcome.id)
+        if known is not None and known[0] is outcome.differences:
+            return known[1]
+        text = describe_values(outcome.differences)
+        self._described[outcome.id] = (outcome.differences, text)
+        return text
 
     def ranking(self) -> Ranking:
         asha = self._asha.get()
@@ -147,6 +161,7 @@ class LeaderboardReader:
         _, defaults = self._recipe.get()
         for gone in set(self._differences) - {run.status.id for run in runs}:
             del self._differences[gone]
+            self._described.pop(gone, None)
         outcomes = []
         for run in runs:
             differences = self._differences.get(run.status.id)
@@ -170,5 +185,8 @@ class LeaderboardReader:
             ranking.by,
             evictions=evictions_of(statuses),
         )
-        rows = tuple(leaderboard_row(outcome, statuses[outcome.id]) for outcome in report.runs)
+        rows = tuple(
+            leaderboard_row(outcome, statuses[outcome.id], self._values_of(outcome))
+            for outcome in report.runs
+        )
         return Leaderboard(metric=ranking.metric, mode=ranking.mode, by=ranking.by, rows=rows)
