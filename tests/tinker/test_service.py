@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -27,8 +28,20 @@ API_KEY = "tml-workbench-test-key-0123456789"
 def service(tmp_path_factory):
     experiment = tmp_path_factory.mktemp("exp")
     (experiment / "recipe.toml").write_text(SERVICE_RECIPE)
-    proc, url = start_service(experiment, API_KEY, "--session-timeout", "4")
+    # Longer than the SDK's heartbeat period (10 s): the module's clients keep their
+    # sessions (with 4 s, the reaper ended them while tests still used them).
+    proc, url = start_service(experiment, API_KEY, "--session-timeout", "60")
     yield url, experiment
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def short_sessions(tmp_path):
+    """A service of its own whose sessions end 4 s after their last heartbeat."""
+    (tmp_path / "recipe.toml").write_text(SERVICE_RECIPE)
+    proc, url = start_service(tmp_path, API_KEY, "--session-timeout", "4")
+    yield url, tmp_path
     proc.terminate()
     proc.wait(10)
 
@@ -112,20 +125,28 @@ def test_forward_backward_writes_the_datums_the_client_sent_and_waits_for_the_tr
     assert [o["logprobs"].tolist() for o in output.loss_fn_outputs] == [[-0.25] * 5, [-0.25] * 6]
 
 
-def test_workbench_logs_of_a_tinker_run_shows_its_model_and_each_work_item(training, service):
-    """After the forward_backward above: the run's log, read as any run's is."""
+def test_workbench_logs_of_a_tinker_run_shows_its_model_and_each_work_item(client, service):
+    """A client's run has a log, read as any run's is: its model, then a line per item."""
     from typer.testing import CliRunner
 
     from workbench.cli import app
 
-    run = next(service[1].glob("run_tinker_*"))
-    shown = CliRunner().invoke(app, ["logs", run.name, "-e", str(service[1])])
-    assert shown.exit_code == 0, shown.output
-    lines = shown.output.splitlines()
-    assert f"{run.name} model {training.model_id} (LoRA rank 4)" in lines[0], lines
-    assert any(
-        "work item 1: forward_backward of 2 datums (cross_entropy)" in line for line in lines
-    ), lines
+    experiment = service[1]
+    before = set(experiment.glob("run_tinker_*"))
+    training = client.create_lora_training_client(base_model=BASE, rank=3).result(timeout=60)
+    (run,) = set(experiment.glob("run_tinker_*")) - before
+    training.forward_backward([_datum(), _datum()], "cross_entropy")  # no trainer: pending
+    item = re.compile(r"work item 1: forward_backward of 2 datums \(cross_entropy\)")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        shown = CliRunner().invoke(app, ["logs", run.name, "-e", str(experiment)])
+        assert shown.exit_code == 0, shown.output
+        lines = shown.output.splitlines()
+        if any(item.search(line) for line in lines):
+            break
+        time.sleep(0.1)
+    assert f"{run.name} model {training.model_id} (LoRA rank 3)" in lines[0], lines
+    assert any(item.search(line) for line in lines), lines
 
 
 def test_a_pending_request_answers_try_again(service):
@@ -185,8 +206,8 @@ def test_a_rank_above_the_trainers_slots_is_refused(client):
         client.create_lora_training_client(base_model=BASE, rank=64).result(timeout=60)
 
 
-def test_heartbeats_keep_a_session_and_their_stop_ends_it_with_its_state_saved(service):
-    url, experiment = service
+def test_heartbeats_keep_a_session_and_their_stop_ends_it_with_its_state_saved(short_sessions):
+    url, experiment = short_sessions
     session = _raw(url, "/api/v1/create_session", {"tags": [], "sdk_version": "x"}).json()
     sid = session["session_id"]
     before = set(experiment.glob("run_tinker_*"))
@@ -285,7 +306,7 @@ def test_a_client_closed_ends_its_session_at_once_with_its_state_saved(service):
             if item.request.op == "save_state" and item.request.path.endswith("session_end")
         ]
         time.sleep(0.1)
-    assert len(saves) == 1, "closed: its state saved once, without the 4 s timeout"
+    assert len(saves) == 1, "closed: its state saved once, without the 60 s timeout"
     beat = _raw(url, "/api/v1/session_heartbeat", {"session_id": session_id})
     assert beat.status_code == 410, beat.text
     again = _raw(url, f"/api/v1/sessions/{session_id}/finish", {"reason": {"type": "success"}})

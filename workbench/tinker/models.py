@@ -155,9 +155,11 @@ def _saved_models(experiment: Path) -> list[TinkerModel]:
             model_id, session_id, rank = (
                 str(identity["model_id"]), str(identity["session_id"]), int(identity["rank"])
             )  # fmt: skip
+            items = tw.list_items(run)
         except (OSError, ValueError, KeyError, TypeError):
-            continue  # not a Tinker run, or one made before model.json
-        items = tw.list_items(run)
+            # Not a Tinker run, one made before model.json, or one whose files do not
+            # read: its paths are not found, the service starts all the same.
+            continue
         next_seq = max((item.request.seq for item in items), default=0) + 1
         models.append(
             TinkerModel(model_id, session_id, run, rank, next_seq_id=next_seq, restored=True)
