@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import tinker
 
+from tests.e2e.cli import environment, workbench
 from workbench.system.ports import free_port
 
-REPO = Path(__file__).resolve().parents[2]
-WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 BUILTIN = "builtin:tiny-reverse"
 # An experiment for the service alone: its recipe names the base model and the trainer's rank.
 SERVICE_RECIPE = f"""
@@ -67,11 +67,11 @@ class Served:
     experiment: Path
 
 
-def workbench(
-    *args: str, cwd: Path, env: dict[str, str], timeout: float = 60
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*WORKBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+def datum(tokens: tuple[int, ...] | list[int] = (1, 2, 3)) -> tinker.types.Datum:
+    """A next-token datum for `cross_entropy`: `tokens` in, each one's successor as target."""
+    return tinker.types.Datum(
+        model_input=tinker.types.ModelInput.from_ints(list(tokens)),
+        loss_fn_inputs={"target_tokens": np.array([t + 1 for t in tokens], dtype=np.int64)},
     )
 
 
@@ -81,11 +81,7 @@ def serve(recipe_text: str, workdir: Path, api_key: str) -> Iterator[Served]:
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]')")
     import tomllib
 
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "WORKBENCH_TINKER_API_KEY": api_key,
-    }
+    env = environment(WORKBENCH_TINKER_API_KEY=api_key)
     recipe = workdir / "recipe.toml"
     recipe.write_text(recipe_text)
     experiment = workdir / tomllib.loads(recipe_text)["experiment"]["output_dir"]

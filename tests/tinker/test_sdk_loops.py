@@ -22,7 +22,7 @@ import pytest
 import tinker
 import torch
 
-from tests.tinker.conftest import BUILTIN, Served, sdk_client, serve
+from tests.tinker.conftest import BUILTIN, Served, datum, sdk_client, serve
 from workbench.envs.registry import get_environment
 from workbench.files import run_control
 
@@ -131,13 +131,6 @@ def rl_step(training, tokenizer, env, step: int, adam) -> float:
     return statistics.fmean(rewards)
 
 
-def _small_datum() -> tinker.types.Datum:
-    return tinker.types.Datum(
-        model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
-        loss_fn_inputs={"target_tokens": np.array([6, 7, 8], dtype=np.int64)},
-    )
-
-
 def test_a_session_beyond_the_trainers_slots_waits_for_one_then_trains(served, service):
     """First in the module, so that every slot is free once the native run has finished:
     4 clients take the trainer's 4 slots; a fifth's forward_backward waits (the SDK hears
@@ -152,9 +145,9 @@ def test_a_session_beyond_the_trainers_slots_waits_for_one_then_trains(served, s
         for _ in range(4)
     ]
     for training in holders:
-        training.forward_backward([_small_datum()], "cross_entropy").result(timeout=300)
+        training.forward_backward([datum([5, 6, 7])], "cross_entropy").result(timeout=300)
     waiting = service.create_lora_training_client(base_model=BUILTIN, rank=4).result(timeout=60)
-    queued = waiting.forward_backward([_small_datum()], "cross_entropy")
+    queued = waiting.forward_backward([datum([5, 6, 7])], "cross_entropy")
     with pytest.raises(TimeoutError):
         queued.result(timeout=5)  # the trainer passes every 10 ms: it is waiting for a slot
     # The route this SDK release never calls, raw, as the cookbook's clients would leave.

@@ -17,7 +17,7 @@ import pytest
 import tinker
 
 from tests.tinker.conftest import BUILTIN as BASE
-from tests.tinker.conftest import SERVICE_RECIPE, sdk_client, start_service
+from tests.tinker.conftest import SERVICE_RECIPE, datum, sdk_client, start_service
 from workbench.files import run_control
 from workbench.files import tinker_work as tw
 
@@ -106,10 +106,10 @@ def test_forward_backward_writes_the_datums_the_client_sent_and_waits_for_the_tr
         "cross_entropy",
         2,
     )
-    for i, datum in enumerate(item.datums()):
-        assert datum["input_ids"].tolist() == list(range(5 + i))
-        assert datum["target_tokens"].tolist() == list(range(1, 6 + i))
-        assert np.array_equal(datum["weights"], np.linspace(0, 1, 5 + i, dtype=np.float32))
+    for i, written in enumerate(item.datums()):
+        assert written["input_ids"].tolist() == list(range(5 + i))
+        assert written["target_tokens"].tolist() == list(range(1, 6 + i))
+        assert np.array_equal(written["weights"], np.linspace(0, 1, 5 + i, dtype=np.float32))
     # No trainer: the future is pending, the SDK keeps asking (try-again).
     with pytest.raises(TimeoutError):
         future.result(timeout=3)
@@ -135,7 +135,7 @@ def test_workbench_logs_of_a_tinker_run_shows_its_model_and_each_work_item(clien
     before = set(experiment.glob("run_tinker_*"))
     training = client.create_lora_training_client(base_model=BASE, rank=3).result(timeout=60)
     (run,) = set(experiment.glob("run_tinker_*")) - before
-    training.forward_backward([_datum(), _datum()], "cross_entropy")  # no trainer: pending
+    training.forward_backward([datum(), datum()], "cross_entropy")  # no trainer: pending
     item = re.compile(r"work item 1: forward_backward of 2 datums \(cross_entropy\)")
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -315,13 +315,6 @@ def test_a_client_closed_ends_its_session_at_once_with_its_state_saved(service):
     assert unknown.status_code == 404 and "session-nope" in unknown.text
 
 
-def _datum() -> tinker.types.Datum:
-    return tinker.types.Datum(
-        model_input=tinker.types.ModelInput.from_ints([1, 2, 3]),
-        loss_fn_inputs={"target_tokens": np.array([2, 3, 4], dtype=np.int64)},
-    )
-
-
 def _answer_save(run: Path, prefix: str, timeout: float = 10.0) -> tw.WorkItem:
     """Answer `run`'s pending save_state whose name starts with `prefix` as the trainer does:
     its directory written, then its result."""
@@ -369,7 +362,7 @@ def test_a_service_started_again_knows_the_models_of_the_one_before(tmp_path, re
             tw.write_result(load, ok=True)
             assert future.result(timeout=60).get_info().lora_rank == 2
         with pytest.raises(tinker.APIStatusError, match="earlier run of this service") as gone:
-            old.forward_backward([_datum()], "cross_entropy").result(timeout=30)
+            old.forward_backward([datum()], "cross_entropy").result(timeout=30)
         assert gone.value.status_code == 410
     finally:
         second.kill()
