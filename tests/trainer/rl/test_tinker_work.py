@@ -166,18 +166,24 @@ def test_each_loss_is_its_formula_in_value_and_gradient(experiment, tiny_llama, 
         torch.testing.assert_close(ours[name], grad, rtol=1e-4, atol=1e-6)
 
 
-def test_gradients_add_up_until_optim_step_two_items_of_4_as_one_of_8(experiment, tiny_llama):
-    """Bit for bit: each datum is a row of its own, added to the slot in datum order."""
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "a_row_each"])
+def test_gradients_add_up_until_optim_step_two_items_of_4_as_one_of_8(
+    experiment, tiny_llama, packed
+):
+    """Bit for bit: each datum's gradient is its own, added to the slot in datum order."""
     split, whole = tinker_run(experiment, "run_tinker_a"), tinker_run(experiment, "run_tinker_b")
     trainer = make_trainer(experiment, tiny_llama)
+    if not packed:
+        trainer.tinker_packing = False
     for round_ in range(2):
         datums = make_datums(10 + round_, 8)
         base = 3 * round_
         submit(split, base, "forward_backward", datums[:4], loss_fn="importance_sampling")
-        submit(split, base + 1, "forward_backward", datums[4:], loss_fn="importance_sampling")
-        submit(split, base + 2, "optim_step", adam=ADAM)
         submit(whole, 2 * round_, "forward_backward", datums, loss_fn="importance_sampling")
         submit(whole, 2 * round_ + 1, "optim_step", adam=ADAM)
+        assert drain(trainer, split, base).ok  # the second half in a later pass
+        submit(split, base + 1, "forward_backward", datums[4:], loss_fn="importance_sampling")
+        submit(split, base + 2, "optim_step", adam=ADAM)
         assert drain(trainer, split, base + 2).ok and drain(trainer, whole, 2 * round_ + 1).ok
         halves = tw.read_result(split, base).datums(4) + tw.read_result(split, base + 1).datums(4)
         for ours, theirs in zip(halves, tw.read_result(whole, 2 * round_).datums(8), strict=True):
@@ -192,6 +198,7 @@ def test_gradients_add_up_until_optim_step_two_items_of_4_as_one_of_8(experiment
     for key, tensor in a.items():
         assert torch.equal(tensor, b[key]), key
     assert trainer.manager.progress[trainer.manager.id_2_idx[split.name]].step == 2
+    assert trainer.tinker_packing is packed
 
 
 def script(run: Path) -> list[tuple[str, dict]]:
@@ -223,9 +230,12 @@ def play(trainer, run: Path, native: Path | None = None, other: Path | None = No
 
 
 @pytest.mark.parametrize("row_threads", ["auto", 1])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "a_row_each"])
 def test_a_tinker_run_is_bit_identical_alone_and_beside_native_and_tinker_runs(
-    tmp_path, tiny_llama, row_threads
+    tmp_path, tiny_llama, row_threads, packed
 ):
+    """Packed (datums sharing rows, `tinker_packing.py`: what this CPU's check chooses) and
+    with a row per datum (where the check refuses packing)."""
     alone_exp, together_exp = tmp_path / "alone", tmp_path / "together"
     alone_run = tinker_run(alone_exp, "run_tinker_x")
     native = make_run(together_exp, "run_a", "lr = 0.01\n")
@@ -233,6 +243,8 @@ def test_a_tinker_run_is_bit_identical_alone_and_beside_native_and_tinker_runs(
     together_run = tinker_run(together_exp, "run_tinker_x")
     alone = make_trainer(alone_exp, tiny_llama, row_threads=row_threads)
     together = make_trainer(together_exp, tiny_llama, row_threads=row_threads)
+    if not packed:
+        alone.tinker_packing = together.tinker_packing = False
     iterate(together)
     assert together.manager.id_2_idx["run_tinker_x"] != 0, "not in the slot it has alone"
     ours = play(alone, alone_run)
@@ -247,6 +259,7 @@ def test_a_tinker_run_is_bit_identical_alone_and_beside_native_and_tinker_runs(
     a, b = adapter(alone, alone_run), adapter(together, together_run)
     for key, tensor in a.items():
         assert torch.equal(tensor, b[key]), key
+    assert alone.tinker_packing is together.tinker_packing is packed
 
 
 def test_save_load_and_sampler_weights(experiment, tiny_llama):

@@ -55,6 +55,11 @@ ATTENTION_PATHS: tuple[AttentionPath, ...] = ("per_sample", "varlen", "flash", "
 
 _REGISTERED_PREFIX = "workbench_"
 
+# A right-padded causal batch is exact for the real tokens (a query never sees the padding
+# after it), to rounding: a padded sample's sums over its keys may round otherwise than its
+# own length's. The padding costs time, at most 1 / 0.8^2 = 1.6x per bucket.
+BUCKET_MIN_FILL = 0.8
+
 
 # ---------------------------------------------------------------------------- sample boundaries
 
@@ -86,11 +91,18 @@ class PackedSequences:
     # compiled layer guards on as it is (a value read from the tuples above specialised the
     # graph on the row's segment count).
     has_branches: bool
+    # "per_sample" pads a bucket's samples to its longest; a bucket holds samples of at least
+    # this share of its longest. 1.0: every sample in a bucket of its own length, so a sample's
+    # attention is computed exactly as alone, bit for bit (a Tinker pack, tinker_packing.py).
+    bucket_min_fill: float = BUCKET_MIN_FILL
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_position_ids(
-        cls, position_ids: torch.Tensor, device: torch.device | str
+        cls,
+        position_ids: torch.Tensor,
+        device: torch.device | str,
+        bucket_min_fill: float = BUCKET_MIN_FILL,
     ) -> PackedSequences:
         # The one host read of a row: position ids come from the packer on the host (a
         # device tensor here costs one sync per row, never one per layer).
@@ -125,6 +137,7 @@ class PackedSequences:
             tuple(shared_starts),
             tuple(shared_lengths),
             any(shared_lengths),
+            bucket_min_fill,
         )
 
     @property
@@ -156,7 +169,7 @@ class PackedSequences:
 
     def length_buckets(self) -> list[LengthBucket]:
         """Samples grouped longest first into buckets of similar length (the shortest at
-        least `BUCKET_MIN_FILL` of the longest), for one padded attention call per bucket.
+        least `bucket_min_fill` of the longest), for one padded attention call per bucket.
         A branch is its shared tokens and its own, whose outputs alone are kept."""
         if "buckets" not in self._cache:
             starts = itertools.accumulate(self.lengths[:-1], initial=0)
@@ -166,7 +179,7 @@ class PackedSequences:
                     self.shared_starts, self.shared_lengths, starts, self.lengths, strict=True
                 )
             ]
-            self._cache["buckets"] = _length_buckets(sequences, self.device)
+            self._cache["buckets"] = _length_buckets(sequences, self.device, self.bucket_min_fill)
         return self._cache["buckets"]
 
     def bucket_order(self) -> torch.Tensor:
@@ -201,11 +214,6 @@ class PackedSequences:
         return self._cache["flex_block_mask"]
 
 
-# A right-padded causal batch is exact for the real tokens (a query never sees the padding
-# after it); the padding only costs time, at most 1 / 0.8^2 = 1.6x per bucket.
-BUCKET_MIN_FILL = 0.8
-
-
 @dataclass(frozen=True)
 class LengthBucket:
     count: int  # samples
@@ -230,12 +238,14 @@ class _Sequence:
         return self.shared + self.length
 
 
-def _length_buckets(sequences: list[_Sequence], device: torch.device) -> list[LengthBucket]:
+def _length_buckets(
+    sequences: list[_Sequence], device: torch.device, min_fill: float
+) -> list[LengthBucket]:
     order = sorted(range(len(sequences)), key=lambda i: -sequences[i].total)
     buckets = []
     while order:
         longest = sequences[order[0]].total
-        members = [i for i in order if sequences[i].total >= BUCKET_MIN_FILL * longest]
+        members = [i for i in order if sequences[i].total >= min_fill * longest]
         order = order[len(members) :]
         gather = torch.zeros(len(members), longest, dtype=torch.long)
         real = torch.zeros(len(members), longest, dtype=torch.bool)

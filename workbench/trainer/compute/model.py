@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.config import TrainerSection
 from workbench.trainer.compute.attention import (
+    BUCKET_MIN_FILL,
     EAGER_UNDER_COMPILE,
     AttentionPath,
     PackedSequences,
@@ -186,6 +187,9 @@ class HostRow:
     temperatures: torch.Tensor
     # The tokens whose log-prob the loss reads (its loss mask); None: every token.
     needed: torch.Tensor | None = None
+    # Each sample's attention computed at its own length, never padded beside longer ones:
+    # its results then round as alone (a Tinker pack, `rl/tinker_packing.py`).
+    exact_lengths: bool = False
 
 
 class RowLogprobs(nn.Module):
@@ -204,7 +208,13 @@ class RowLogprobs(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, host: HostRow) -> torch.Tensor:
         return packed_row_logprobs(
-            self.model, self.plan, input_ids, host.position_ids, host.temperatures, host.needed
+            self.model,
+            self.plan,
+            input_ids,
+            host.position_ids,
+            host.temperatures,
+            host.needed,
+            exact_lengths=host.exact_lengths,
         )
 
 
@@ -215,6 +225,8 @@ def packed_row_logprobs(
     position_ids: torch.Tensor,
     temperatures: torch.Tensor,
     needed: torch.Tensor | None = None,
+    *,
+    exact_lengths: bool = False,
 ) -> torch.Tensor:
     """Per-token log-probs [T] (float32) of one packed row; `temperatures` [T] per token.
 
@@ -225,7 +237,9 @@ def packed_row_logprobs(
     Every sample attends only to itself, so each gets the log-probs it would get alone.
     The caller routes the row's tokens to their adapters first (`set_lora_num_tokens`).
     """
-    packed = PackedSequences.from_position_ids(position_ids, input_ids.device)
+    packed = PackedSequences.from_position_ids(
+        position_ids, input_ids.device, bucket_min_fill=1.0 if exact_lengths else BUCKET_MIN_FILL
+    )
     packed.build_for(plan.attention)
     inputs = {
         "input_ids": input_ids[None],

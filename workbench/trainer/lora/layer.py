@@ -101,6 +101,11 @@ class LoRARouting(threading.local):
         self.active_device_index = torch.zeros(0, dtype=torch.long)
         # True inside `adapters_disabled`: the layers compute the base model alone.
         self.adapters_off = False
+        # Routed by datum groups (`route_datum_groups`): each group's slot, and the weight
+        # copies each layer made for them in the forward, which take the groups' gradients.
+        self.group_slots: list[int] | None = None
+        self.group_device_index = torch.zeros(0, dtype=torch.long)
+        self.group_leaves: list[tuple[MultiLoRALinear, torch.Tensor, torch.Tensor]] = []
 
     def set_num_tokens(
         self, lora_num_tokens: torch.Tensor | Sequence[int], device: torch.device | None = None
@@ -138,6 +143,38 @@ class LoRARouting(threading.local):
         self.active_device_index = to_device(
             torch.tensor(self.active_slots, dtype=torch.long), device
         )
+        self.group_slots, self.group_leaves = None, []
+
+    def set_datum_groups(
+        self, counts: Sequence[int], slots: Sequence[int], device: torch.device | None = None
+    ) -> None:
+        """Route the next forward by groups rather than by slots: group g is the next
+        `counts[g]` tokens and computes with the adapter of slot `slots[g]`, through copies
+        of that adapter's weights of its own (leaves made in the forward, `group_leaves`).
+
+        A group's gradient then comes back on its own, whatever else the row holds, and the
+        caller adds it to the slot's in an order of its choosing: a Tinker datum's adapter
+        gradient, the same bits alone and packed (`rl/tinker_packing.py`). Several groups may
+        share a slot; each has at least one token.
+        """
+        if len(counts) != len(slots) or not counts or min(counts) < 1:
+            raise ValueError(f"one slot per group of at least one token, got {counts}, {slots}")
+        if not all(0 <= slot < self.n_adapters for slot in slots):
+            raise ValueError(f"group slots {list(slots)} outside 0..{self.n_adapters - 1}")
+        device = device or torch.device("cpu")
+        self.num_tokens = torch.as_tensor(list(counts), dtype=torch.long)
+        self.host_counts = list(counts)
+        self.total_tokens = sum(counts)
+        self.host_offsets = _cumulative(list(counts))
+        self.device_offsets = to_device(self.host_offsets, device)
+        self.active_slots = []
+        self.active_host_offsets, self.active_device_offsets = (
+            self.host_offsets,
+            self.device_offsets,
+        )
+        self.group_slots = list(slots)
+        self.group_device_index = to_device(torch.tensor(slots, dtype=torch.long), device)
+        self.group_leaves = []
 
     def snapshot(self) -> dict:
         """The calling thread's routing, for `routed_as`."""
@@ -180,6 +217,12 @@ def set_lora_num_tokens(model: nn.Module, lora_num_tokens: torch.Tensor | Sequen
     """
     device = next(model.parameters()).device
     get_lora_routing(model).set_num_tokens(lora_num_tokens, device)
+
+
+def route_datum_groups(model: nn.Module, counts: Sequence[int], slots: Sequence[int]) -> None:
+    """Route the next forward by datum groups (`LoRARouting.set_datum_groups`)."""
+    device = next(model.parameters()).device
+    get_lora_routing(model).set_datum_groups(counts, slots, device)
 
 
 @contextlib.contextmanager
@@ -378,7 +421,9 @@ class MultiLoRALinear(nn.Module):
             # Normally done once at set-up (`apply_lora_to_model`); again only if the model
             # moved to another device or dtype since.
             self.select_compute(flat.device, flat.dtype)
-        if self.compute == "plain":
+        if routing.group_slots is not None:
+            delta = self._datum_group_forward(flat, grouped_mm=self.compute == "grouped")
+        elif self.compute == "plain":
             delta = self._plain_forward(flat)
         else:
             delta = self._grouped_forward(flat, grouped_mm=self.compute == "grouped")
@@ -440,6 +485,26 @@ class MultiLoRALinear(nn.Module):
         scaled_lora_b = torch.stack(tuple(lora_b)) * rank_scaling[:, None]
         return multi_lora(
             flat.contiguous(), stacked_a, scaled_lora_b.to(flat.dtype), offsets, grouped_mm
+        )
+
+    def _datum_group_forward(self, flat: torch.Tensor, grouped_mm: bool) -> torch.Tensor:
+        """Each group through copies of its slot's weights, leaves of their own: stacked,
+        scaled and multiplied as `_grouped_forward` does one slot's."""
+        routing = self.routing
+        slots = routing.group_slots
+        leaf_a = torch.stack([self.lora_A[slot].detach() for slot in slots]).requires_grad_()
+        leaf_b = torch.stack([self.lora_B[slot].detach() for slot in slots]).requires_grad_()
+        routing.group_leaves.append((self, leaf_a, leaf_b))
+        index = routing.group_device_index
+        if index.device != self.rank_scaling.device:
+            index = index.to(self.rank_scaling.device)
+        scaled_lora_b = leaf_b * self.rank_scaling.index_select(0, index)[:, None]
+        return multi_lora(
+            flat.contiguous(),
+            leaf_a.to(flat.dtype),
+            scaled_lora_b.to(flat.dtype),
+            routing.offsets(grouped_mm, flat.device),
+            grouped_mm,
         )
 
     def _plain_forward(self, flat: torch.Tensor) -> torch.Tensor:

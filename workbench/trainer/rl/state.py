@@ -59,6 +59,9 @@ class Trainer:
     publisher: AdapterPublisher = field(default_factory=AdapterPublisher)
     # Tinker runs' losses and tokens since their last optim_step (master).
     tinker_tally: TinkerTally = field(default_factory=TinkerTally)
+    # Whether Tinker datums share rows (`tinker_packing.py`): decided by the master at its
+    # first pass with Tinker datums; None until then.
+    tinker_packing: bool | None = None
 
 
 def adapter_copy(trainer: Trainer, idx: int, *, buffered: bool = False) -> AdapterCopy:

@@ -7,14 +7,14 @@ at every Tinker run's pending items and takes, per run, its leading `forward_bac
 the pass's backward; the rest waits for the next pass. The taken items form a `TinkerPass`,
 broadcast to every rank with the native runs' rows.
 
-Every datum is a row of its own (`TinkerRow`), computed and backwarded in the same pass as
-the native runs' packed rows (side by side with them on the CPU's row threads). One datum
-per row is what makes a Tinker run's results independent of the company it keeps: a row's
-products round by their shapes, so a datum computed beside other tokens would not give the
-same bits as alone, and 8 datums as 1 x 8 or 2 x 4 would not give the same gradient sum.
-Its gradients are added to the run's slot in datum order and stay there, across passes
-(the trainer's zero_grad keeps Tinker slots), until an `optim_step` item steps and zeroes
-them. Rows go to rank 0, whose master writes the results; with several ranks the run's
+Each datum is a `TinkerRow`, computed and backwarded in the same pass as the native runs'
+packed rows (side by side with them on the CPU's row threads): in rows it shares with the
+pass's other datums where the trainer's check found that packing changes no bit of a
+datum's results (`tinker_packing.py`), else in a row of its own. Either way a Tinker run's
+results do not depend on the company it keeps, and 8 datums as 1 x 8 or 2 x 4 give the
+same gradient sum: each datum's adapter gradient is its own, added to the run's slot in
+datum order, and stays there, across passes (the trainer's zero_grad keeps Tinker slots),
+until an `optim_step` item steps and zeroes them. Rows go to rank 0, whose master writes the results; with several ranks the run's
 gradients are summed over ranks at its optim_step (the others contribute zeros).
 
 Positions: a datum of length T has `input_ids` x and `target_tokens` y with y[t] the token
@@ -76,6 +76,11 @@ class TinkerRow:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """Where its gradient goes among the pass's: by slot, then item, then datum."""
+        return self.idx, self.seq, self.datum
 
 
 @dataclass

@@ -41,6 +41,14 @@ from workbench.trainer.rl.loss import RLLossOutput, compute_rl_loss
 from workbench.trainer.rl.packer import MicroBatch, Packer, filler_row
 from workbench.trainer.rl.state import Trainer, adapter_copy
 from workbench.trainer.rl.step_stats import StepStats, StepTally
+from workbench.trainer.rl.tinker_packing import (
+    TinkerPack,
+    TinkerPackOutput,
+    accumulate_in_datum_order,
+    pack_output,
+    pack_threads,
+    pass_rows,
+)
 from workbench.trainer.rl.tinker_work import (
     TinkerPass,
     TinkerRow,
@@ -197,7 +205,7 @@ def start_from_adapter(trainer: Trainer, idx: int) -> None:
 
 def train_step(
     trainer: Trainer,
-    rows: list[MicroBatch | TinkerRow],
+    rows: list[MicroBatch | TinkerRow | TinkerPack],
     rows_per_rank: int = 0,
     tinker_outputs: list[TinkerRowOutput] | None = None,
 ) -> StepStats:
@@ -301,14 +309,20 @@ def _row_loss(trainer: Trainer, settings: _RunLossSettings, row: MicroBatch) -> 
 def _backward_rows(
     trainer: Trainer,
     settings: _RunLossSettings,
-    rows: list[MicroBatch | TinkerRow],
+    rows: list[MicroBatch | TinkerRow | TinkerPack],
     tally: StepTally,
     tinker_outputs: list[TinkerRowOutput] | None = None,
 ) -> None:
-    """Every row's loss and its adapter gradients, accumulated in row order."""
+    """Every row's loss and its adapter gradients, accumulated in row order (a Tinker
+    pack's, after every row, in datum order: `tinker_packing.py`)."""
+    packs: list[TinkerPackOutput] = []
 
-    def record(out: RLLossOutput | TinkerRowOutput) -> None:
-        if isinstance(out, TinkerRowOutput):
+    def record(out: RLLossOutput | TinkerRowOutput | TinkerPackOutput) -> None:
+        if isinstance(out, TinkerPackOutput):
+            packs.append(out)
+            if tinker_outputs is not None:
+                tinker_outputs.extend(out.outputs)
+        elif isinstance(out, TinkerRowOutput):
             if tinker_outputs is not None:
                 tinker_outputs.append(out)
         else:
@@ -316,7 +330,10 @@ def _backward_rows(
 
     if trainer.row_threads is None:
         for row in rows:
-            if isinstance(row, TinkerRow):
+            if isinstance(row, TinkerPack):
+                with pack_threads(trainer):
+                    out = pack_output(trainer, row)
+            elif isinstance(row, TinkerRow):
                 out = tinker_row_output(trainer, row)
                 if row.grad:
                     out.loss.backward()
@@ -324,12 +341,15 @@ def _backward_rows(
                 out = _row_loss(trainer, settings, row)
                 out.loss.backward()
             record(out)
+        accumulate_in_datum_order(packs)
         return
     manager = trainer.manager
 
     # On the CPU, rows side by side: each row's adapter gradients come back to this thread
     # and are added in row order, the sums the loop above makes (row_threads.py).
-    def row_gradients(row: MicroBatch | TinkerRow):
+    def row_gradients(row: MicroBatch | TinkerRow | TinkerPack):
+        if isinstance(row, TinkerPack):
+            return [], (), pack_output(trainer, row)
         if isinstance(row, TinkerRow):
             out = tinker_row_output(trainer, row)
             params = row_parameters(trainer, row)
@@ -348,6 +368,7 @@ def _backward_rows(
         for params, grads, out in trainer.row_threads.map_in_order(row_gradients, rows):
             accumulate_in_order(params, grads)
             record(out)
+    accumulate_in_datum_order(packs)
 
 
 def run_filler_row(trainer: Trainer) -> None:
@@ -543,7 +564,9 @@ def iterate(trainer: Trainer) -> str:
         return "idle"
     started = time.monotonic()
     shares = payload["shares"]
-    shares[0] = shares[0] + tinker.rows  # in datum order, on the master (tinker_work.py)
+    # In datum order, on the master (tinker_work.py), in shared rows where it packs them.
+    tinker_rows = pass_rows(trainer, tinker.rows) if distributed.rank() == 0 else tinker.rows
+    shares[0] = shares[0] + tinker_rows
     tinker_outputs: list[TinkerRowOutput] = []
     with busy.doing("update"):  # a no-op on ranks that keep no busy record
         stats = train_step(
