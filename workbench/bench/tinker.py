@@ -51,7 +51,8 @@ class StepTimes:
     """One step of one client, unix seconds."""
 
     start: float
-    sampled: float  # sampling client made and the group sampled
+    sampler_ready: float  # the new sampling client made (its weights saved and in vLLM)
+    sampled: float  # the group sampled
     submitted: float  # forward_backward submitted (optim_step right after)
     done: float  # optim_step's result in hand
 
@@ -87,6 +88,7 @@ class Setting:
     compute_ms: float  # median trainer compute in a step's round trip
     overhead_ms: float  # median round trip less its compute
     sample_ms: float  # median: new sampling client and the group sampled
+    sampler_ms: float  # median: the new sampling client alone (its part of sample_ms)
     per_client: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -165,7 +167,11 @@ def setting_of(clients: list[ClientTimes], mode: str, compute: list[span_files.S
         compute_ms=_ms(statistics.median(computed)),
         overhead_ms=_ms(statistics.median(t - c for t, c in zip(trips, computed, strict=True))),
         sample_ms=_ms(statistics.median(step.sampled - step.start for step in steps)),
-        per_client=[{"client": c.client, "loop_s": round(c.end - c.start, 3)} for c in clients],
+        sampler_ms=_ms(statistics.median(step.sampler_ready - step.start for step in steps)),
+        per_client=[
+            {"client": c.client, "loop_s": round(c.end - c.start, 3), "steps": c.steps}
+            for c in clients
+        ],
     )
 
 
@@ -210,6 +216,7 @@ def client_loop(url: str, key: str, steps: int, client: int, start_together, res
     for _ in range(steps):
         start = time.time()
         sampler = training.save_weights_and_get_sampling_client().result()
+        sampler_ready = time.time()
         group = sampler.sample(prompt, GROUP, params).result().sequences
         sampled = time.time()
         advantages = centred([reward(list(seq.tokens)) for seq in group])
@@ -219,7 +226,7 @@ def client_loop(url: str, key: str, steps: int, client: int, start_together, res
         step = training.optim_step(adam)
         backward.result()
         step.result()
-        times.append(StepTimes(start, sampled, submitted, time.time()))
+        times.append(StepTimes(start, sampler_ready, sampled, submitted, time.time()))
     results.put(ClientTimes(client, times))
 
 
@@ -339,13 +346,13 @@ def print_report(report: dict) -> None:
 
     table = Table(title=f"tinker: {report['steps_per_client']} RL steps a client ({BASE})")
     for column in ("K", "mode", "wall s", "steps/s", "round trip ms", "compute ms",
-                   "beyond compute ms", "sample ms"):  # fmt: skip
+                   "beyond compute ms", "sample ms", "of it new sampler ms"):  # fmt: skip
         table.add_column(column)
     for s in report["settings"]:
         table.add_row(
             str(s["clients"]), s["mode"].replace("_", " "), f"{s['wall_s']:.1f}",
             f"{s['steps_per_s']:.2f}", f"{s['round_trip_ms']:.0f}", f"{s['compute_ms']:.0f}",
-            f"{s['overhead_ms']:.0f}", f"{s['sample_ms']:.0f}",
+            f"{s['overhead_ms']:.0f}", f"{s['sample_ms']:.0f}", f"{s.get('sampler_ms', 0):.0f}",
         )  # fmt: skip
     console = output_console()
     console.print(table)

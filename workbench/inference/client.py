@@ -84,6 +84,14 @@ class InferenceClient:
     def close(self) -> None:
         self._http.close()
 
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        """Whether vLLM answers its health check now (over this client's connections)."""
+        try:
+            url = self.endpoint.server_url + "/health"
+            return self._http.get(url, timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def __enter__(self) -> InferenceClient:
         return self
 
