@@ -19,7 +19,8 @@ from workbench.up import read_recipe
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _client(client: int, *steps: tuple[float, float, float, float]) -> bench.ClientTimes:
+def _client(client: int, *steps: tuple[float, ...]) -> bench.ClientTimes:
+    """Steps as (start, sampler_ready, sampled, submitted, done)."""
     return bench.ClientTimes(client, [bench.StepTimes(*step) for step in steps])
 
 
@@ -38,7 +39,7 @@ def test_overlap_counts_only_the_spans_inside_the_window():
 
 
 def test_at_once_is_timed_from_the_common_start_in_a_row_as_the_sum_of_loops():
-    clients = [_client(0, (0, 1, 1, 3)), _client(1, (0, 1, 2, 4))]
+    clients = [_client(0, (0, 0.5, 1, 1, 3)), _client(1, (0, 0.5, 1, 2, 4))]
     compute = [Span("update", "busy", 1.5, 2.5)]
     together = bench.setting_of(clients, "at_once", compute)
     apart = bench.setting_of(clients, "in_a_row", compute)
@@ -46,13 +47,14 @@ def test_at_once_is_timed_from_the_common_start_in_a_row_as_the_sum_of_loops():
     assert apart.wall_s == 7
     # round trips 2 s and 2 s; compute inside them 1.0 s and 0.5 s
     assert together.round_trip_ms == 2000
+    assert together.sample_ms == 1000 and together.sampler_ms == 500
     assert together.overhead_ms == pytest.approx(1250)
     rows = bench.summary([together, apart])
     assert rows[0] == {"metric": "2 clients at once / in a row", "value": 1.75, "unit": "x"}
 
 
 def test_summary_names_the_solo_overhead():
-    solo = bench.setting_of([_client(0, (0, 1, 1, 1.1))], "in_a_row", [])
+    solo = bench.setting_of([_client(0, (0, 0.5, 1, 1, 1.1))], "in_a_row", [])
     rows = bench.summary([solo])
     assert rows[-1]["metric"] == "solo round trip beyond compute"
     assert rows[-1]["value"] == pytest.approx(100.0)
@@ -80,4 +82,6 @@ def test_quick_run_measures_every_setting(tmp_path: Path):
     for setting in report["settings"]:
         assert setting["steps"] == 2 * setting["clients"]
         assert 0 < setting["compute_ms"] <= setting["round_trip_ms"]
+        assert 0 < setting["sampler_ms"] <= setting["sample_ms"]
+        assert [len(c["steps"]) for c in setting["per_client"]] == [2] * setting["clients"]
     assert "beyond compute" in done.stdout
