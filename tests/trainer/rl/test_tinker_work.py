@@ -320,3 +320,32 @@ def test_bad_datums_fail_their_item_only(experiment, tiny_llama):
     assert "needs loss_fn_inputs advantages" in errors[3]
     assert "'dro' needs loss_fn_config={'beta': ...}" in errors[4]
     assert good.ok and trainer.manager.id_2_idx.get(run.name) is not None
+
+
+def test_an_op_of_a_run_without_datums_in_the_pass_is_answered_before_the_pass_computes(
+    experiment, tiny_llama, monkeypatch
+):
+    """A client's save for its sampler does not wait for other clients' datums; an
+    optim_step after its own run's datums still waits for their backward."""
+    from workbench.trainer.rl import trainer as trainer_module
+
+    saver, busy = tinker_run(experiment, "run_tinker_a"), tinker_run(experiment, "run_tinker_b")
+    trainer = make_trainer(experiment, tiny_llama)
+    iterate(trainer)
+    seen_at_compute = []
+    real_train_step = trainer_module.train_step
+
+    def watched_train_step(*args, **kwargs):
+        seen_at_compute.append(
+            (tw.read_result(saver, 0) is not None, tw.read_result(busy, 1) is not None)
+        )
+        return real_train_step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "train_step", watched_train_step)
+    sampler_dir = tw.tinker_dir(saver) / "sampler" / "one"
+    submit(saver, 0, "save_weights_for_sampler", path=str(sampler_dir))
+    submit(busy, 0, "forward_backward", make_datums(1, 6))
+    submit(busy, 1, "optim_step", adam=ADAM)
+    iterate(trainer)
+    assert seen_at_compute == [(True, False)]
+    assert tw.read_result(saver, 0).ok and tw.read_result(busy, 1).ok

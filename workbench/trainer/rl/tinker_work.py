@@ -112,6 +112,18 @@ class TinkerPass:
     def __bool__(self) -> bool:
         return bool(self.items)
 
+    def early(self) -> list[PlannedItem]:
+        """The ops of runs with no datum in this pass (a client's save for its sampler, an
+        optim_step after an earlier pass's forward_backward): nothing the pass computes
+        touches their runs, so they apply before it rather than after, and their clients
+        wait for no other client's datums."""
+        with_datums = {p.idx for p in self.items if p.item.request.op in tw.DATUM_OPS}
+        return [
+            p
+            for p in self.items
+            if p.item.request.op not in tw.DATUM_OPS and p.idx not in with_datums
+        ]
+
 
 def is_tinker_run(manager: MultiRunManager, idx: int) -> bool:
     config = manager.config.get(idx)
@@ -278,13 +290,27 @@ def row_parameters(trainer: Trainer, row: TinkerRow) -> list[torch.nn.Parameter]
 # ---------------------------------------------------------------- after the pass
 
 
+def start_tinker_pass(trainer: Trainer, work: TinkerPass) -> None:
+    """Every rank, before the pass computes: apply and answer its early ops (`TinkerPass.early`)."""
+    _apply_items(trainer, work.early(), {})
+
+
 def finish_tinker_pass(trainer: Trainer, work: TinkerPass, outputs: list[TinkerRowOutput]) -> None:
-    """Every rank, after the pass's backward: apply the ops in order; the master answers
-    each item. An op that fails answers its item with the error; the trainer goes on."""
+    """Every rank, after the pass's backward: apply the other items in order; the master
+    answers each. An op that fails answers its item with the error; the trainer goes on."""
     by_item: dict[tuple[int, int], list[TinkerRowOutput]] = {}
     for out in outputs:
         by_item.setdefault((out.row.idx, out.row.seq), []).append(out)
-    for planned in work.items:
+    early = {id(planned) for planned in work.early()}
+    _apply_items(trainer, [p for p in work.items if id(p) not in early], by_item)
+
+
+def _apply_items(
+    trainer: Trainer,
+    items: list[PlannedItem],
+    by_item: dict[tuple[int, int], list[TinkerRowOutput]],
+) -> None:
+    for planned in items:
         if not trainer.manager.get_run_dir(planned.idx).is_dir():
             continue  # deleted meanwhile: the next discovery forgets it
         try:

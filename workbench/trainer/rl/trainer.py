@@ -57,6 +57,7 @@ from workbench.trainer.rl.tinker_work import (
     finish_tinker_pass,
     forget_tinker_slot,
     row_parameters,
+    start_tinker_pass,
     tinker_row_output,
     tinker_slots,
     wait_for_tinker_work,
@@ -569,6 +570,7 @@ def iterate(trainer: Trainer) -> str:
     shares[0] = shares[0] + tinker_rows
     tinker_outputs: list[TinkerRowOutput] = []
     with busy.doing("update"):  # a no-op on ranks that keep no busy record
+        start_tinker_pass(trainer, tinker)
         stats = train_step(
             trainer, shares[distributed.rank()], max(map(len, shares)), tinker_outputs
         )
