@@ -884,7 +884,7 @@ def tinker(
     ks = [1, 2] if quick else _split_ints(clients)
     if not ks or min(ks) < 1:
         raise typer.BadParameter("give positive integers, e.g. 1,4,8", param_hint="--clients")
-    report = run_tinker_benchmark(ks, 2 if quick else steps)
+    report = run_tinker_benchmark(ks, 2 if quick else steps, warm_up=not quick)
     print_report(report)
     path = write_result("tinker-quick" if quick else "tinker", report, results_dir=results_dir)
     typer.echo(f"results: {path}")

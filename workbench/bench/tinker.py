@@ -295,8 +295,11 @@ def trainer_compute(experiment: Path) -> list[span_files.Span]:
     return found
 
 
-def run_tinker_benchmark(ks: list[int], steps: int, scratch: Path | None = None) -> dict:
-    """Serve one experiment, run every setting, stop it; the report (not yet written)."""
+def run_tinker_benchmark(
+    ks: list[int], steps: int, scratch: Path | None = None, *, warm_up: bool = True
+) -> dict:
+    """Serve one experiment, run every setting, stop it; the report (not yet written).
+    `warm_up`: one untimed client step first (see below; a smoke test goes without)."""
     scratch = scratch or Path(tempfile.mkdtemp(prefix="bench-tinker-"))
     experiment = scratch / "experiment"
     recipe = scratch / "recipe.toml"
@@ -318,7 +321,8 @@ def run_tinker_benchmark(ks: list[int], steps: int, scratch: Path | None = None)
         # One untimed client step first: the trainer's first Tinker pass decides how it
         # computes Tinker datums (a check of about a second here, tinker_packing.py), and
         # would otherwise land in the first setting's figures.
-        run_clients(url, key, 1, 1, 0, at_once=False)
+        if warm_up:
+            run_clients(url, key, 1, 1, 0, at_once=False)
         first = 1
         for k in ks:
             for at_once in (True, False):
