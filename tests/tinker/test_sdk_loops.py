@@ -324,8 +324,19 @@ def cookbook_reverse_text():
 def test_tinker_cookbooks_rl_driver_trains_against_the_service(served, tmp_path, monkeypatch):
     import asyncio
 
+    import tinker
     from tinker_cookbook.rl import train
 
+    # The driver never closes the ServiceClient it makes: its heartbeat thread then warned
+    # after the suite's summary that the (stopped) service was gone. Closed here, after it.
+    made: list[tinker.ServiceClient] = []
+
+    class ClosedAfterwards(tinker.ServiceClient):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(tinker, "ServiceClient", ClosedAfterwards)
     monkeypatch.setenv("TINKER_API_KEY", served.api_key)
     steps = 3
     config = train.Config(
@@ -340,7 +351,12 @@ def test_tinker_cookbooks_rl_driver_trains_against_the_service(served, tmp_path,
         lora_rank=8,
         base_url=served.url,
     )
-    asyncio.run(train.main(config))
+    try:
+        asyncio.run(train.main(config))
+    finally:
+        for client in made:
+            client.close("success").result(timeout=60)
+    assert made, "the driver made no ServiceClient through tinker.ServiceClient"
     lines = (tmp_path / "cookbook" / "metrics.jsonl").read_text().splitlines()
     rewards = [
         row["env/all/reward/total"]
