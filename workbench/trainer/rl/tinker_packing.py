@@ -25,6 +25,7 @@ checkpointing, compiled layers), every datum keeps a row of its own, and the log
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -251,8 +252,7 @@ def map_rows(
     trainer: Trainer, compute: Callable[[Item], Result], rows: Iterable[Item]
 ) -> Iterator[Result]:
     if trainer.row_threads is None:
-        with pack_threads(trainer):
-            yield from map(compute, rows)
+        yield from map(compute, rows)
         return
     with torch_threads(1):
         yield from trainer.row_threads.map_in_order(compute, rows)
@@ -269,9 +269,15 @@ def pack_threads(trainer: Trainer) -> contextlib.AbstractContextManager:
 
 def pack_output(trainer: Trainer, pack: TinkerPack) -> TinkerPackOutput:
     """The pack's forward, each datum's loss and, for the gradient datums, the gradient of
-    each one's loss with respect to its own copies of its adapter (nothing is accumulated)."""
+    each one's loss with respect to its own copies of its adapter (nothing is accumulated).
+    On one intra-op thread on the CPU (`pack_threads`), wherever it is called from."""
+    with pack_threads(trainer):
+        return _pack_output(trainer, pack)
+
+
+def _pack_output(trainer: Trainer, pack: TinkerPack) -> TinkerPackOutput:
     lengths = [row.num_tokens for row in pack.rows]
-    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    starts = list(itertools.accumulate(lengths[:-1], initial=0))
     model, device = trainer.model, trainer.device
     route_datum_groups(model, lengths, [row.idx for row in pack.rows])
     positions = torch.cat([torch.arange(length) for length in lengths])

@@ -117,12 +117,16 @@ class TinkerPass:
         optim_step after an earlier pass's forward_backward): nothing the pass computes
         touches their runs, so they apply before it rather than after, and their clients
         wait for no other client's datums."""
-        with_datums = {p.idx for p in self.items if p.item.request.op in tw.DATUM_OPS}
-        return [
-            p
-            for p in self.items
-            if p.item.request.op not in tw.DATUM_OPS and p.idx not in with_datums
-        ]
+        return [p for p in self.items if self._applies_early(p)]
+
+    def late(self) -> list[PlannedItem]:
+        """Every other item: datum items, and the op that follows a run's datums."""
+        return [p for p in self.items if not self._applies_early(p)]
+
+    def _applies_early(self, planned: PlannedItem) -> bool:
+        return planned.item.request.op not in tw.DATUM_OPS and not any(
+            p.idx == planned.idx and p.item.request.op in tw.DATUM_OPS for p in self.items
+        )
 
 
 def is_tinker_run(manager: MultiRunManager, idx: int) -> bool:
@@ -301,8 +305,7 @@ def finish_tinker_pass(trainer: Trainer, work: TinkerPass, outputs: list[TinkerR
     by_item: dict[tuple[int, int], list[TinkerRowOutput]] = {}
     for out in outputs:
         by_item.setdefault((out.row.idx, out.row.seq), []).append(out)
-    early = {id(planned) for planned in work.early()}
-    _apply_items(trainer, [p for p in work.items if id(p) not in early], by_item)
+    _apply_items(trainer, work.late(), by_item)
 
 
 def _apply_items(

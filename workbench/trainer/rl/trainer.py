@@ -46,7 +46,6 @@ from workbench.trainer.rl.tinker_packing import (
     TinkerPackOutput,
     accumulate_in_datum_order,
     pack_output,
-    pack_threads,
     pass_rows,
 )
 from workbench.trainer.rl.tinker_work import (
@@ -332,8 +331,7 @@ def _backward_rows(
     if trainer.row_threads is None:
         for row in rows:
             if isinstance(row, TinkerPack):
-                with pack_threads(trainer):
-                    out = pack_output(trainer, row)
+                out = pack_output(trainer, row)
             elif isinstance(row, TinkerRow):
                 out = tinker_row_output(trainer, row)
                 if row.grad:
