@@ -20,6 +20,7 @@ and the polls cost: its median at K = 1 is the solo overhead.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import statistics
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from workbench.files import layout
 from workbench.files import spans as span_files
 from workbench.files.layout import spans_dir
 from workbench.system.ports import free_port
+from workbench.system.signals import sigterm_as_interrupt
 
 BASE = "builtin:tiny-reverse"
 PROMPT = [5, 6, 7, 8, 9, 10]
@@ -197,9 +200,12 @@ def summary(settings: list[Setting]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- a client (its own process)
 
 
-def client_loop(url: str, key: str, steps: int, client: int, start_together, results) -> None:
-    """One client: set up, wait for the others (`start_together`, a barrier or None), then
-    `steps` steps of the RL loop; its times go into `results`."""
+def client_loop(url: str, key: str, steps: int, client: int, together, results) -> None:
+    """One client: set up, wait for the others (`together`, a barrier or None), then `steps`
+    steps of the RL loop; its times go into `results`. With others it waits for them again
+    before it ends: a process's end (the SDK's closing flush and session, the interpreter's
+    teardown) costs about a CPU-second here and, landing in the others' steps, would be
+    timed at once while one after another it falls between the loops."""
     import numpy as np
     import tinker
 
@@ -210,8 +216,8 @@ def client_loop(url: str, key: str, steps: int, client: int, start_together, res
     params = tinker.types.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=client)
     adam = tinker.types.AdamParams(learning_rate=1e-3)
     prompt = tinker.types.ModelInput.from_ints(PROMPT)
-    if start_together is not None:
-        start_together.wait()
+    if together is not None:
+        together.wait()
     times = []
     for _ in range(steps):
         start = time.time()
@@ -228,6 +234,8 @@ def client_loop(url: str, key: str, steps: int, client: int, start_together, res
         step.result()
         times.append(StepTimes(start, sampler_ready, sampled, submitted, time.time()))
     results.put(ClientTimes(client, times))
+    if together is not None:
+        together.wait()
 
 
 def _datum(tinker, np, sequence, advantage: float):
@@ -254,27 +262,37 @@ def run_clients(url: str, key: str, k: int, steps: int, first: int, at_once: boo
     """K clients at once, or one after another; their times, in client order."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    if at_once:
-        barrier = context.Barrier(k)
-        procs = [
-            context.Process(target=client_loop, args=(url, key, steps, first + i, barrier, results))
-            for i in range(k)
-        ]
-        for proc in procs:
-            proc.start()
-        times = [results.get(timeout=1800) for _ in procs]
+    barrier = context.Barrier(k) if at_once else None
+    procs: list = []
+    try:
+        if at_once:
+            procs = [
+                context.Process(
+                    target=client_loop, args=(url, key, steps, first + i, barrier, results)
+                )
+                for i in range(k)
+            ]
+            for proc in procs:
+                proc.start()
+            times = [results.get(timeout=1800) for _ in procs]
+        else:
+            times = []
+            for i in range(k):
+                procs.append(
+                    context.Process(
+                        target=client_loop, args=(url, key, steps, first + i, None, results)
+                    )
+                )
+                procs[-1].start()
+                times.append(results.get(timeout=1800))
+                procs[-1].join()
         for proc in procs:
             proc.join()
-    else:
-        times = []
-        for i in range(k):
-            proc = context.Process(
-                target=client_loop, args=(url, key, steps, first + i, None, results)
-            )
-            proc.start()
-            times.append(results.get(timeout=1800))
-            proc.join()
-    for proc in procs if at_once else []:
+    finally:
+        for proc in procs:
+            if proc.is_alive():  # interrupted: no client goes on without the benchmark
+                proc.terminate()
+    for proc in procs:
         if proc.exitcode:
             raise RuntimeError(f"a client exited with status {proc.exitcode}")
     return sorted(times, key=lambda c: c.client)
@@ -308,15 +326,16 @@ def run_tinker_benchmark(
     port = free_port()
     env = {**os.environ, "WORKBENCH_TINKER_API_KEY": key}
     cli = [sys.executable, "-m", "workbench.cli"]
-    started = subprocess.run(
-        [*cli, "serve", str(recipe), "--port", str(port)],
-        env=env, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
-    if started.returncode != 0:
-        raise RuntimeError(f"workbench serve failed:\n{started.stdout}{started.stderr}")
-    url = f"http://127.0.0.1:{port}"
     timed: list[tuple[list[ClientTimes], str]] = []
-    try:
+    # Killed (SIGTERM) as when interrupted: the experiment it started is stopped either way.
+    with sigterm_as_interrupt(), _down_after(cli, experiment, env):
+        started = subprocess.run(
+            [*cli, "serve", str(recipe), "--port", str(port)],
+            env=env, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        if started.returncode != 0:
+            raise RuntimeError(f"workbench serve failed:\n{started.stdout}{started.stderr}")
+        url = f"http://127.0.0.1:{port}"
         wait_for_warmup(experiment)
         # One untimed client step first: the trainer's first Tinker pass decides how it
         # computes Tinker datums (a check of about a second here, tinker_packing.py), and
@@ -330,9 +349,6 @@ def run_tinker_benchmark(
                 timed.append((clients, "at_once" if at_once else "in_a_row"))
                 first += k
         compute = trainer_compute(experiment)
-    finally:
-        subprocess.run([*cli, "down", str(experiment)], env=env, capture_output=True,
-                       timeout=300, check=False)  # fmt: skip
     settings = [setting_of(clients, mode, compute) for clients, mode in timed]
     return {
         "model": BASE,
@@ -345,6 +361,15 @@ def run_tinker_benchmark(
         "targets": {"ratio_8": TARGET_RATIO, "solo_overhead_ms": TARGET_OVERHEAD_MS},
         "experiment": str(experiment),
     }
+
+
+@contextlib.contextmanager
+def _down_after(cli: list[str], experiment: Path, env: dict) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        subprocess.run([*cli, "down", str(experiment)], env=env, capture_output=True,
+                       timeout=300, check=False)  # fmt: skip
 
 
 def print_report(report: dict) -> None:
