@@ -128,3 +128,24 @@ def test_torch_tensors_are_taken_and_read_back_by_torch(tmp_path):
     item = tw.write_request(tmp_path / "run_t", _fb(0, 1), tensors)
     datum = item.datums()[0]
     assert torch.equal(torch.from_numpy(datum["target_tokens"]), tensors["d0.target_tokens"])
+
+
+def test_the_trainers_scan_starts_at_the_first_unanswered_item_and_finds_new_ones(tmp_path):
+    from workbench.trainer.rl.tinker_work import pending_items
+
+    run = tmp_path / "run_t"
+    assert pending_items(run, 0) == ([], 0)  # the service has written nothing yet
+    items = [tw.write_request(run, _fb(seq, 1), _datum_tensors([3])) for seq in (1, 2, 3)]
+    tw.write_result(items[0], ok=True)
+    pending, start = pending_items(run, 0)
+    assert [i.seq for i in pending] == [2, 3] and start == 2
+    for item in items[1:]:
+        tw.write_result(item, ok=True)
+    assert pending_items(run, start) == ([], 4)
+    tw.write_request(run, _fb(4, 1), _datum_tensors([3]))
+    pending, start = pending_items(run, 4)
+    assert [i.seq for i in pending] == [4] and start == 4
+    # What is below the start is not looked at again: an answered item is never taken back.
+    (items[0].path / tw.DONE).unlink()
+    assert [i.seq for i in pending_items(run, start)[0]] == [4]
+    assert [i.seq for i in pending_items(run, 0)[0]] == [1, 4]

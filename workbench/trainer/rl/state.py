@@ -7,6 +7,7 @@ items: `tinker_work.py`, `tinker_state.py`) take a `Trainer` without importing t
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -62,6 +63,14 @@ class Trainer:
     # Whether Tinker datums share rows (`tinker_packing.py`): decided by the master at its
     # first pass with Tinker datums; None until then.
     tinker_packing: bool | None = None
+    # Per Tinker run (its id), the seq below which every work item is answered: where
+    # the master's next look for work starts (`tinker_work.pending_items`).
+    tinker_answered: dict[str, int] = field(default_factory=dict)
+    # The master's threads that write a Tinker pass's answers side by side
+    # (`tinker_work._write_answers`); started at their first use.
+    answer_writers: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(8, thread_name_prefix="tinker-answer")
+    )
 
 
 def adapter_copy(trainer: Trainer, idx: int, *, buffered: bool = False) -> AdapterCopy:

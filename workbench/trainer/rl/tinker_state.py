@@ -10,11 +10,14 @@ version, whose sampler weights must not be taken for the old step's `broadcast/s
 
 save_weights_for_sampler publishes the adapter as `broadcast/step_N` (N the run's step;
 kept as it is when this version was published already) for vLLM to load as `run@N`, and
-writes the same adapter into the item's `path`, which never changes afterwards.
+writes the same adapter into the item's `path`, which never changes afterwards. It copies
+the adapter at once and leaves the writes to its caller, who does a pass's writes side by
+side (`tinker_work._write_answers`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,8 +67,10 @@ def load_state(trainer: Trainer, idx: int, path: Path, with_optimizer: bool) -> 
     manager.progress[idx].step += 1
 
 
-def save_for_sampler(trainer: Trainer, idx: int, path: Path) -> dict:
-    """Master: `broadcast/step_N` (if not there yet) and `path`; the answer names both."""
+def save_for_sampler(trainer: Trainer, idx: int, path: Path) -> tuple[dict, Callable[[], None]]:
+    """Master: the answer, which names `broadcast/step_N` and `path`, and the writes of both
+    (`broadcast/step_N` only if not there yet) from a copy of the adapter taken now: the
+    caller may write them after the run's next ops have changed its slot."""
     from workbench.trainer.rl.state import adapter_copy
 
     manager = trainer.manager
@@ -74,19 +79,26 @@ def save_for_sampler(trainer: Trainer, idx: int, path: Path) -> dict:
     broadcast = layout.broadcast_dir(manager.get_run_dir(idx), step)
     answer = {"path": str(path), "step": step, "adapter": f"{run_id}@{step}"}
     if not manager.is_master:
-        return answer
+        return answer, _nothing
     if path.exists():
         raise ValueError(f"{path} exists: sampler weights are never written over")
     copy = adapter_copy(trainer, idx)
-    if not layout.is_stable(broadcast):
-        copy.write()
-    write_adapter(
-        path,
-        copy.tensors,
-        rank=copy.rank,
-        alpha=copy.alpha,
-        target_modules=copy.target_modules,
-        base_model=copy.base_model,
-        finite_checked=True,
-    )
-    return {**answer, "broadcast": str(broadcast)}
+
+    def write() -> None:
+        if not layout.is_stable(broadcast):
+            copy.write()
+        write_adapter(
+            path,
+            copy.tensors,
+            rank=copy.rank,
+            alpha=copy.alpha,
+            target_modules=copy.target_modules,
+            base_model=copy.base_model,
+            finite_checked=True,
+        )
+
+    return {**answer, "broadcast": str(broadcast)}, write
+
+
+def _nothing() -> None:
+    pass
