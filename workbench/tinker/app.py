@@ -405,7 +405,7 @@ def _work_routes(app: FastAPI, settings: ServiceSettings) -> None:
             loss_fn_config=body.loss_fn_config,
             num_datums=len(body.datums),
         )
-        return {"request_id": _submit(app, model, body.seq_id, work, tensors, _fb_answer)}
+        return {"request_id": await _submit(app, model, body.seq_id, work, tensors, _fb_answer)}
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request) -> dict:
@@ -414,7 +414,7 @@ def _work_routes(app: FastAPI, settings: ServiceSettings) -> None:
         adam = adam_params(document.get("adam_params") or document.get("optim_params") or {})
         work = tw.WorkRequest(seq=0, op="optim_step", adam=adam)
         answer = lambda result: Answer(body={"type": "optim_step", "metrics": result.metrics})  # noqa: E731
-        return {"request_id": _submit(app, model, document.get("seq_id"), work, {}, answer)}
+        return {"request_id": await _submit(app, model, document.get("seq_id"), work, {}, answer)}
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict:
@@ -436,7 +436,7 @@ def _work_routes(app: FastAPI, settings: ServiceSettings) -> None:
             seq=0, op="load_state", path=str(directory), with_optimizer=with_optimizer
         )
         answer = lambda result: Answer(body={"type": "load_weights", "path": document["path"]})  # noqa: E731
-        return {"request_id": _submit(app, model, document.get("seq_id"), work, {}, answer)}
+        return {"request_id": await _submit(app, model, document.get("seq_id"), work, {}, answer)}
 
 
 def _future_routes(app: FastAPI) -> None:
@@ -496,9 +496,11 @@ def _num_datums(result: tw.WorkResult) -> int:
     return max(indices) + 1 if indices else 0
 
 
-def _submit(
+async def _submit(
     app: FastAPI, model: TinkerModel, seq_id: Any, work: tw.WorkRequest, tensors: dict, answer_of
 ) -> str:
+    """The request id of the model's `seq_id`; its work item is written (fsynced, a few ms)
+    in a worker thread, so that the other clients' requests and polls are served meanwhile."""
     if not isinstance(seq_id, int) or seq_id < 1:
         raise TinkerError(400, f"seq_id must be an integer >= 1 (got {seq_id!r})")
 
@@ -507,8 +509,12 @@ def _submit(
 
     futures: FutureStore = app.state.futures
     try:
-        return app.state.models.submit(
-            model, seq_id, build, lambda seq: futures.pending(_work_answer(model, seq, answer_of))
+        return await asyncio.to_thread(
+            app.state.models.submit,
+            model,
+            seq_id,
+            build,
+            lambda seq: futures.pending(_work_answer(model, seq, answer_of)),
         )
     except (ValueError, tw.WorkItemError) as err:
         raise TinkerError(400, str(err)) from None
@@ -546,7 +552,7 @@ async def _save(app: FastAPI, request: Request, op: str, kind: str) -> dict:
         app.state.samplers.add(Sampler(sampler_id, app.state.settings.base_model, model.run, path))
         body["sampling_session_id"] = sampler_id
     return {
-        "request_id": _submit(
+        "request_id": await _submit(
             app, model, document.get("seq_id"), work, {}, lambda result: Answer(body=body)
         )
     }
