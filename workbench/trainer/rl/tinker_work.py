@@ -377,16 +377,25 @@ class ItemAnswer:
 
 
 def _write_answers(trainer: Trainer, answers: list[ItemAnswer]) -> None:
-    """Master: every answer of the ops just applied, and the files they name, side by side.
-    Each file is fsynced (a few ms here); one after another, eight clients' sampler saves
-    and answers held a pass's start by more than its compute. Written in threads, the
-    filesystem commits them together. All are written before the trainer goes on."""
-    if len(answers) <= 1:
-        for answer in answers:
-            answer.write()
+    """Master: every answer of the ops just applied, and the files they name; a run's in
+    seq order, the runs side by side. Each file is fsynced (a few ms here); one after
+    another, eight clients' sampler saves and answers held a pass's start by more than its
+    compute. Written in threads, the filesystem commits them together. All are written
+    before the trainer goes on."""
+    by_run: dict[int, list[ItemAnswer]] = {}
+    for answer in answers:
+        by_run.setdefault(answer.planned.idx, []).append(answer)
+    if len(by_run) <= 1:
+        _write_in_order(answers)
         return
-    for done in [trainer.answer_writers.submit(answer.write) for answer in answers]:
+    writes = [trainer.answer_writers.submit(_write_in_order, run) for run in by_run.values()]
+    for done in writes:
         done.result()  # a write that fails (a full disk) fails the trainer, as inline
+
+
+def _write_in_order(answers: list[ItemAnswer]) -> None:
+    for answer in answers:
+        answer.write()
 
 
 def apply_item(
