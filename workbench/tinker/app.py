@@ -57,9 +57,9 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     app.state.futures = FutureStore(ANSWER_CHECK_S)
     app.state.samplers = Samplers(settings.experiment, settings.base_model)
 
-    # Plain ASGI and exception handlers rather than `@app.middleware("http")`, whose
-    # wrapping of every request in a task and a streamed body cost the service more CPU
-    # than most routes' own work with 8 clients.
+    # Plain ASGI and exception handlers rather than `@app.middleware("http")`, which runs
+    # every request in a task of its own with a streamed body: in-process, a small route's
+    # request took 1.57 ms of CPU with it and 0.76 ms without (client included).
     app.add_middleware(RequireKey, api_key=settings.api_key)
     for error in (TinkerError, wire.WireError, SamplingError, ckpt.CheckpointError):
         app.add_exception_handler(error, _error_as_response)
