@@ -204,7 +204,7 @@ def client_loop(url: str, key: str, steps: int, client: int, together, results) 
     """One client: set up, wait for the others (`together`, a barrier or None), then `steps`
     steps of the RL loop; its times go into `results`. With others it waits for them again
     before it ends: a process's end (the SDK's closing flush and session, the interpreter's
-    teardown) costs about a CPU-second here and, landing in the others' steps, would be
+    teardown) costs up to about a CPU-second here and, landing in the others' steps, would be
     timed at once while one after another it falls between the loops."""
     import numpy as np
     import tinker
