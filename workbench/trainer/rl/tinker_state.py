@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from workbench.files import layout
-from workbench.trainer.runs.broadcast import write_adapter
 from workbench.trainer.runs.checkpoint import load_parameters, write_state
 
 if TYPE_CHECKING:
@@ -87,15 +86,7 @@ def save_for_sampler(trainer: Trainer, idx: int, path: Path) -> tuple[dict, Call
     def write() -> None:
         if not layout.is_stable(broadcast):
             copy.write()
-        write_adapter(
-            path,
-            copy.tensors,
-            rank=copy.rank,
-            alpha=copy.alpha,
-            target_modules=copy.target_modules,
-            base_model=copy.base_model,
-            finite_checked=True,
-        )
+        copy.write_to(path)
 
     return {**answer, "broadcast": str(broadcast)}, write
 

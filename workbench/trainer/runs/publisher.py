@@ -60,8 +60,13 @@ class AdapterCopy:
 
     def write(self) -> None:
         """`broadcast/step_N/` of the run (whole or not at all), then the old steps pruned."""
+        self.write_to(layout.broadcast_dir(self.run, self.step))
+        prune_broadcasts(self.run, KEEP_BROADCASTS)
+
+    def write_to(self, directory: Path) -> None:
+        """The copy as a PEFT adapter in `directory`, whole or not at all."""
         write_adapter(
-            layout.broadcast_dir(self.run, self.step),
+            directory,
             self.tensors,
             rank=self.rank,
             alpha=self.alpha,
@@ -69,7 +74,6 @@ class AdapterCopy:
             base_model=self.base_model,
             finite_checked=True,
         )
-        prune_broadcasts(self.run, KEEP_BROADCASTS)
 
 
 def _write_marked(copy: AdapterCopy) -> None:
